@@ -1,0 +1,1 @@
+"""The infersight daemon: config, targets, collection loop, store, metrics, alerts, CLI."""

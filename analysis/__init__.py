@@ -1,0 +1,1 @@
+"""Pure analysis: windows to features, baselines, anomaly model, attribution, flame graphs."""

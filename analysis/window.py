@@ -1,0 +1,203 @@
+"""The Window: one target's readings of every source over one interval, as plain data."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Log2Histogram:
+    """Counts in power-of-two buckets: counts[i] covers [2**i, 2**(i+1)) of `unit` (slot 0 also holds 0)."""
+
+    unit: str = "ns"
+    counts: list[int] = field(default_factory=list)
+
+    def total(self) -> int:
+        return sum(self.counts)
+
+    def add(self, other: "Log2Histogram") -> None:
+        if other.unit != self.unit:
+            raise ValueError(f"cannot add a histogram in {other.unit!r} to one in {self.unit!r}")
+        if len(other.counts) > len(self.counts):
+            self.counts.extend([0] * (len(other.counts) - len(self.counts)))
+        for i, c in enumerate(other.counts):
+            self.counts[i] += c
+
+    def quantile(self, q: float) -> float:
+        """Upper bound of the bucket holding quantile q (0..1); 0.0 when empty."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be within [0, 1], got {q!r}")
+        total = self.total()
+        if total == 0:
+            return 0.0
+        rank = q * total
+        seen = 0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= rank and c:
+                return float(2 ** (i + 1))
+        return float(2 ** len(self.counts))
+
+    @classmethod
+    def from_slots(cls, slots: dict[int, int], unit: str = "ns") -> "Log2Histogram":
+        if not slots:
+            return cls(unit=unit, counts=[])
+        counts = [0] * (max(slots) + 1)
+        for slot, c in slots.items():
+            counts[slot] += c
+        return cls(unit=unit, counts=counts)
+
+
+@dataclass
+class SyscallReading:
+    counts: dict[str, int] = field(default_factory=dict)
+    latency: dict[str, Log2Histogram] = field(default_factory=dict)
+
+
+@dataclass
+class OffCpuReading:
+    seconds: float = 0.0
+    by_thread: dict[int, float] = field(default_factory=dict)
+    histogram: Log2Histogram = field(default_factory=lambda: Log2Histogram(unit="us"))
+    # Folded kernel stacks ("frame;frame;frame") -> off-CPU microseconds.
+    stacks: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class GcReading:
+    collections: int = 0
+    pause_seconds: float = 0.0
+    max_pause_seconds: float = 0.0
+    histogram: Log2Histogram = field(default_factory=lambda: Log2Histogram(unit="us"))
+
+
+@dataclass
+class TcpFlow:
+    saddr: str
+    sport: int
+    daddr: str
+    dport: int
+    state: str
+    retransmits: int
+
+
+@dataclass
+class TcpReading:
+    retransmits: int = 0
+    flows: list[TcpFlow] = field(default_factory=list)
+
+
+@dataclass
+class RunQueueReading:
+    histogram: Log2Histogram = field(default_factory=lambda: Log2Histogram(unit="us"))
+    total_seconds: float = 0.0
+
+
+@dataclass
+class ProcessReading:
+    cpu_seconds: float = 0.0
+    rss_bytes: int = 0
+    threads: int = 0
+    voluntary_ctx_switches: int = 0
+    involuntary_ctx_switches: int = 0
+    fds: int = 0
+
+
+@dataclass
+class StackReading:
+    """Folded Python stacks from py-spy: 'thread;file:func;...' -> samples."""
+
+    active: dict[str, int] = field(default_factory=dict)
+    idle: dict[str, int] = field(default_factory=dict)
+    rate_hz: float = 0.0
+
+
+@dataclass
+class LatencyReading:
+    p50_seconds: float | None = None
+    p95_seconds: float | None = None
+    p99_seconds: float | None = None
+    requests: float = 0.0
+    request_rate: float = 0.0
+
+
+@dataclass
+class GpuReading:
+    available: bool = False
+    reason: str | None = None
+    utilization: float | None = None
+    memory_used_bytes: int | None = None
+    power_watts: float | None = None
+
+
+@dataclass
+class Window:
+    target: str
+    pid: int
+    start: float
+    end: float
+    syscalls: SyscallReading | None = None
+    offcpu: OffCpuReading | None = None
+    gc: GcReading | None = None
+    tcp: TcpReading | None = None
+    runqueue: RunQueueReading | None = None
+    process: ProcessReading | None = None
+    stacks: StackReading | None = None
+    latency: LatencyReading | None = None
+    gpu: GpuReading | None = None
+    # Source name -> why it has no reading this window.
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Window":
+        return _window_from_dict(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Window":
+        return cls.from_dict(json.loads(text))
+
+
+def _hist(data: dict[str, Any] | None, unit: str) -> Log2Histogram:
+    if not data:
+        return Log2Histogram(unit=unit)
+    return Log2Histogram(unit=data.get("unit", unit), counts=list(data.get("counts", [])))
+
+
+def _window_from_dict(d: dict[str, Any]) -> Window:
+    w = Window(target=d["target"], pid=int(d["pid"]), start=float(d["start"]), end=float(d["end"]),
+               errors=dict(d.get("errors") or {}))
+    if (s := d.get("syscalls")) is not None:
+        w.syscalls = SyscallReading(counts=dict(s.get("counts", {})),
+                                    latency={k: _hist(v, "ns") for k, v in s.get("latency", {}).items()})
+    if (o := d.get("offcpu")) is not None:
+        w.offcpu = OffCpuReading(seconds=o.get("seconds", 0.0),
+                                 by_thread={int(k): v for k, v in o.get("by_thread", {}).items()},
+                                 histogram=_hist(o.get("histogram"), "us"), stacks=dict(o.get("stacks", {})))
+    if (g := d.get("gc")) is not None:
+        w.gc = GcReading(collections=g.get("collections", 0), pause_seconds=g.get("pause_seconds", 0.0),
+                         max_pause_seconds=g.get("max_pause_seconds", 0.0), histogram=_hist(g.get("histogram"), "us"))
+    if (t := d.get("tcp")) is not None:
+        w.tcp = TcpReading(retransmits=t.get("retransmits", 0), flows=[TcpFlow(**f) for f in t.get("flows", [])])
+    if (r := d.get("runqueue")) is not None:
+        w.runqueue = RunQueueReading(histogram=_hist(r.get("histogram"), "us"), total_seconds=r.get("total_seconds", 0.0))
+    if (p := d.get("process")) is not None:
+        w.process = ProcessReading(**p)
+    if (st := d.get("stacks")) is not None:
+        w.stacks = StackReading(**st)
+    if (la := d.get("latency")) is not None:
+        w.latency = LatencyReading(**la)
+    if (gp := d.get("gpu")) is not None:
+        w.gpu = GpuReading(**gp)
+    return w

@@ -1,0 +1,1 @@
+"""The Flask status page, Grafana dashboards and Prometheus rules."""

@@ -1,0 +1,1 @@
+"""The bundled PyTorch inference server, load generator and fault switches."""
