@@ -1,0 +1,124 @@
+"""doctor: real checks on this host, and each failure path with injected fake roots."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent import doctor
+from agent.doctor import FAIL, PASS, WARN, Host
+
+
+def _fake_tracefs(root: Path, tracepoints=doctor.PROBE_TRACEPOINTS, uprobes=True) -> Path:
+    for tp in tracepoints:
+        category, event = tp.split(":")
+        (root / "events" / category / event).mkdir(parents=True)
+    if uprobes:
+        (root / "uprobe_events").touch()
+    return root
+
+
+def _by_name(results):
+    return {r.name: r for r in results}
+
+
+@pytest.mark.bpf
+def test_real_host_passes_every_required_check(require_bpf):
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "doctor"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all required checks passed" in proc.stdout
+    assert "counted 1000/1000 getppid calls" in proc.stdout
+    assert "attached to a child process" in proc.stdout
+
+
+@pytest.mark.bpf
+def test_real_host_json_lists_every_check(require_bpf):
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "doctor", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True
+    names = {c["name"] for c in report["checks"]}
+    for tp in doctor.PROBE_TRACEPOINTS:
+        assert f"tracepoint {tp}" in names
+    assert {"root", "kernel", "tracefs", "btf", "uprobes", "kprobes", "kernel headers", "bcc",
+            "bpf program", "py-spy", "torch"} <= names
+
+
+def test_missing_tracepoint_fails_and_names_it(tmp_path):
+    tracefs = _fake_tracefs(tmp_path / "tracing", tracepoints=[t for t in doctor.PROBE_TRACEPOINTS
+                                                               if t != "tcp:tcp_retransmit_skb"])
+    result = doctor.check_tracepoint(Host(tracefs=tracefs), "tcp:tcp_retransmit_skb")
+    assert result.status == FAIL and result.failed
+    assert "tcp_retransmit_skb" in result.detail
+    assert result.fix
+
+
+def test_unmounted_tracefs_fails_with_mount_fix(tmp_path):
+    result = doctor.check_tracefs(Host(tracefs=tmp_path / "absent"))
+    assert result.failed
+    assert "mount -t tracefs" in result.fix
+
+
+def test_missing_bcc_fails_and_points_to_setup():
+    def no_bcc(name):
+        raise ImportError(f"No module named {name!r}")
+
+    host = Host(import_module=no_bcc, euid=lambda: 0)
+    assert doctor.check_bcc(host).failed
+    assert "make setup" in doctor.check_bcc(host).fix
+    assert doctor.check_bpf_loads(host).failed
+
+
+def test_not_root_is_a_clear_failure_not_a_traceback(tmp_path, capsys):
+    host = Host(tracefs=_fake_tracefs(tmp_path / "tracing"), btf=tmp_path / "vmlinux",
+                modules=tmp_path / "modules", euid=lambda: 1000, pyspy=None)
+    (tmp_path / "vmlinux").touch()
+    code = doctor.main(host=host)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "running as uid 1000" in out and "sudo infersight doctor" in out
+    assert "Traceback" not in out
+
+
+def test_headers_missing_matching_and_mismatched(tmp_path):
+    modules = tmp_path / "modules"
+    host = Host(modules=modules, kernel_release="6.18.0-test")
+    assert doctor.check_headers(host).failed
+
+    (modules / "6.18.0-test").mkdir(parents=True)
+    other = tmp_path / "usr/src/linux-headers-6.1.0-57-amd64"
+    other.mkdir(parents=True)
+    (modules / "6.18.0-test" / "build").symlink_to(other)
+    mismatched = doctor.check_headers(host)
+    assert mismatched.status == WARN and not mismatched.failed
+    assert "mismatched" in mismatched.detail
+
+    matching = tmp_path / "usr/src/linux-headers-6.18.0-test"
+    matching.mkdir()
+    (modules / "6.18.0-test" / "build").unlink()
+    (modules / "6.18.0-test" / "build").symlink_to(matching)
+    assert doctor.check_headers(host).status == PASS
+
+
+def test_missing_uprobes_and_btf_fail(tmp_path):
+    tracefs = _fake_tracefs(tmp_path / "tracing", uprobes=False)
+    host = Host(tracefs=tracefs, btf=tmp_path / "nope")
+    assert doctor.check_uprobes(host).failed
+    assert doctor.check_btf(host).failed
+
+
+def test_missing_pyspy_fails():
+    result = doctor.check_pyspy(Host(pyspy=None))
+    assert result.failed and "make setup" in result.fix
+
+
+def test_exit_code_nonzero_when_a_requirement_is_removed(tmp_path, capsys):
+    """The whole report on a host whose tracefs lacks one tracepoint: exit 1, the line names the fix."""
+    tracefs = _fake_tracefs(tmp_path / "tracing", tracepoints=doctor.PROBE_TRACEPOINTS[:-1])
+    host = Host(tracefs=tracefs, euid=lambda: 1000, pyspy=None)
+    assert doctor.main(host=host) == 1
+    out = capsys.readouterr().out
+    line = next(l for l in out.splitlines() if "tcp:tcp_retransmit_skb" in l)
+    assert line.startswith("FAIL") and "fix:" in line
