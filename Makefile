@@ -82,8 +82,10 @@ bcc-link: venv
 	@site=$$($(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
 	[ -L $$site/bcc ] || ln -sfn /usr/lib/python3/dist-packages/bcc $$site/bcc
 
+# pytest exits 5 when it collected nothing: a suite that runs no test is broken, never a pass.
 test: setup
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS) || { rc=$$?; \
+		[ $$rc -ne 5 ] || echo "make test: pytest collected no tests: failing" >&2; exit $$rc; }
 
 doctor: setup
 	$(VENV)/bin/infersight doctor
