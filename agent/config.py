@@ -1,0 +1,362 @@
+"""The agent's configuration: TOML with a default for every key, validated at load, and path trust checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ipaddress
+import os
+import re
+import stat as stat_mod
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+from urllib.parse import urlsplit
+
+from agent.presets import LATENCY_KINDS, PRESETS, LatencyKind
+
+DEFAULT_CONFIG_PATH = Path("/etc/infersight/infersight.toml")
+DEFAULT_STORE_DIR = Path("/var/lib/infersight")
+# The bundled workload's command line is `python -m workload serve ...`.
+DEFAULT_TARGET_REGEX = r"-m\s+workload\s+serve\b"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message is one line naming the key path and the bad value."""
+
+
+class FieldError(ConfigError):
+    """A record refused a value; `key` is relative to the record ("" for the record itself)."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}" if key else problem)
+        self.key = key
+        self.problem = problem
+
+
+class UntrustedPath(ConfigError):
+    """A path that a user other than root (or the agent's own user) could write."""
+
+
+def _require_range(key: str, value: float, lo: float, hi: float) -> None:
+    if not lo <= value <= hi:
+        raise FieldError(key, f"must be within [{lo:g}, {hi:g}], got {value!r}")
+
+
+def _require_choice(key: str, value: str, choices: typing.Iterable[str]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise FieldError(key, f"must be one of {', '.join(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ProbesConfig:
+    """Which BPF probes the agent loads; a disabled probe is reported as 'disabled', not as an error."""
+
+    syscalls: bool = True
+    offcpu: bool = True
+    gc: bool = True
+    tcp: bool = True
+    runqueue: bool = True
+
+    def enabled(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name)]
+
+
+@dataclass(frozen=True)
+class LatencySpec:
+    """Where a target's request latency comes from: a Prometheus endpoint and one metric family."""
+
+    url: str
+    metric: str
+    preset: str | None = None
+    kind: LatencyKind = "histogram"
+    unit_seconds: float = 1.0
+    count_metric: str | None = None
+    timeout_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise FieldError("url", f"must be an http:// or https:// URL with a host, got {self.url!r}")
+        if not self.metric.strip():
+            raise FieldError("metric", f"must be a metric name, got {self.metric!r}")
+        if self.preset is not None:
+            _require_choice("preset", self.preset, sorted(PRESETS))
+        _require_choice("kind", self.kind, LATENCY_KINDS)
+        if not self.unit_seconds > 0:
+            raise FieldError("unit_seconds", f"must be > 0, got {self.unit_seconds!r}")
+        if self.kind == "counter" and not self.count_metric:
+            raise FieldError("count_metric", f"is required when kind is 'counter', got {self.count_metric!r}")
+        _require_range("timeout_seconds", self.timeout_seconds, 0.1, 60)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "LatencySpec":
+        if name not in PRESETS:
+            raise FieldError("preset", f"must be one of {', '.join(sorted(PRESETS))}, got {name!r}")
+        p = PRESETS[name]
+        base: dict[str, Any] = {"url": p.url, "metric": p.metric, "preset": name, "kind": p.kind,
+                                "unit_seconds": p.unit_seconds, "count_metric": p.count_metric}
+        return cls(**{**base, **overrides})
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """How to find one watched server: exactly one of pid, pidfile, process_regex."""
+
+    name: str
+    pid: int | None = None
+    pidfile: Path | None = None
+    # re.search()ed against the process name (comm) and against the full command line joined by spaces.
+    process_regex: str | None = None
+    latency: LatencySpec | None = None
+    pattern: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.fullmatch(self.name):
+            raise FieldError("name", f"must be 1-64 of A-Z a-z 0-9 _ . -, got {self.name!r}")
+        chosen = [k for k in ("pid", "pidfile", "process_regex") if getattr(self, k) is not None]
+        if len(chosen) != 1:
+            got = " and ".join(chosen) if chosen else "none"
+            raise FieldError("", f"set exactly one of pid, pidfile, process_regex (got {got})")
+        if self.pid is not None and not 1 <= self.pid <= 2**22:
+            raise FieldError("pid", f"must be within [1, {2**22}], got {self.pid!r}")
+        if self.process_regex is not None:
+            try:
+                object.__setattr__(self, "pattern", re.compile(self.process_regex))
+            except re.error as exc:
+                raise FieldError("process_regex", f"is not a valid regular expression ({exc}), "
+                                                  f"got {self.process_regex!r}") from None
+
+
+def default_targets() -> tuple[TargetSpec, ...]:
+    return (TargetSpec(name="workload", process_regex=DEFAULT_TARGET_REGEX,
+                       latency=LatencySpec.from_preset("workload")),)
+
+
+@dataclass(frozen=True)
+class Config:
+    interval_seconds: float = 5.0
+    store_dir: Path = DEFAULT_STORE_DIR
+    retention_days: float = 14.0
+    retention_bytes: int = 1 << 30
+    listen: str = "127.0.0.1:9464"
+    pyspy_rate_hz: int = 49
+    pyspy_nonblocking: bool = True
+    log_level: str = "info"
+    probes: ProbesConfig = field(default_factory=ProbesConfig)
+    targets: tuple[TargetSpec, ...] = field(default_factory=default_targets)
+
+    def __post_init__(self) -> None:
+        _require_range("interval_seconds", self.interval_seconds, 1, 60)
+        _require_range("retention_days", self.retention_days, 0.01, 3650)
+        _require_range("retention_bytes", self.retention_bytes, 1 << 20, 1 << 40)
+        _require_range("pyspy_rate_hz", self.pyspy_rate_hz, 1, 1000)
+        _require_choice("log_level", self.log_level, LOG_LEVELS)
+        parse_listen(self.listen)
+        if not self.targets:
+            raise FieldError("targets", "must name at least one target, got []")
+        seen: set[str] = set()
+        for i, t in enumerate(self.targets):
+            if t.name in seen:
+                raise FieldError(f"targets[{i}].name", f"duplicates another target's name, got {t.name!r}")
+            seen.add(t.name)
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return parse_listen(self.listen)
+
+    @property
+    def retention_seconds(self) -> float:
+        return self.retention_days * 86400.0
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port)."""
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([^:\[\]\s]+):(\d{1,5})", value)
+    if not m:
+        raise FieldError("listen", f"must be host:port or [ipv6]:port, got {value!r}")
+    host, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    if m.group(1):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise FieldError("listen", f"has an invalid IPv6 address, got {value!r}") from None
+    if not 1 <= int(port) <= 65535:
+        raise FieldError("listen", f"port must be within [1, 65535], got {value!r}")
+    return host, int(port)
+
+
+# ---- loading ---------------------------------------------------------------------------------------------
+
+_TYPE_WORDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", Path: "a path string"}
+
+
+def _toml_type(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
+            dict: "table"}.get(type(value), type(value).__name__)
+
+
+def _convert(value: Any, hint: Any, key: str) -> Any:
+    """Check one TOML value against a field's type hint and convert it; ConfigError names `key`."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(value, inner[0], key)
+    if origin is typing.Literal:
+        hint = str
+    if origin is tuple:
+        (item_hint, _) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected an array of tables, got {value!r} ({_toml_type(value)})")
+        return tuple(_convert(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table, got {value!r} ({_toml_type(value)})")
+        return _build(hint, value, f"{key}.")
+    ok = {bool: isinstance(value, bool),
+          int: isinstance(value, int) and not isinstance(value, bool),
+          float: isinstance(value, (int, float)) and not isinstance(value, bool),
+          str: isinstance(value, str),
+          Path: isinstance(value, str)}[hint]
+    if not ok:
+        raise ConfigError(f"{key}: expected {_TYPE_WORDS[hint]}, got {value!r} ({_toml_type(value)})")
+    if hint is float:
+        return float(value)
+    if hint is Path:
+        return Path(value)
+    return value
+
+
+def _build(cls: type, table: dict[str, Any], prefix: str) -> Any:
+    if cls is LatencySpec and "preset" in table:
+        name = table["preset"]
+        if not isinstance(name, str) or name not in PRESETS:
+            raise ConfigError(f"{prefix}preset: must be one of {', '.join(sorted(PRESETS))}, got {name!r}")
+        p = PRESETS[name]
+        table = {"url": p.url, "metric": p.metric, "kind": p.kind, "unit_seconds": p.unit_seconds,
+                 **({"count_metric": p.count_metric} if p.count_metric else {}), **table}
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in table if k not in fields]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(fields), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(fields)})"
+        raise ConfigError(f"unknown key {prefix}{unknown[0]}{hint}")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name in table:
+            kwargs[name] = _convert(table[name], hints[name], f"{prefix}{name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{prefix}{name}: missing (required)")
+    try:
+        return cls(**kwargs)
+    except FieldError as exc:
+        where = f"{prefix}{exc.key}" if exc.key else prefix.rstrip(".")
+        raise ConfigError(f"{where}: {exc.problem}") from None
+
+
+def config_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> Config:
+    """Validate a parsed TOML document; relative paths resolve against base_dir (the config file's folder)."""
+    config = _build(Config, data, "")
+    if base_dir is None:
+        return config
+    targets = tuple(dataclasses.replace(t, pidfile=base_dir / t.pidfile)
+                    if t.pidfile is not None and not t.pidfile.is_absolute() else t for t in config.targets)
+    return dataclasses.replace(config, store_dir=base_dir / config.store_dir, targets=targets)
+
+
+class StatFn(Protocol):
+    def __call__(self, path: str, /) -> os.stat_result: ...
+
+
+def load_config(path: Path | None, *, stat: StatFn = os.lstat, readlink: Callable[[str], str] = os.readlink,
+                trusted_uids: frozenset[int] | None = None) -> Config:
+    """Defaults when path is None; otherwise the checked, parsed and validated file."""
+    if path is None:
+        return Config()
+    try:
+        check_trusted_path(path, what="config file", stat=stat, readlink=readlink, trusted_uids=trusted_uids)
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except UntrustedPath:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return config_from_dict(data, base_dir=Path(os.path.abspath(path)).parent)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+# ---- path trust (like sshd's StrictModes) ------------------------------------------------------------------
+
+def check_trusted_path(path: Path, *, what: str, stat: StatFn = os.lstat,
+                       readlink: Callable[[str], str] = os.readlink,
+                       trusted_uids: frozenset[int] | None = None) -> None:
+    """Refuse a path that another user could replace or write: it and every parent directory (through
+    symlinks) must be owned by root or by us, and not group/world-writable, except that a sticky parent
+    directory such as /tmp is allowed. Missing trailing components pass: their existing parent was checked.
+    """
+    trusted = trusted_uids if trusted_uids is not None else frozenset({0, os.geteuid()})
+    pending = list(Path(os.path.abspath(path)).parts[1:])
+    pending.reverse()
+    current = "/"
+    _check_one(current, stat(current), final=not pending, path=path, what=what, trusted=trusted)
+    hops = 0
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = os.path.dirname(current) or "/"
+            continue
+        candidate = os.path.join(current, part)
+        try:
+            st = stat(candidate)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise UntrustedPath(f"refusing {what} {str(path)!r}: cannot stat {candidate!r}: "
+                                f"{exc.strerror or exc}") from None
+        if stat_mod.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > 40:
+                raise UntrustedPath(f"refusing {what} {str(path)!r}: too many symbolic links")
+            if st.st_uid not in trusted:
+                raise UntrustedPath(f"refusing {what} {str(path)!r}: symlink {candidate!r} is owned by uid "
+                                    f"{st.st_uid}; a root daemon must not take orders from other users")
+            link = readlink(candidate)
+            if link.startswith("/"):
+                current = "/"
+            pending.extend(reversed(Path(link).parts[1:] if link.startswith("/") else Path(link).parts))
+            continue
+        _check_one(candidate, st, final=not pending, path=path, what=what, trusted=trusted)
+        current = candidate
+
+
+def _check_one(component: str, st: os.stat_result, *, final: bool, path: Path, what: str,
+               trusted: frozenset[int]) -> None:
+    mode = st.st_mode
+    sticky_dir = stat_mod.S_ISDIR(mode) and bool(mode & stat_mod.S_ISVTX) and not final
+    why = None
+    if st.st_uid not in trusted:
+        why = f"is owned by uid {st.st_uid}"
+    elif mode & stat_mod.S_IWOTH and not sticky_dir:
+        why = f"is writable by every user (mode {stat_mod.S_IMODE(mode):04o})"
+    elif mode & stat_mod.S_IWGRP and st.st_gid != 0 and not sticky_dir:
+        why = f"is writable by group {st.st_gid} (mode {stat_mod.S_IMODE(mode):04o})"
+    if why:
+        shown = "" if component == str(path) else f": {component!r} "
+        subject = f"{shown}{why}" if shown else f" {why}"
+        raise UntrustedPath(f"refusing {what} {str(path)!r}{subject}; a root daemon must not take orders "
+                            f"from other users (chown root and chmod go-w)")
