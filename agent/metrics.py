@@ -1,0 +1,141 @@
+"""Prometheus exposition: Collector classes that read the agent's latest state at scrape time."""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Callable, Iterator
+
+import psutil
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent.state import AgentState
+from analysis.window import Log2Histogram
+
+# Fixed bucket bounds so every scrape exposes the same `le` set: 2 us .. ~33 s in powers of two.
+_LOG2_SLOTS = 25
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def log2_buckets(hist: Log2Histogram) -> list[tuple[str, float]]:
+    """Cumulative (le, count) pairs in seconds for a log2 histogram, ending with +Inf."""
+    scale = _UNIT_SECONDS[hist.unit]
+    out, running = [], 0
+    for slot in range(_LOG2_SLOTS):
+        running += hist.counts[slot] if slot < len(hist.counts) else 0
+        out.append((repr(float(2 ** (slot + 1)) * scale), running))
+    out.append(("+Inf", hist.total()))
+    return out
+
+
+class TargetCollector(Collector):
+    """Per-target probe and source series."""
+
+    def __init__(self, state: AgentState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._state.snapshot()
+        totals, latest = snap["totals"], snap["latest"]
+
+        syscalls = CounterMetricFamily("infersight_syscalls", "System calls made by the target, by name.",
+                                       labels=["target", "syscall"])
+        offcpu = CounterMetricFamily("infersight_offcpu_seconds", "Seconds the target's threads spent off-CPU.",
+                                     labels=["target"])
+        gc_count = CounterMetricFamily("infersight_gc_collections", "Python GC collections in the target.",
+                                       labels=["target"])
+        gc_pause = HistogramMetricFamily("infersight_gc_pause_seconds", "Python GC pause durations.",
+                                         labels=["target"])
+        runq = HistogramMetricFamily("infersight_runqueue_latency_seconds",
+                                     "Time the target's threads waited runnable for a CPU.", labels=["target"])
+        retrans = CounterMetricFamily("infersight_tcp_retransmits", "TCP segments retransmitted on the target's sockets.",
+                                      labels=["target"])
+        cpu = CounterMetricFamily("infersight_process_cpu_seconds", "CPU seconds used by the target.",
+                                  labels=["target"])
+        requests = CounterMetricFamily("infersight_requests", "Requests completed by the target, from its histogram.",
+                                       labels=["target"])
+        rss = GaugeMetricFamily("infersight_process_resident_memory_bytes", "Target resident memory.",
+                                labels=["target"])
+        threads = GaugeMetricFamily("infersight_process_threads", "Target thread count.", labels=["target"])
+        latency = GaugeMetricFamily("infersight_request_latency_seconds",
+                                    "Target request latency quantile over the latest window.",
+                                    labels=["target", "quantile"])
+        rate = GaugeMetricFamily("infersight_request_rate_per_second", "Target requests per second, latest window.",
+                                 labels=["target"])
+        pid = GaugeMetricFamily("infersight_target_pid", "Pid of the watched target process.", labels=["target"])
+
+        for name, t in sorted(totals.items()):
+            for syscall, n in sorted(t.syscalls.items()):
+                syscalls.add_metric([name, syscall], n)
+            offcpu.add_metric([name], t.offcpu_seconds)
+            gc_count.add_metric([name], t.gc_collections)
+            gc_pause.add_metric([name], log2_buckets(t.gc_pause_histogram), t.gc_pause_seconds)
+            runq.add_metric([name], log2_buckets(t.runqueue_histogram), t.runqueue_seconds)
+            retrans.add_metric([name], t.tcp_retransmits)
+            cpu.add_metric([name], t.cpu_seconds)
+            requests.add_metric([name], t.requests)
+            pid.add_metric([name], t.pid)
+            w = latest.get(name)
+            if w and w.process:
+                rss.add_metric([name], w.process.rss_bytes)
+                threads.add_metric([name], w.process.threads)
+            if w and w.latency:
+                for q, v in (("0.5", w.latency.p50_seconds), ("0.95", w.latency.p95_seconds),
+                             ("0.99", w.latency.p99_seconds)):
+                    if v is not None:
+                        latency.add_metric([name, q], v)
+                rate.add_metric([name], w.latency.request_rate)
+        yield from (syscalls, offcpu, gc_count, gc_pause, runq, retrans, cpu, requests, rss, threads, latency,
+                    rate, pid)
+
+        host = CounterMetricFamily("infersight_host_tcp_retransmits", "TCP retransmits on the whole host.")
+        host.add_metric([], snap["host_tcp_retransmits"])
+        yield host
+
+
+class AgentCollector(Collector):
+    """The agent's own health: its cost, its windows, and every source's state and errors."""
+
+    def __init__(self, state: AgentState, process: psutil.Process | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._state = state
+        self._process = process or psutil.Process()
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._state.snapshot()
+        times = self._process.cpu_times()
+        cpu = CounterMetricFamily("infersight_agent_cpu_seconds", "CPU seconds used by the agent itself.")
+        cpu.add_metric([], times.user + times.system)
+        rss = GaugeMetricFamily("infersight_agent_resident_memory_bytes", "Agent resident memory.")
+        rss.add_metric([], self._process.memory_info().rss)
+        peak = GaugeMetricFamily("infersight_agent_peak_resident_memory_bytes", "Agent peak resident memory.")
+        peak.add_metric([], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        uptime = GaugeMetricFamily("infersight_agent_uptime_seconds", "Seconds since the agent started.")
+        uptime.add_metric([], self._clock() - snap["started"])
+        windows = CounterMetricFamily("infersight_agent_windows", "Windows collected and stored.")
+        windows.add_metric([], snap["windows_written"])
+        late = CounterMetricFamily("infersight_agent_late_ticks", "Ticks that started later than their interval.")
+        late.add_metric([], snap["late_ticks"])
+        dropped = CounterMetricFamily("infersight_agent_dropped_windows", "Windows lost (not stored).")
+        dropped.add_metric([], snap["dropped_windows"])
+        tick = GaugeMetricFamily("infersight_agent_window_duration_seconds",
+                                 "Seconds the last collection tick took to build and store its windows.")
+        tick.add_metric([], snap["last_tick_seconds"])
+        errors = CounterMetricFamily("infersight_agent_errors", "Errors by source.", labels=["source"])
+        for source, n in sorted(snap["errors"].items()):
+            errors.add_metric([source], n)
+        up = GaugeMetricFamily("infersight_source_up", "1 when a source or probe is running, else 0.",
+                               labels=["source"])
+        for source, health in sorted(snap["health"].items()):
+            up.add_metric([source], 1.0 if health.get("state") in ("running", "ok") else 0.0)
+        yield from (cpu, rss, peak, uptime, windows, late, dropped, tick, errors, up)
+
+
+def build_registry(state: AgentState) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(TargetCollector(state))
+    registry.register(AgentCollector(state))
+    return registry

@@ -1,0 +1,27 @@
+"""The status page's Flask app factory: page and JSON blueprints, /metrics beside them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+
+def create_app(config: dict[str, Any] | None = None) -> Flask:
+    """Build the app. config keys: STATE (the agent's live state), STORE (its store), REGISTRY (prometheus)."""
+    app = Flask(__name__)
+    app.config.update(STATE=None, STORE=None, REGISTRY=None, JSON_SORT_KEYS=False)
+    if config:
+        app.config.update(config)
+
+    from dashboards import api, page
+
+    app.register_blueprint(page.bp)
+    app.register_blueprint(api.bp)
+
+    registry: CollectorRegistry | None = app.config["REGISTRY"]
+    if registry is not None:
+        app.wsgi_app = DispatcherMiddleware(app.wsgi_app, {"/metrics": make_wsgi_app(registry)})
+    return app

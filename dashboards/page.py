@@ -1,0 +1,17 @@
+"""The HTML status page: targets, source health, the latest window's figures."""
+
+from __future__ import annotations
+
+from flask import Blueprint, abort, current_app, render_template
+
+from dashboards import view
+
+bp = Blueprint("page", __name__)
+
+
+@bp.get("/")
+def index():
+    state = current_app.config["STATE"]
+    if state is None:
+        abort(503, description="the agent has not started collecting yet")
+    return render_template("status.html", status=view.status(state.snapshot()))

@@ -1,0 +1,44 @@
+"""Fixtures for the status page: an app over a real AgentState holding a known window."""
+
+import pytest
+
+from agent.metrics import build_registry
+from agent.state import AgentState, TargetStatus
+from analysis.window import (GcReading, LatencyReading, Log2Histogram, OffCpuReading, ProcessReading,
+                             RunQueueReading, SyscallReading, TcpReading, Window)
+from dashboards.app import create_app
+
+
+def make_window(target="server", pid=4242, start=1000.0, end=1005.0) -> Window:
+    return Window(
+        target=target, pid=pid, start=start, end=end,
+        syscalls=SyscallReading(counts={"futex": 120, "read": 30}),
+        offcpu=OffCpuReading(seconds=2.5),
+        gc=GcReading(collections=3, pause_seconds=0.012, max_pause_seconds=0.006,
+                     histogram=Log2Histogram(unit="us", counts=[0] * 12 + [3])),
+        tcp=TcpReading(retransmits=2),
+        runqueue=RunQueueReading(histogram=Log2Histogram(unit="us", counts=[5, 10, 2]), total_seconds=0.0001),
+        process=ProcessReading(cpu_seconds=2.0, rss_bytes=300 * 2**20, threads=9),
+        latency=LatencyReading(p50_seconds=0.05, p95_seconds=0.09, p99_seconds=0.12, requests=40, request_rate=8.0),
+        errors={"pyspy": "py-spy exited: boom"},
+    )
+
+
+@pytest.fixture
+def state():
+    s = AgentState(clock=lambda: 2000.0)
+    s.set_target(TargetStatus(name="server", pid=4242, state="watching", since=1000.0))
+    s.set_health("syscalls", {"state": "running", "reason": None, "lost_events": 0, "failed_stacks": 0})
+    s.set_health("gcpause", {"state": "unsupported", "reason": "no gc_collect_main in /usr/bin/python3"})
+    s.record_window(make_window())
+    return s
+
+
+@pytest.fixture
+def app(state):
+    return create_app({"STATE": state, "REGISTRY": build_registry(state), "TESTING": True})
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()

@@ -1,0 +1,37 @@
+"""/metrics exposes per-target probe series and the agent's own health in Prometheus text format."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def _samples(client):
+    text = client.get("/metrics").get_data(as_text=True)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_probe_series_for_the_target(client):
+    s = _samples(client)
+    assert s[("infersight_syscalls_total", (("syscall", "futex"), ("target", "server")))] == 120
+    assert s[("infersight_offcpu_seconds_total", (("target", "server"),))] == 2.5
+    assert s[("infersight_gc_collections_total", (("target", "server"),))] == 3
+    assert s[("infersight_tcp_retransmits_total", (("target", "server"),))] == 2
+    assert s[("infersight_request_latency_seconds", (("quantile", "0.99"), ("target", "server")))] == 0.12
+
+
+def test_histograms_are_cumulative_in_seconds(client):
+    s = _samples(client)
+    # 3 GC pauses in the [4096, 8192) us slot: the le=0.008192 s bucket holds them, le=0.004096 does not.
+    assert s[("infersight_gc_pause_seconds_bucket", (("le", "0.004096"), ("target", "server")))] == 0
+    assert s[("infersight_gc_pause_seconds_bucket", (("le", "0.008192"), ("target", "server")))] == 3
+    assert s[("infersight_gc_pause_seconds_bucket", (("le", "+Inf"), ("target", "server")))] == 3
+    assert s[("infersight_runqueue_latency_seconds_count", (("target", "server"),))] == 17
+
+
+def test_agent_health_series(client):
+    s = _samples(client)
+    assert s[("infersight_agent_windows_total", ())] == 1
+    assert s[("infersight_agent_cpu_seconds_total", ())] > 0
+    assert s[("infersight_agent_resident_memory_bytes", ())] > 10 * 2**20
+    assert s[("infersight_source_up", (("source", "syscalls"),))] == 1
+    assert s[("infersight_source_up", (("source", "gcpause"),))] == 0
+    assert s[("infersight_agent_errors_total", (("source", "pyspy"),))] == 1

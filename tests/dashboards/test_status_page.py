@@ -1,0 +1,50 @@
+"""The status page and its JSON twin show targets, source health and the latest window."""
+
+from agent.state import TargetStatus
+from dashboards.app import create_app
+
+
+def test_page_lists_target_sources_and_figures(client):
+    html = client.get("/").get_data(as_text=True)
+    assert "server" in html and "4242" in html
+    assert "unsupported" in html and "no gc_collect_main" in html
+    assert "50.0 / 120.0 ms" in html  # p50 / p99
+    assert "py-spy exited: boom" in html
+
+
+def test_json_status_matches_state(client):
+    data = client.get("/api/status").get_json()
+    latest = data["latest"]["server"]
+    assert latest["p99_ms"] == 120.0
+    assert latest["syscalls"] == 150
+    assert latest["gc_collections"] == 3
+    assert latest["cpu_percent"] == 40.0
+    assert {s["source"] for s in data["sources"]} == {"syscalls", "gcpause"}
+
+
+def test_untrusted_target_names_are_escaped(state):
+    state.set_target(TargetStatus(name="<script>alert(1)</script>", pid=1, state="gone", since=0.0))
+    client = create_app({"STATE": state}).test_client()
+    html = client.get("/").get_data(as_text=True)
+    assert "<script>alert(1)</script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_no_state_yet_is_503_not_a_crash():
+    client = create_app().test_client()
+    assert client.get("/").status_code == 503
+    resp = client.get("/api/status")
+    assert resp.status_code == 503 and "not started" in resp.get_json()["error"]
+
+
+def test_windows_endpoint_rejects_bad_arguments(state):
+    class Store:
+        def windows(self, **kw):
+            return []
+
+    client = create_app({"STATE": state, "STORE": Store()}).test_client()
+    assert client.get("/api/windows?limit=abc").status_code == 400
+    assert client.get("/api/windows?limit=0").status_code == 400
+    resp = client.get("/api/windows?since=yesterday")
+    assert resp.status_code == 400 and "'yesterday'" in resp.get_json()["error"]
+    assert client.get("/api/windows?since=1&until=2").status_code == 200
