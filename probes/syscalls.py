@@ -1,0 +1,352 @@
+"""Syscall counts by name per target tgid, with optional sys_enter->sys_exit latency histograms.
+
+Traces: raw tracepoint ``sys_enter`` (syscall id in ``ctx->args[1]``) and, only when
+``SyscallsConfig.latency`` is set, raw tracepoint ``sys_exit``.
+
+How: the program first looks the current tgid up in ``targets`` (tgid -> slot, written by
+user space, so targets change without reloading) and returns at once for everyone else.
+Counts go to a per-CPU array indexed ``slot * SYSCALL_SLOTS + id``: no hash update, no
+shared cache line, exact. Latency mode adds a per-thread ``start`` map and a log2
+histogram per (slot, id) in a per-CPU hash; user space reports the top N syscalls of each
+window by count.
+
+Overhead (getppid loop on this 2-CPU VM, see docs/bench_probes.md): count-only roughly
+half of what ``syscount-bpfcc`` adds per syscall; non-target processes pay the raw
+tracepoint plus one hash lookup. Latency mode roughly doubles the cost for targets.
+
+Caveats: ids outside [0, SYSCALL_SLOTS - 1) (x32 ABI, -1 from seccomp/ptrace skips) are
+counted together as ``syscall_other``. Maps are never zeroed (zeroing races with the
+increments and loses counts); ``read()`` returns the difference to the previous read, which
+is the same as snapshot-then-clear but exact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from analysis.window import Log2Histogram, SyscallReading
+from probes.base import ProbeHealth, load_bpf, require_tracepoints
+from probes.errors import ProbeUnavailable
+from probes.syscall_names import SYSCALL_NAMES
+
+SYSCALL_SLOTS = 512
+OTHER_ID = SYSCALL_SLOTS - 1
+TRACEPOINTS = ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit")
+
+BPF_TEXT = r"""
+BPF_HASH(targets, u32, u32, MAX_TARGETS);
+BPF_PERCPU_ARRAY(counts, u64, MAX_TARGETS * SYSCALL_SLOTS);
+BPF_PERCPU_ARRAY(lost, u64, 1);
+
+#ifdef LATENCY
+struct start_t {
+    u64 ts;
+    u32 tgid;
+    u32 idx;
+};
+struct lat_key_t {
+    u32 idx;
+    u32 bucket;
+};
+// LRU: a thread that exits inside a syscall (exit_group) never reaches sys_exit.
+BPF_TABLE("lru_hash", u32, struct start_t, start, START_ENTRIES);
+BPF_PERCPU_HASH(latency, struct lat_key_t, u64, LATENCY_ENTRIES);
+
+static inline void count_lost(void)
+{
+    u32 zero = 0;
+    u64 *n = lost.lookup(&zero);
+    if (n)
+        (*n)++;
+}
+#endif
+
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32;
+    u32 *slot = targets.lookup(&tgid);
+    if (!slot)
+        return 0;
+    long id = ctx->args[1];
+    u32 nr = (id >= 0 && id < OTHER_ID) ? (u32)id : OTHER_ID;
+    u32 idx = *slot * SYSCALL_SLOTS + nr;
+    u64 *count = counts.lookup(&idx);
+    if (count)
+        (*count)++;
+#ifdef LATENCY
+    u32 tid = pid_tgid;
+    struct start_t s = {.ts = bpf_ktime_get_ns(), .tgid = tgid, .idx = idx};
+    if (start.update(&tid, &s))
+        count_lost();
+#endif
+    return 0;
+}
+
+#ifdef LATENCY
+RAW_TRACEPOINT_PROBE(sys_exit)
+{
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tid = pid_tgid;
+    // Only targets' threads have a start entry: this lookup is the target filter.
+    struct start_t *s = start.lookup(&tid);
+    if (!s)
+        return 0;
+    u64 delta = bpf_ktime_get_ns() - s->ts;
+    // bpf_log2l() is floor(log2)+1 (bcc's print convention); Log2Histogram's slot i is [2^i, 2^(i+1)).
+    struct lat_key_t key = {.idx = s->idx, .bucket = bpf_log2l(delta) - 1};
+    u32 tgid = pid_tgid >> 32;
+    u32 owner = s->tgid;
+    start.delete(&tid);
+    if (owner != tgid)
+        return 0;  // a reused tid: the entry belonged to a thread that died in a syscall
+    u64 *n = latency.lookup(&key);
+    if (n) {
+        (*n)++;
+    } else {
+        u64 one = 1;
+        if (latency.update(&key, &one))
+            count_lost();
+    }
+    return 0;
+}
+#endif
+"""
+
+
+@dataclass(frozen=True)
+class SyscallsConfig:
+    max_targets: int = 16
+    latency: bool = False
+    top_n: int = 10
+    start_entries: int = 16384
+    latency_entries: int = 16384
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_targets <= 1024:
+            raise ValueError(f"max_targets must be within [1, 1024], got {self.max_targets!r}")
+        if self.top_n < 1:
+            raise ValueError(f"top_n must be at least 1, got {self.top_n!r}")
+        for name in ("start_entries", "latency_entries"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)!r}")
+
+
+def render(config: SyscallsConfig) -> str:
+    """The C text for `config`: #defines first, the program's #ifdefs pick the features."""
+    defines = [
+        f"#define MAX_TARGETS {config.max_targets}",
+        f"#define SYSCALL_SLOTS {SYSCALL_SLOTS}",
+        f"#define OTHER_ID {OTHER_ID}",
+        f"#define START_ENTRIES {config.start_entries}",
+        f"#define LATENCY_ENTRIES {config.latency_entries}",
+    ]
+    if config.latency:
+        defines.append("#define LATENCY 1")
+    return "\n".join(defines) + "\n" + BPF_TEXT
+
+
+def syscall_name(nr: int) -> str:
+    if nr == OTHER_ID:
+        return "syscall_other"
+    return SYSCALL_NAMES.get(nr, f"syscall_{nr}")
+
+
+class TargetSlots:
+    """tgid -> slot in a probe's per-target arrays; freed slots are reused oldest-first.
+
+    Reusing the slot freed longest ago gives in-flight events of a removed target time to
+    land before the slot's baseline is taken for the next owner.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._by_tgid: dict[int, int] = {}
+        self._free: deque[int] = deque(range(capacity))
+
+    def __contains__(self, tgid: int) -> bool:
+        return tgid in self._by_tgid
+
+    def __len__(self) -> int:
+        return len(self._by_tgid)
+
+    def items(self) -> list[tuple[int, int]]:
+        return list(self._by_tgid.items())
+
+    def slot(self, tgid: int) -> int:
+        return self._by_tgid[tgid]
+
+    def add(self, tgid: int) -> int:
+        if tgid <= 0:
+            raise ValueError(f"target tgid must be positive, got {tgid!r}")
+        if not self._free:
+            raise ProbeUnavailable(f"all {self.capacity} target slots are in use; cannot add tgid {tgid}")
+        slot = self._free.popleft()
+        self._by_tgid[tgid] = slot
+        return slot
+
+    def remove(self, tgid: int) -> int:
+        slot = self._by_tgid.pop(tgid)
+        self._free.append(slot)
+        return slot
+
+
+def _percpu_sum(values: Any) -> int:
+    return int(sum(values))
+
+
+class SyscallsProbe:
+    """Counts (and optionally times) the syscalls of target processes."""
+
+    name = "syscalls"
+
+    def __init__(self, config: SyscallsConfig | None = None, proc_root: Path = Path("/proc")) -> None:
+        self.config = config or SyscallsConfig()
+        self._proc_root = proc_root
+        self._bpf: Any = None
+        self._slots = TargetSlots(self.config.max_targets)
+        self._counts_seen: list[int] = [0] * (self.config.max_targets * SYSCALL_SLOTS)
+        self._latency_seen: dict[tuple[int, int], int] = {}
+        self._health = ProbeHealth(name=self.name)
+
+    def start(self, targets: Iterable[int]) -> None:
+        if self._bpf is not None:
+            raise ProbeUnavailable("syscalls probe is already started; use set_targets() to change targets")
+        try:
+            require_tracepoints(TRACEPOINTS)
+            self._bpf = load_bpf(render(self.config))
+        except ProbeUnavailable as exc:
+            self._health.state, self._health.reason = "failed", str(exc)
+            raise
+        self._health.state, self._health.reason = "running", None
+        self.set_targets(targets)
+
+    def set_targets(self, targets: Iterable[int]) -> None:
+        wanted = set(targets)
+        if self._bpf is None:
+            raise ProbeUnavailable("syscalls probe is not started")
+        for tgid in [t for t, _ in self._slots.items() if t not in wanted]:
+            self._drop(tgid)
+        new = [t for t in wanted if t not in self._slots]
+        if not new:
+            return
+        counts = self._read_counts()
+        latency = self._read_latency() if self.config.latency else {}
+        for tgid in new:
+            slot = self._slots.add(tgid)
+            base = slot * SYSCALL_SLOTS
+            # Baseline = whatever the slot's previous owner left: the new owner starts at zero.
+            self._counts_seen[base:base + SYSCALL_SLOTS] = counts[base:base + SYSCALL_SLOTS]
+            for key, value in latency.items():
+                if key[0] // SYSCALL_SLOTS == slot:
+                    self._latency_seen[key] = value
+            self._bpf[b"targets"][self._bpf[b"targets"].Key(tgid)] = self._bpf[b"targets"].Leaf(slot)
+        self._health.targets = len(self._slots)
+
+    def read(self) -> dict[int, SyscallReading]:
+        if self._bpf is None:
+            raise ProbeUnavailable("syscalls probe is not started")
+        for tgid in [t for t, _ in self._slots.items() if not (self._proc_root / str(t)).exists()]:
+            self._drop(tgid)
+        counts = self._read_counts()
+        latency = self._read_latency() if self.config.latency else {}
+        readings: dict[int, SyscallReading] = {}
+        for tgid, slot in self._slots.items():
+            readings[tgid] = self._reading(slot, counts, latency)
+        self._counts_seen = counts
+        self._latency_seen.update(latency)
+        self._health.lost_events = _percpu_sum(self._bpf[b"lost"][0])
+        return readings
+
+    def stop(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+        self._slots = TargetSlots(self.config.max_targets)
+        self._health.state, self._health.targets = "stopped", 0
+
+    def health(self) -> ProbeHealth:
+        return ProbeHealth(**vars(self._health))
+
+    def rendered_text(self) -> str:
+        return render(self.config)
+
+    def _drop(self, tgid: int) -> None:
+        table = self._bpf[b"targets"]
+        try:
+            del table[table.Key(tgid)]
+        except KeyError:
+            pass  # never inserted (a failed add): nothing to detach
+        self._slots.remove(tgid)
+        self._health.targets = len(self._slots)
+
+    def _read_counts(self) -> list[int]:
+        counts = [0] * (self.config.max_targets * SYSCALL_SLOTS)
+        for key, values in self._bpf[b"counts"].items_lookup_batch():
+            counts[int(key)] = _percpu_sum(values)
+        return counts
+
+    def _read_latency(self) -> dict[tuple[int, int], int]:
+        return {(k.idx, k.bucket): _percpu_sum(v) for k, v in self._bpf[b"latency"].items_lookup_batch()}
+
+    def _reading(self, slot: int, counts: list[int], latency: dict[tuple[int, int], int]) -> SyscallReading:
+        base = slot * SYSCALL_SLOTS
+        by_name: dict[str, int] = {}
+        for nr in range(SYSCALL_SLOTS):
+            delta = counts[base + nr] - self._counts_seen[base + nr]
+            if delta:
+                by_name[syscall_name(nr)] = delta
+        reading = SyscallReading(counts=by_name)
+        if not self.config.latency:
+            return reading
+        buckets: dict[str, dict[int, int]] = {}
+        for (idx, bucket), value in latency.items():
+            if idx // SYSCALL_SLOTS != slot:
+                continue
+            delta = value - self._latency_seen.get((idx, bucket), 0)
+            if delta:
+                buckets.setdefault(syscall_name(idx % SYSCALL_SLOTS), {})[bucket] = delta
+        top = sorted(by_name, key=lambda n: by_name[n], reverse=True)[: self.config.top_n]
+        reading.latency = {n: Log2Histogram.from_slots(buckets[n], unit="ns") for n in top if n in buckets}
+        return reading
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m probes.syscalls", description=__doc__.splitlines()[0])
+    parser.add_argument("--pid", type=int, action="append", default=[], help="target tgid (repeatable)")
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--count", type=int, default=0, help="windows to print; 0 = until interrupted")
+    parser.add_argument("--latency", action="store_true", help="also time the top syscalls")
+    parser.add_argument("--print-c", action="store_true", help="print the rendered C text and exit")
+    args = parser.parse_args(argv)
+    config = SyscallsConfig(latency=args.latency)
+    if args.print_c:
+        print(render(config))
+        return 0
+    if not args.pid:
+        parser.error("--pid is required")
+    probe = SyscallsProbe(config)
+    probe.start(args.pid)
+    try:
+        n = 0
+        while args.count == 0 or n < args.count:
+            time.sleep(args.interval)
+            for tgid, reading in probe.read().items():
+                top = sorted(reading.counts.items(), key=lambda kv: kv[1], reverse=True)[:10]
+                print(f"{tgid}: " + " ".join(f"{name}={c}" for name, c in top), flush=True)
+            n += 1
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a user ends an open-ended run
+    finally:
+        probe.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
