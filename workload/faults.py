@@ -1,0 +1,184 @@
+"""The fault switches: each is a named on/off with a measurable effect on the server."""
+
+import gc
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from workload.cpuhog import CpuHog
+from workload.engine import Engine
+from workload.netloss import Netloss
+from workload.scheduler import Scheduler
+
+FAULT_NAMES = ("gc", "lock", "syscall", "netloss", "cpuhog", "nocache")
+
+
+class UnknownFault(KeyError):
+    """A fault name that is not one of FAULT_NAMES."""
+
+
+class Fault(Protocol):
+    def on(self) -> None: ...
+    def off(self) -> None: ...
+
+
+@dataclass
+class FaultTuning:
+    """How hard each fault pushes; defaults give >= 1.5x p99 at the default load (docs/bench_workload.md)."""
+
+    gc_cycles_per_step: int = 4000
+    lock_hold_s: float = 0.030
+    lock_period_s: float = 0.050
+    syscalls_per_step: int = 3000
+    netloss_percent: int = 30
+    cpuhog_per_cpu: int = 2
+
+
+class GcChurn:
+    """Builds reference cycles on every decode step, so the cyclic collector runs in the request path."""
+
+    def __init__(self, cycles_per_step: int) -> None:
+        self.cycles_per_step = cycles_per_step
+        self.active = False
+
+    def on(self) -> None:
+        self.active = True
+
+    def off(self) -> None:
+        self.active = False
+
+    def hook(self, batch_size: int) -> None:
+        if not self.active:
+            return
+        for _ in range(self.cycles_per_step * batch_size):
+            a: dict = {}
+            b = {"a": a, "pad": [a]}
+            a["b"] = b
+
+
+class SyscallStorm:
+    """Many one-byte reads of /dev/zero per decode step: each one a read(2) syscall."""
+
+    def __init__(self, per_step: int) -> None:
+        self.per_step = per_step
+        self.active = False
+        self._fd: int | None = None
+
+    def on(self) -> None:
+        if self._fd is None:
+            self._fd = os.open("/dev/zero", os.O_RDONLY | os.O_CLOEXEC)
+        self.active = True
+
+    def off(self) -> None:
+        self.active = False
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def hook(self, batch_size: int) -> None:
+        fd = self._fd
+        if not self.active or fd is None:
+            return
+        for _ in range(self.per_step):
+            os.pread(fd, 1, 0)
+
+
+class LockHolder:
+    """A background thread that takes the serving lock and sleeps holding it, periodically."""
+
+    def __init__(self, lock: threading.Lock, hold_s: float, period_s: float) -> None:
+        if not 0 < hold_s < period_s:
+            raise ValueError(f"need 0 < hold_s < period_s, got hold_s={hold_s!r} period_s={period_s!r}")
+        self.lock = lock
+        self.hold_s = hold_s
+        self.period_s = period_s
+        self.holds = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def on(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="fault-lock", daemon=True)
+        self._thread.start()
+
+    def off(self) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self.lock:
+                self.holds += 1
+                self._stop.wait(self.hold_s)
+            self._stop.wait(self.period_s - self.hold_s)
+
+
+class NoCache:
+    """Turns the engine's KV cache off, as a bad deploy would."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def on(self) -> None:
+        self.engine.use_cache = False
+
+    def off(self) -> None:
+        self.engine.use_cache = True
+
+
+@dataclass
+class FaultSet:
+    """All switches of one server; `set` is the only way they change."""
+
+    faults: dict[str, Fault]
+    on_change: Callable[[str, bool], None] = lambda name, active: None
+    state: dict[str, bool] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def set(self, name: str, active: bool) -> None:
+        if name not in self.faults:
+            raise UnknownFault(f"unknown fault {name!r}; choose one of {list(self.faults)}")
+        with self._lock:
+            if active:
+                self.faults[name].on()
+            else:
+                self.faults[name].off()
+            self.state[name] = active
+        self.on_change(name, active)
+
+    def active(self) -> dict[str, bool]:
+        return {name: self.state.get(name, False) for name in self.faults}
+
+    def all_off(self) -> None:
+        for name in self.faults:
+            if self.state.get(name):
+                self.set(name, False)
+
+
+def build_faults(scheduler: Scheduler, port: int, tuning: FaultTuning,
+                 on_change: Callable[[str, bool], None]) -> FaultSet:
+    churn = GcChurn(tuning.gc_cycles_per_step)
+    storm = SyscallStorm(tuning.syscalls_per_step)
+    scheduler.step_hooks.extend([churn.hook, storm.hook])
+    faults: dict[str, Fault] = {
+        "gc": churn,
+        "lock": LockHolder(scheduler.serving_lock, tuning.lock_hold_s, tuning.lock_period_s),
+        "syscall": storm,
+        "netloss": Netloss(port, tuning.netloss_percent),
+        "cpuhog": CpuHog(tuning.cpuhog_per_cpu),
+        "nocache": NoCache(scheduler.engine),
+    }
+    return FaultSet(faults=faults, on_change=on_change)
+
+
+def gc_debug() -> dict:
+    """The collector's own counts: ground truth for the gc fault."""
+    return {"collections": [s["collections"] for s in gc.get_stats()],
+            "collected": [s["collected"] for s in gc.get_stats()]}

@@ -1,0 +1,207 @@
+"""Iteration-level batching: waiting requests join the running batch between decode steps."""
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from workload.engine import Engine, Sequence
+from workload.kvcache import PoolExhausted
+from workload.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue is at its bound; the caller answers 429 with Retry-After."""
+
+
+class NotServing(RuntimeError):
+    """The scheduler has stopped; the caller answers 503."""
+
+
+@dataclass
+class Event:
+    """What a request's consumer receives: a token, or the end (reason or error)."""
+
+    kind: str  # "token" | "done" | "error"
+    token: int = 0
+    detail: str = ""
+
+
+@dataclass
+class Request:
+    """A submitted completion: its sequence, output channel and timestamps."""
+
+    seq: Sequence
+    arrival: float
+    prompt_len: int
+    events: queue.Queue = field(default_factory=queue.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    first_token_at: float | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+@dataclass
+class SchedulerConfig:
+    max_batch: int = 8
+    batch_window_s: float = 0.005
+    max_waiting: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_batch <= 0:
+            raise ValueError(f"max_batch must be positive, got {self.max_batch!r}")
+        if self.batch_window_s < 0:
+            raise ValueError(f"batch_window_s must be >= 0, got {self.batch_window_s!r}")
+        if self.max_waiting <= 0:
+            raise ValueError(f"max_waiting must be positive, got {self.max_waiting!r}")
+
+
+StepHook = Callable[[int], None]
+
+
+class Scheduler:
+    """Owns the engine on one thread; `serving_lock` is held for each iteration."""
+
+    def __init__(self, engine: Engine, config: SchedulerConfig, metrics: ServerMetrics,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.engine = engine
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.serving_lock = threading.Lock()
+        self.step_hooks: list[StepHook] = []
+        self.lock_wait_seconds = 0.0
+        self.steps = 0
+        self.thread_native_id: int | None = None
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    def submit(self, seq: Sequence, prompt_len: int) -> Request:
+        if not self.alive:
+            raise NotServing("the scheduler is not running")
+        request = Request(seq=seq, arrival=self.clock(), prompt_len=prompt_len)
+        with self._cond:
+            if len(self._waiting) >= self.config.max_waiting:
+                raise QueueFull(f"{len(self._waiting)} requests already waiting (max {self.config.max_waiting})")
+            self._waiting.append(request)
+            self._gauges()
+            self._cond.notify()
+        return request
+
+    def _gauges(self) -> None:
+        self.metrics.waiting.labels(self.metrics.model_name).set(len(self._waiting))
+        self.metrics.running.labels(self.metrics.model_name).set(len(self._running))
+
+    def _run(self) -> None:
+        self.thread_native_id = threading.get_native_id()
+        while not self._stop.is_set():
+            with self._cond:
+                if not self._running and not self._waiting:
+                    self._cond.wait(0.1)
+                    continue
+                if not self._running:
+                    self._await_batch_window()
+            try:
+                self._iteration()
+            except Exception as exc:  # a bad step must fail its requests, not wedge the server
+                log.exception("engine iteration failed")
+                self._fail_running(f"engine error: {exc}")
+
+    def _await_batch_window(self) -> None:
+        # Caller holds _cond. An idle engine waits briefly so a burst starts as one batch.
+        deadline = self._waiting[0].arrival + self.config.batch_window_s
+        while len(self._waiting) < self.config.max_batch and not self._stop.is_set():
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                break
+            self._cond.wait(remaining)
+
+    def _iteration(self) -> None:
+        started = self.clock()
+        with self.serving_lock:
+            self.lock_wait_seconds += self.clock() - started
+            self._admit()
+            self._drop_cancelled()
+            batch = [r for r in self._running]
+            if not batch:
+                return
+            for hook in self.step_hooks:
+                hook(len(batch))
+            prefill_tokens = sum(len(r.seq.tokens) for r in batch if r.seq.cache_len != len(r.seq.tokens) - 1)
+            tokens = self.engine.step([r.seq for r in batch])
+            self.steps += 1
+        now = self.clock()
+        self.metrics.observe_step(len(batch), prefill_tokens + len(batch) - (1 if prefill_tokens else 0))
+        self.metrics.generation_tokens.labels(self.metrics.model_name).inc(len(batch))
+        for request, token in zip(batch, tokens):
+            if request.first_token_at is None:
+                request.first_token_at = now
+                self.metrics.ttft.labels(self.metrics.model_name).observe(now - request.arrival)
+            request.events.put(Event("token", token))
+            if request.seq.done:
+                self._finish(request, now, "length")
+
+    def _admit(self) -> None:
+        with self._cond:
+            while self._waiting and len(self._running) < self.config.max_batch:
+                request = self._waiting[0]
+                if request.cancelled.is_set():
+                    self._waiting.popleft()
+                    request.events.put(Event("done", detail="cancelled"))
+                    continue
+                try:
+                    self.engine.admit(request.seq)
+                except PoolExhausted:
+                    break
+                self._waiting.popleft()
+                self._running.append(request)
+                self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(request.prompt_len)
+            self._gauges()
+
+    def _drop_cancelled(self) -> None:
+        for request in [r for r in self._running if r.cancelled.is_set()]:
+            self._finish(request, self.clock(), "abort")
+
+    def _finish(self, request: Request, now: float, reason: str) -> None:
+        self.engine.release(request.seq)
+        with self._cond:
+            self._running.remove(request)
+            self._gauges()
+        name = self.metrics.model_name
+        if reason == "length":
+            self.metrics.e2e.labels(name).observe(now - request.arrival)
+            n = len(request.seq.generated)
+            if n > 1 and request.first_token_at is not None:
+                self.metrics.tpot.labels(name).observe((now - request.first_token_at) / (n - 1))
+        self.metrics.success.labels(name, reason).inc()
+        request.events.put(Event("done", detail=reason))
+
+    def _fail_running(self, message: str) -> None:
+        for request in list(self._running):
+            self.engine.release(request.seq)
+            request.events.put(Event("error", detail=message))
+        with self._cond:
+            self._running.clear()
+            self._gauges()

@@ -1,0 +1,97 @@
+"""`python -m workload serve`: build the engine, scheduler and faults, serve with waitress."""
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+from prometheus_client import CollectorRegistry
+from waitress.server import create_server
+
+from workload.api import Limits
+from workload.config import preset
+from workload.engine import Engine, resolve_device
+from workload.faults import FaultTuning, build_faults
+from workload.metrics import create_metrics
+from workload.scheduler import Scheduler, SchedulerConfig
+from workload.server import Serving, create_app
+
+log = logging.getLogger("workload.serve")
+ADMIN_TOKEN_ENV = "WORKLOAD_ADMIN_TOKEN"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (the URL is printed)")
+    parser.add_argument("--model", default="tiny", help="model preset: tiny (CPU default) or gpu")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads; 1 is fastest for the tiny model's small matmuls")
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--batch-window-ms", type=float, default=5.0)
+    parser.add_argument("--max-waiting", type=int, default=64, help="queue bound; beyond it 429 + Retry-After")
+    parser.add_argument("--max-prompt-bytes", type=int, default=384)
+    parser.add_argument("--http-threads", type=int, default=32)
+    parser.add_argument("--no-cache", action="store_true", help="start with the KV cache disabled")
+    parser.add_argument("--pidfile", type=Path)
+    parser.add_argument("--admin-token", default=None,
+                        help=f"token for /admin (else ${ADMIN_TOKEN_ENV}); without one /admin is disabled")
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    torch.set_num_threads(args.threads)
+    config = preset(args.model)
+    device = resolve_device(args.device)
+    engine = Engine(config, n_slots=args.max_batch, device=device, use_cache=not args.no_cache)
+    registry = CollectorRegistry()
+    metrics = create_metrics(registry, config.name)
+    scheduler = Scheduler(engine, SchedulerConfig(args.max_batch, args.batch_window_ms / 1000, args.max_waiting),
+                          metrics)
+    # The app needs the bound port (netloss targets it), the server needs an app: bind first, wire after.
+    apps: list = []
+    server = create_server(lambda environ, start: apps[0](environ, start), host=args.host, port=args.port, threads=args.http_threads,
+                           channel_timeout=30, clear_untrusted_proxy_headers=True)
+    port = server.effective_port
+    faults = build_faults(scheduler, port, FaultTuning(),
+                          lambda name, active: metrics.fault_active.labels(name).set(int(active)))
+    for name in faults.faults:
+        metrics.fault_active.labels(name).set(0)
+    limits = Limits(max_prompt_bytes=min(args.max_prompt_bytes, config.max_seq - 2), max_seq=config.max_seq)
+    token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
+    apps.append(create_app(Serving(scheduler, metrics, registry, faults, limits, token, config.name)))
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    scheduler.start()
+    if args.pidfile:
+        args.pidfile.write_text(f"{os.getpid()}\n")
+    url = f"http://{server.effective_host}:{port}"
+    print(f"workload: serving {config.name} on {device} at {url} (metrics {url}/metrics) pid {os.getpid()}",
+          flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        log.info("shutting down")
+    finally:
+        faults.all_off()
+        scheduler.stop()
+        server.close()
+        if args.pidfile:
+            args.pidfile.unlink(missing_ok=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workload serve")
+    add_arguments(parser)
+    return serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Flask app: OpenAI-style /v1/completions (SSE streaming), /health, /metrics, /admin."""
+
+import hmac
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from flask import Blueprint, Flask, Response, current_app, jsonify, request
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from workload import tokenizer
+from workload.api import BadRequest, Limits, parse_completion
+from workload.engine import Sequence
+from workload.faults import FaultSet, UnknownFault, gc_debug
+from workload.metrics import ServerMetrics
+from workload.scheduler import NotServing, QueueFull, Request, Scheduler
+
+# A finished stream never waits longer than this for the next token before giving up.
+TOKEN_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Serving:
+    """Everything the handlers need; built by workload.serve and handed to create_app."""
+
+    scheduler: Scheduler
+    metrics: ServerMetrics
+    registry: CollectorRegistry
+    faults: FaultSet
+    limits: Limits
+    admin_token: str | None
+    model_name: str
+
+
+def _error(status: int, message: str, kind: str, headers: dict | None = None) -> Response:
+    response = jsonify({"error": {"message": message, "type": kind, "code": status}})
+    response.status_code = status
+    for key, value in (headers or {}).items():
+        response.headers[key] = value
+    return response
+
+
+def _serving() -> Serving:
+    return current_app.config["SERVING"]
+
+
+api = Blueprint("api", __name__)
+
+
+@api.get("/health")
+def health() -> Response:
+    serving = _serving()
+    if not serving.scheduler.alive:
+        return _error(503, "scheduler stopped", "server_error")
+    return jsonify({"status": "ok", "model": serving.model_name, "pid": os.getpid()})
+
+
+@api.get("/v1/models")
+def models() -> Response:
+    return jsonify({"object": "list", "data": [{"id": _serving().model_name, "object": "model"}]})
+
+
+@api.get("/metrics")
+def metrics() -> Response:
+    return Response(generate_latest(_serving().registry), mimetype=CONTENT_TYPE_LATEST)
+
+
+@api.post("/v1/completions")
+def completions() -> Response:
+    serving = _serving()
+    body = request.get_json(silent=True)
+    if body is None:
+        serving.metrics.rejected.labels(serving.model_name, "bad_json").inc()
+        return _error(400, "body is not valid JSON (Content-Type: application/json)", "invalid_request_error")
+    try:
+        parsed = parse_completion(body, serving.limits)
+    except BadRequest as exc:
+        serving.metrics.rejected.labels(serving.model_name, "invalid").inc()
+        return _error(400, str(exc), "invalid_request_error")
+    prompt_ids = tokenizer.encode(parsed.prompt)
+    seq = Sequence(prompt_ids, parsed.max_tokens, parsed.temperature, parsed.seed)
+    try:
+        submitted = serving.scheduler.submit(seq, prompt_len=len(prompt_ids))
+    except QueueFull as exc:
+        serving.metrics.rejected.labels(serving.model_name, "queue_full").inc()
+        return _error(429, str(exc), "rate_limit_error", {"Retry-After": "1"})
+    except NotServing as exc:
+        serving.metrics.rejected.labels(serving.model_name, "not_serving").inc()
+        return _error(503, str(exc), "server_error", {"Retry-After": "5"})
+    completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
+    if parsed.stream:
+        return Response(_sse(submitted, completion_id, serving.model_name), mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache"})
+    return _complete(submitted, completion_id, serving.model_name)
+
+
+def _events(submitted: Request) -> Iterator[tuple[str, int | str]]:
+    while True:
+        event = submitted.events.get(timeout=TOKEN_TIMEOUT_S)
+        if event.kind == "token":
+            yield "token", event.token
+        else:
+            yield event.kind, event.detail
+            return
+
+
+def _complete(submitted: Request, completion_id: str, model: str) -> Response:
+    tokens: list[int] = []
+    for kind, value in _events(submitted):
+        if kind == "token":
+            tokens.append(int(value))
+        elif kind == "error":
+            return _error(500, str(value), "server_error")
+    return jsonify({
+        "id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "text": tokenizer.decode(tokens), "logprobs": None, "finish_reason": "length",
+                     "token_ids": tokens}],
+        "usage": {"prompt_tokens": submitted.prompt_len, "completion_tokens": len(tokens),
+                  "total_tokens": submitted.prompt_len + len(tokens)},
+    })
+
+
+def _sse(submitted: Request, completion_id: str, model: str) -> Iterator[bytes]:
+    created = int(time.time())
+    # Waitress closes this generator when the client goes away; `finally` frees the KV slot.
+    try:
+        for kind, value in _events(submitted):
+            if kind == "token":
+                choice = {"index": 0, "text": tokenizer.decode([int(value)]), "token_ids": [int(value)],
+                          "logprobs": None, "finish_reason": None}
+            elif kind == "error":
+                yield f"data: {json.dumps({'error': {'message': value, 'type': 'server_error'}})}\n\n".encode()
+                return
+            else:
+                choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": value}
+            chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": model,
+                     "choices": [choice]}
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+    finally:
+        submitted.cancel()
+
+
+admin = Blueprint("admin", __name__, url_prefix="/admin")
+
+
+@admin.before_request
+def check_token() -> Response | None:
+    token = _serving().admin_token
+    if not token:
+        return _error(403, "admin endpoints are disabled: start the server with --admin-token", "permission_error")
+    sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(sent.encode(), token.encode()):
+        return _error(401, "missing or wrong admin token (Authorization: Bearer ...)", "permission_error")
+    return None
+
+
+@admin.get("/faults")
+def list_faults() -> Response:
+    return jsonify(_serving().faults.active())
+
+
+@admin.post("/faults")
+def set_fault() -> Response:
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str) or not isinstance(body.get("on"), bool):
+        return _error(400, f'expected {{"name": str, "on": bool}}, got {body!r}', "invalid_request_error")
+    try:
+        _serving().faults.set(body["name"], body["on"])
+    except UnknownFault as exc:
+        return _error(404, str(exc.args[0]), "invalid_request_error")
+    except (OSError, RuntimeError) as exc:
+        return _error(500, f"fault {body['name']!r} failed to switch: {exc}", "server_error")
+    return jsonify(_serving().faults.active())
+
+
+@admin.get("/debug")
+def debug() -> Response:
+    serving = _serving()
+    scheduler = serving.scheduler
+    return jsonify({
+        "pid": os.getpid(),
+        "scheduler_tid": scheduler.thread_native_id,
+        "threads": [t.name for t in threading.enumerate()],
+        "steps": scheduler.steps,
+        "lock_wait_seconds": scheduler.lock_wait_seconds,
+        "gc": gc_debug(),
+        "kv_pool": {"slots": scheduler.engine.pool.n_slots, "free": scheduler.engine.pool.free,
+                    "allocations": scheduler.engine.pool.allocations, "bytes": scheduler.engine.pool.nbytes},
+        "use_cache": scheduler.engine.use_cache,
+        "faults": serving.faults.active(),
+        "cpuhog_pids": getattr(serving.faults.faults.get("cpuhog"), "pids", []),
+    })
+
+
+def create_app(serving: Serving) -> Flask:
+    app = Flask(__name__)
+    app.config["SERVING"] = serving
+    app.register_blueprint(api)
+    app.register_blueprint(admin)
+    return app
