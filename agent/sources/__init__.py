@@ -1,0 +1,1 @@
+"""User-space sources of a Window: py-spy stacks, server latency, process counters, GPU."""

@@ -1,0 +1,371 @@
+"""Continuous py-spy sampling of one process, active and idle Python stacks kept apart."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from agent.sources.errors import SourceUnavailable
+from agent.sources.folded import parse_folded, parse_summary, split_idle
+from agent.sources.health import SourceHealth
+from analysis.window import StackReading
+from probes.errors import AccessDenied, ProbeError, TargetGone
+
+Runner = Callable[..., subprocess.Popen]
+
+_PR_SET_PDEATHSIG = 1
+_BANNER = b"Sampling process"
+
+
+def find_pyspy(executable: str = sys.executable) -> str | None:
+    """The py-spy installed beside this interpreter (the venv's), else the one on PATH."""
+    beside = Path(executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("py-spy")
+
+
+def _die_with_parent() -> None:
+    # A `kill -9` of the agent must not leave py-spy attached to the target.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@dataclass
+class _Run:
+    """One py-spy process recording one segment."""
+
+    kind: str  # "active" (busy threads only) | "all" (with --idle)
+    proc: subprocess.Popen
+    output: Path
+    stdout: bytes = b""
+    attached_at: float | None = None
+
+
+@dataclass
+class _Segment:
+    launched_at: float
+    runs: list[_Run] = field(default_factory=list)
+
+    @property
+    def attached_at(self) -> float | None:
+        times = [r.attached_at for r in self.runs]
+        return None if None in times else max(t for t in times if t is not None)
+
+
+class SegmentFailed(Exception):
+    """A py-spy process of a segment exited badly; carries its stderr's reason."""
+
+
+class PySpySampler:
+    """Samples `pid` with py-spy in back-to-back segments of `segment_seconds`.
+
+    py-spy 0.4.3 writes folded output only when a recording ends and never marks a sample
+    idle, so each segment runs two recorders side by side for the same number of ticks:
+    one without `--idle` (threads on CPU) and one with it (all threads); idle = all - active.
+    The next segment is launched one attach-time before the current one stops sampling, so
+    windows see no gap beyond what `health().detail['gap_seconds']` reports.
+    """
+
+    name = "pyspy"
+
+    def __init__(self, pid: int, rate_hz: int = 49, nonblocking: bool = True, segment_seconds: int = 1,
+                 runner: Runner = subprocess.Popen, pyspy_path: str | None = None,
+                 clock: Callable[[], float] = time.monotonic, proc_root: Path = Path("/proc"),
+                 backoff_initial: float = 0.5, backoff_max: float = 30.0, autostart: bool = True) -> None:
+        if pid <= 0:
+            raise ValueError(f"pid must be positive, got {pid!r}")
+        if not 1 <= rate_hz <= 1000:
+            raise ValueError(f"rate_hz must be within 1..1000, got {rate_hz!r}")
+        if not isinstance(segment_seconds, int) or not 1 <= segment_seconds <= 60:
+            # py-spy's --duration accepts whole seconds only.
+            raise ValueError(f"segment_seconds must be a whole number within 1..60, got {segment_seconds!r}")
+        self.pid = pid
+        self.rate_hz = rate_hz
+        self.nonblocking = nonblocking
+        self.segment_seconds = segment_seconds
+        self._runner = runner
+        self._pyspy = pyspy_path if pyspy_path is not None else find_pyspy()
+        self._clock = clock
+        self._proc_root = proc_root
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._workdir: Path | None = None
+        self._live: list[subprocess.Popen] = []
+        self._active: Counter[str] = Counter()
+        self._idle: Counter[str] = Counter()
+        self._terminal: ProbeError | None = None
+        self._counter = 0
+        self._attach_estimate = 0.05
+        self._last_end: float | None = None
+        self._stats: dict[str, Any] = {"segments": 0, "restarts": 0, "gap_seconds": 0.0, "overlap_seconds": 0.0,
+                                       "pyspy_sample_errors": 0, "backoff_seconds": 0.0, "last_attach_seconds": None}
+        self._errors = 0
+        self._last_error: str | None = None
+        if autostart:
+            self.start()
+
+    # -- public -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        if self._pyspy is None:
+            self._terminal = SourceUnavailable("py-spy is not installed beside the interpreter nor on PATH "
+                                               "(pip install py-spy==0.4.3)")
+            return
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"infersight-pyspy-{self.pid}-"))
+        self._thread = threading.Thread(target=self._supervise, name=f"pyspy-{self.pid}", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def read(self) -> StackReading:
+        """Stacks of every segment finished since the previous read; raises once the target is gone."""
+        with self._lock:
+            if self._terminal is not None:
+                raise type(self._terminal)(str(self._terminal))
+            active, idle = self._active, self._idle
+            self._active, self._idle = Counter(), Counter()
+        return StackReading(active=dict(active), idle=dict(idle), rate_hz=float(self.rate_hz))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.segment_seconds + 15)
+        self._kill_live()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+        atexit.unregister(self.close)
+
+    def health(self) -> SourceHealth:
+        with self._lock:
+            detail = dict(self._stats)
+            detail["children"] = [p.pid for p in self._live]
+            if self._terminal is not None:
+                state = "unsupported" if isinstance(self._terminal, SourceUnavailable) else "error"
+                reason: str | None = str(self._terminal)
+            else:
+                state, reason = "ok", self._last_error
+            return SourceHealth(name=self.name, state=state, reason=reason, errors=self._errors, detail=detail)
+
+    def child_pids(self) -> list[int]:
+        """The py-spy processes running now (for tests and the status page)."""
+        with self._lock:
+            return [p.pid for p in self._live if p.poll() is None]
+
+    # -- supervision ------------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        failures = 0
+        previous: _Segment | None = None
+        try:
+            while not self._stop.is_set():
+                if failures:
+                    self._pause(min(self._backoff_initial * 2 ** (failures - 1), self._backoff_max))
+                    if self._stop.is_set():
+                        break
+                current = self._launch()
+                if previous is not None:
+                    failures = 0 if self._finish(previous) else failures + 1
+                    previous = None
+                if self._terminal is not None:
+                    self._abandon(current)
+                    return
+                if not self._await_attach(current):
+                    failure = self._abandon(current)
+                    if self._stop.is_set() or self._target_state(failure):
+                        return
+                    self._record_error(f"py-spy failed to attach to pid {self.pid}: {failure}", restart=True)
+                    failures += 1
+                    continue
+                self._account_gap(current)
+                wake = current.attached_at + self.segment_seconds - self._attach_estimate  # type: ignore[operator]
+                self._stop.wait(max(0.0, wake - self._clock()))
+                previous = current
+            if previous is not None:
+                self._finish(previous)
+        finally:
+            self._kill_live()
+
+    def _launch(self) -> _Segment:
+        self._counter += 1
+        segment = _Segment(launched_at=self._clock())
+        for kind in ("active", "all"):
+            assert self._workdir is not None
+            output = self._workdir / f"seg{self._counter}-{kind}.txt"
+            argv = [self._pyspy, "record", "--pid", str(self.pid), "--rate", str(self.rate_hz),
+                    "--duration", str(self.segment_seconds), "--format", "raw", "--threads",
+                    "--output", str(output)]
+            if self.nonblocking:
+                argv.append("--nonblocking")
+            if kind == "all":
+                argv.append("--idle")
+            proc = self._runner(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                bufsize=0, preexec_fn=_die_with_parent)
+            with self._lock:
+                self._live.append(proc)
+            segment.runs.append(_Run(kind=kind, proc=proc, output=output))
+        return segment
+
+    def _await_attach(self, segment: _Segment, timeout: float = 10.0) -> bool:
+        """Wait until every recorder printed its banner (printed once attached); False if one died."""
+        deadline = self._clock() + timeout
+        with selectors.DefaultSelector() as sel:
+            for run in segment.runs:
+                sel.register(run.proc.stdout, selectors.EVENT_READ, run)  # type: ignore[arg-type]
+            while any(r.attached_at is None for r in segment.runs):
+                left = deadline - self._clock()
+                if left <= 0 or self._stop.is_set():
+                    return False
+                for key, _ in sel.select(timeout=min(left, 0.5)):
+                    run = key.data
+                    chunk = os.read(key.fd, 4096)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        if run.attached_at is None:
+                            return False
+                        continue
+                    run.stdout += chunk
+                    if run.attached_at is None and _BANNER in run.stdout:
+                        run.attached_at = self._clock()
+        attach = segment.attached_at - segment.launched_at  # type: ignore[operator]
+        self._attach_estimate = 0.7 * self._attach_estimate + 0.3 * attach
+        with self._lock:
+            self._stats["last_attach_seconds"] = round(attach, 4)
+        return True
+
+    def _finish(self, segment: _Segment) -> bool:
+        """Wait for a segment's recorders, parse both outputs and add them to the pending reading."""
+        counts: dict[str, Counter[str]] = {}
+        sample_errors: dict[str, int] = {}
+        try:
+            for run in segment.runs:
+                out, err = self._wait(run, timeout=self.segment_seconds + 10)
+                run.stdout += out
+                if run.proc.returncode != 0:
+                    raise SegmentFailed(_reason(err, run.proc.returncode))
+                summary = parse_summary(run.stdout.decode(errors="replace"))
+                sample_errors[run.kind] = summary[1] if summary else 0
+                counts[run.kind] = parse_folded(run.output.read_text()) if run.output.exists() else Counter()
+        except (SegmentFailed, ValueError, OSError) as exc:
+            self._kill(segment)
+            if not self._target_state(str(exc)):
+                self._record_error(f"py-spy segment lost: {exc}", restart=True)
+            self._last_end = None
+            return False
+        finally:
+            for run in segment.runs:
+                run.output.unlink(missing_ok=True)
+        idle = split_idle(counts["active"], counts["all"], sample_errors["active"])
+        with self._lock:
+            self._active.update(counts["active"])
+            self._idle.update(idle)
+            self._stats["segments"] += 1
+            self._stats["pyspy_sample_errors"] += sum(sample_errors.values())
+        return True
+
+    def _wait(self, run: _Run, timeout: float) -> tuple[bytes, bytes]:
+        try:
+            out, err = run.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            run.proc.kill()
+            run.proc.communicate()
+            raise SegmentFailed(f"py-spy {run.kind} recorder hung past {timeout:.0f} s") from exc
+        finally:
+            self._forget(run.proc)
+        return out or b"", err or b""
+
+    def _abandon(self, segment: _Segment) -> str:
+        """Kill a segment that will not be used; returns the first recorder's error text."""
+        self._kill(segment)
+        reasons = []
+        for run in segment.runs:
+            _, err = run.proc.communicate()
+            self._forget(run.proc)
+            run.output.unlink(missing_ok=True)
+            if run.proc.returncode not in (0, -signal.SIGKILL):
+                reasons.append(_reason(err or b"", run.proc.returncode))
+        return reasons[0] if reasons else "stopped before attaching"
+
+    def _account_gap(self, segment: _Segment) -> None:
+        start = segment.attached_at
+        assert start is not None
+        with self._lock:
+            if self._last_end is not None:
+                delta = start - self._last_end
+                key = "gap_seconds" if delta >= 0 else "overlap_seconds"
+                self._stats[key] = round(self._stats[key] + abs(delta), 4)
+            self._last_end = start + self.segment_seconds
+
+    def _target_state(self, failure: str) -> bool:
+        """Make the failure terminal when the target is gone or refuses us; True if it did."""
+        terminal: ProbeError | None = None
+        if not (self._proc_root / str(self.pid)).exists():
+            terminal = TargetGone(f"target pid {self.pid} is gone")
+        elif "permission denied" in failure.lower():
+            terminal = AccessDenied(f"py-spy may not read pid {self.pid}: {failure}")
+        if terminal is None:
+            return False
+        with self._lock:
+            self._terminal = terminal
+            self._errors += 1
+        return True
+
+    def _record_error(self, reason: str, restart: bool) -> None:
+        with self._lock:
+            self._errors += 1
+            self._last_error = reason
+            if restart:
+                self._stats["restarts"] += 1
+
+    def _pause(self, seconds: float) -> None:
+        with self._lock:
+            self._stats["backoff_seconds"] = round(self._stats["backoff_seconds"] + seconds, 3)
+        self._stop.wait(seconds)
+
+    # -- children ---------------------------------------------------------------------------
+
+    def _kill(self, segment: _Segment) -> None:
+        for run in segment.runs:
+            if run.proc.poll() is None:
+                run.proc.kill()
+
+    def _forget(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            if proc in self._live:
+                self._live.remove(proc)
+
+    def _kill_live(self) -> None:
+        with self._lock:
+            live, self._live = self._live, []
+        for proc in live:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()  # reaps: no zombie, and closes the pipes
+
+
+def _reason(stderr: bytes, returncode: int | None) -> str:
+    text = stderr.decode(errors="replace")
+    for line in text.splitlines():
+        if line.startswith("Error:") or "Permission Denied" in line or "panicked" in line:
+            return f"{line.strip()} (exit {returncode})"
+    if returncode is not None and returncode < 0:
+        return f"killed by signal {-returncode}"
+    return f"exit {returncode}: {text.strip()[:200] or 'no message'}"
