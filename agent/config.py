@@ -45,7 +45,7 @@ class UntrustedPath(ConfigError):
 
 def _require_range(key: str, value: float, lo: float, hi: float) -> None:
     if not lo <= value <= hi:
-        raise FieldError(key, f"must be within [{lo:g}, {hi:g}], got {value!r}")
+        raise FieldError(key, f"must be within [{lo}, {hi}], got {value!r}")
 
 
 def _require_choice(key: str, value: str, choices: typing.Iterable[str]) -> None:

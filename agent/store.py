@@ -1,0 +1,365 @@
+"""The on-disk history: windows and compressed profiles in SQLite (WAL), with ordered schema migrations.
+
+Durability: WAL with synchronous=FULL. Once add_window() returns, the commit is in the WAL file and fsynced,
+so neither `kill -9` of the agent nor a power cut loses it (WAL + NORMAL would survive only the former).
+The cost is one fsync per window per target, a few per interval.
+
+Threads: the daemon writes from one thread, the web page reads from others. Writes share one connection
+behind a lock; every reading thread gets its own connection, and WAL lets readers run while a write is in
+progress, seeing the last committed state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Literal
+
+from agent.config import DEFAULT_STORE_DIR, check_trusted_path
+from analysis.window import Window
+
+DB_NAME = "infersight.db"
+ProfileKind = Literal["active", "idle", "offcpu"]
+PROFILE_KINDS: tuple[str, ...] = ("active", "idle", "offcpu")
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or used (newer schema, failed migration, corrupt data)."""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    description: str
+    sql: str
+
+
+# Ordered; never edit a released entry. A new table is one more Migration(version=N+1, ...) at the end.
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "targets, windows, profiles", """
+        CREATE TABLE targets (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE
+        );
+        CREATE TABLE windows (
+            id INTEGER PRIMARY KEY,
+            target_id INTEGER NOT NULL REFERENCES targets(id),
+            pid INTEGER NOT NULL,
+            start REAL NOT NULL,
+            "end" REAL NOT NULL,
+            -- Window.to_json() with the folded stacks moved out to profiles.
+            data TEXT NOT NULL
+        );
+        CREATE INDEX windows_by_target ON windows(target_id, start);
+        CREATE INDEX windows_by_end ON windows("end");
+        CREATE TABLE profiles (
+            window_id INTEGER NOT NULL REFERENCES windows(id) ON DELETE CASCADE,
+            kind TEXT NOT NULL CHECK (kind IN ('active', 'idle', 'offcpu')),
+            -- zlib of folded text: one "frame;frame;frame count" per line.
+            folded BLOB NOT NULL,
+            PRIMARY KEY (window_id, kind)
+        );
+    """),
+)
+
+
+@dataclass(frozen=True)
+class StoredTarget:
+    name: str
+    windows: int
+    first_start: float
+    last_end: float
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    deleted_windows: int
+    bytes_before: int
+    bytes_after: int
+
+
+def encode_folded(stacks: dict[str, int]) -> bytes:
+    return zlib.compress("".join(f"{k} {v}\n" for k, v in stacks.items()).encode(), 6)
+
+
+def decode_folded(blob: bytes) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in zlib.decompress(blob).decode().splitlines():
+        stack, _, count = line.rpartition(" ")
+        out[stack] = out.get(stack, 0) + int(count)
+    return out
+
+
+def _split_profiles(window: Window) -> tuple[dict, dict[str, dict[str, int]]]:
+    """The window as a dict without its folded stacks, and those stacks by profile kind."""
+    data = window.to_dict()
+    profiles: dict[str, dict[str, int]] = {}
+    if data.get("stacks"):
+        profiles["active"] = data["stacks"].pop("active") or {}
+        profiles["idle"] = data["stacks"].pop("idle") or {}
+    if data.get("offcpu"):
+        profiles["offcpu"] = data["offcpu"].pop("stacks") or {}
+    return data, {k: v for k, v in profiles.items() if v}
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # isolation_level=None: no implicit transactions; every write below says BEGIN IMMEDIATE / COMMIT.
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    # Takes effect only on a database without tables, so it must precede journal_mode, which writes the
+    # header; lets retention give freed pages back to the OS. A no-op on an existing store.
+    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+class Store:
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self._write = conn
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._closed = False
+
+    @classmethod
+    def open(cls, directory: Path = DEFAULT_STORE_DIR, *, migrations: Iterable[Migration] = MIGRATIONS,
+             check: Callable[[Path], None] | None = None) -> "Store":
+        """Open (creating, mode 0700) the store in `directory` and migrate it to the newest schema.
+
+        `check` vets the directory before use; by default it refuses one that another user could write.
+        """
+        directory = Path(directory)
+        (check or (lambda p: check_trusted_path(p, what="store directory")))(directory)
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create store directory {str(directory)!r}: {exc.strerror}") from None
+        path = directory / DB_NAME
+        try:
+            conn = _connect(path)
+            _migrate(conn, tuple(migrations), path)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open store {str(path)!r}: {exc}") from None
+        return cls(path, conn)
+
+    # ---- writing (one thread) --------------------------------------------------------------------------
+
+    def add_window(self, window: Window) -> int:
+        """Store one window and its profiles in one transaction; returns its id once committed."""
+        data, profiles = _split_profiles(window)
+        text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        with self._lock:
+            conn = self._write
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("INSERT INTO targets(name) VALUES (?) ON CONFLICT(name) DO NOTHING", (window.target,))
+                cur = conn.execute(
+                    'INSERT INTO windows(target_id, pid, start, "end", data) '
+                    "VALUES ((SELECT id FROM targets WHERE name = ?), ?, ?, ?, ?)",
+                    (window.target, window.pid, window.start, window.end, text))
+                window_id = int(cur.lastrowid)
+                conn.executemany("INSERT INTO profiles(window_id, kind, folded) VALUES (?, ?, ?)",
+                                 [(window_id, kind, encode_folded(st)) for kind, st in profiles.items()])
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return window_id
+
+    def apply_retention(self, now: float, max_age_s: float, max_bytes: int) -> RetentionResult:
+        """Delete windows that ended before now - max_age_s, then the oldest until the file fits max_bytes."""
+        with self._lock:
+            conn = self._write
+            before = self.size_bytes()
+            deleted = self._delete_where('"end" < ?', (now - max_age_s,))
+            while self._used_bytes() > max_bytes:
+                remaining = conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0]
+                if remaining == 0:
+                    break
+                used = self._used_bytes()
+                # Delete in proportion to the excess so a large cut takes a few rounds, not thousands.
+                batch = max(1, int(remaining * (used - max_bytes) / used))
+                deleted += self._delete_where(
+                    "id IN (SELECT id FROM windows ORDER BY start, id LIMIT ?)", (batch,))
+            if deleted:
+                conn.execute("PRAGMA incremental_vacuum").fetchall()
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            return RetentionResult(deleted_windows=deleted, bytes_before=before, bytes_after=self.size_bytes())
+
+    def _delete_where(self, where: str, params: tuple) -> int:
+        conn = self._write
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(f"DELETE FROM profiles WHERE window_id IN (SELECT id FROM windows WHERE {where})", params)
+            n = conn.execute(f"DELETE FROM windows WHERE {where}", params).rowcount
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return n
+
+    def _used_bytes(self) -> int:
+        page_size, pages, free = (self._write.execute(f"PRAGMA {p}").fetchone()[0]
+                                  for p in ("page_size", "page_count", "freelist_count"))
+        return page_size * (pages - free)
+
+    def size_bytes(self) -> int:
+        """Bytes on disk: the database file plus its WAL."""
+        return sum(os.stat(p).st_size for p in (self.path, Path(f"{self.path}-wal")) if os.path.exists(p))
+
+    # ---- reading (any thread) --------------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreError(f"store {str(self.path)!r} is closed")
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _connect(self.path)
+            self._local.conn = conn
+            with self._lock:
+                self._readers.append(conn)
+        return conn
+
+    def schema_version(self) -> int:
+        return _current_version(self._reader())
+
+    def windows(self, target: str | None = None, since: float | None = None, until: float | None = None,
+                limit: int | None = None, *, with_profiles: bool = True) -> list[Window]:
+        """Windows overlapping [since, until), oldest first; with limit, the newest `limit` of them."""
+        where, params = _filters(target, since, until)
+        sql = (f'SELECT w.id, w.data FROM windows w JOIN targets t ON t.id = w.target_id {where} '
+               f"ORDER BY w.start DESC, w.id DESC")
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        conn = self._reader()
+        conn.execute("BEGIN")
+        try:
+            rows = conn.execute(sql, params).fetchall()[::-1]
+            profiles: dict[int, dict[str, bytes]] = {}
+            if with_profiles and rows:
+                ids = [r[0] for r in rows]
+                for chunk in range(0, len(ids), 500):
+                    part = ids[chunk:chunk + 500]
+                    for wid, kind, blob in conn.execute(
+                            f"SELECT window_id, kind, folded FROM profiles WHERE window_id IN "
+                            f"({','.join('?' * len(part))})", part):
+                        profiles.setdefault(wid, {})[kind] = blob
+        finally:
+            conn.execute("COMMIT")
+        return [_join(data, profiles.get(wid, {}), with_profiles) for wid, data in rows]
+
+    def latest(self, target: str) -> Window | None:
+        found = self.windows(target=target, limit=1)
+        return found[0] if found else None
+
+    def profiles(self, target: str, since: float | None = None, until: float | None = None,
+                 kind: ProfileKind = "active") -> dict[str, int]:
+        """Folded stacks of one kind summed over the target's windows overlapping [since, until)."""
+        if kind not in PROFILE_KINDS:
+            raise ValueError(f"profile kind must be one of {', '.join(PROFILE_KINDS)}, got {kind!r}")
+        where, params = _filters(target, since, until)
+        merged: Counter[str] = Counter()
+        for (blob,) in self._reader().execute(
+                f"SELECT p.folded FROM profiles p JOIN windows w ON w.id = p.window_id "
+                f"JOIN targets t ON t.id = w.target_id {where} AND p.kind = ?", [*params, kind]):
+            merged.update(decode_folded(blob))
+        return dict(merged)
+
+    def targets(self) -> list[StoredTarget]:
+        rows = self._reader().execute(
+            'SELECT t.name, COUNT(w.id), MIN(w.start), MAX(w."end") FROM targets t '
+            "JOIN windows w ON w.target_id = t.id GROUP BY t.id ORDER BY t.name").fetchall()
+        return [StoredTarget(name=n, windows=c, first_start=s, last_end=e) for n, c, s, e in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for conn in self._readers:
+                conn.close()
+            self._write.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _filters(target: str | None, since: float | None, until: float | None) -> tuple[str, list]:
+    clauses, params = ["1"], []
+    if target is not None:
+        clauses.append("t.name = ?")
+        params.append(target)
+    if since is not None:
+        clauses.append('w."end" > ?')
+        params.append(since)
+    if until is not None:
+        clauses.append("w.start < ?")
+        params.append(until)
+    return "WHERE " + " AND ".join(clauses), params
+
+
+def _join(text: str, blobs: dict[str, bytes], with_profiles: bool) -> Window:
+    data = json.loads(text)
+    if data.get("stacks") is not None:
+        data["stacks"]["active"] = decode_folded(blobs["active"]) if with_profiles and "active" in blobs else {}
+        data["stacks"]["idle"] = decode_folded(blobs["idle"]) if with_profiles and "idle" in blobs else {}
+    if data.get("offcpu") is not None:
+        data["offcpu"]["stacks"] = decode_folded(blobs["offcpu"]) if with_profiles and "offcpu" in blobs else {}
+    return Window.from_dict(data)
+
+
+def _current_version(conn: sqlite3.Connection) -> int:
+    has_table = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").fetchone()
+    if not has_table:
+        return 0
+    return conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+
+
+def _migrate(conn: sqlite3.Connection, migrations: tuple[Migration, ...], path: Path) -> None:
+    versions = [m.version for m in migrations]
+    if versions != list(range(1, len(versions) + 1)):
+        raise StoreError(f"migrations must be numbered 1..N in order, got {versions}")
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version ("
+                 "version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at REAL NOT NULL)")
+    current = _current_version(conn)
+    if current > len(migrations):
+        raise StoreError(f"store {str(path)!r} has schema version {current}, newer than this infersight "
+                         f"knows ({len(migrations)}); upgrade infersight or use another store_dir")
+    for m in migrations[current:]:
+        # executescript() would commit on its own; splitting keeps each migration one transaction.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(m.sql):
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_version(version, description, applied_at) VALUES (?, ?, ?)",
+                         (m.version, m.description, time.time()))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK")
+            raise StoreError(f"store {str(path)!r}: migration {m.version} ({m.description}) failed: {exc}") from None
+
+
+def _statements(script: str) -> list[str]:
+    out, buf = [], ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        out.append(buf.strip())
+    return out
