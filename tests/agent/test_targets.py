@@ -1,0 +1,209 @@
+"""Target discovery against a fixture /proc tree and against real processes, and restart detection."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from agent.config import LatencySpec, TargetSpec, UntrustedPath
+from agent.targets import diff_targets, discover, read_pidfile, read_proc
+from probes.errors import TargetGone
+
+
+def fake_proc(root: Path, pid: int, comm: str, cmdline: list[str], start: int, state: str = "S") -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    # Fields after "(comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
+    # stime cutime cstime priority nice threads itrealvalue starttime ...
+    rest = [state, "1", str(pid), str(pid), "0", "-1", "4194560"] + ["0"] * 8 + ["20", "0", "1", "0", str(start)]
+    (d / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)} 1000 200 18446744073709551615\n")
+    (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in cmdline))
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    root = tmp_path / "proc"
+    fake_proc(root, 1, "systemd", ["/sbin/init"], 5)
+    fake_proc(root, 2, "kthreadd", [], 5)
+    fake_proc(root, 100, "python", ["python", "-m", "workload", "serve", "--port", "8000"], 1000)
+    fake_proc(root, 200, "python3", ["python3", "-m", "workload", "serve", "--port", "8001"], 2000)
+    fake_proc(root, 300, "bash", ["bash"], 3000)
+    fake_proc(root, 400, "python", [], 4000, state="Z")
+    fake_proc(root, 500, "weird) name (x", ["/opt/weird"], 5000)
+    fake_proc(root, 999, "python", ["python", "-m", "agent", "run", "-m workload serve"], 9000)
+    return root
+
+
+def spec(name: str = "w", **kw) -> TargetSpec:
+    return TargetSpec(name=name, **kw)
+
+
+def test_read_proc_parses_stat_with_parens_in_comm(proc: Path) -> None:
+    info = read_proc(500, proc)
+    assert (info.comm, info.start_time, info.state, info.cmdline) == ("weird) name (x", 5000, "S", ("/opt/weird",))
+    with pytest.raises(TargetGone, match="process 7 does not exist"):
+        read_proc(7, proc)
+
+
+def test_regex_matching_several_names_them_by_pid_and_excludes_agent(proc: Path) -> None:
+    problems: dict[str, str] = {}
+    found = discover([spec(process_regex=r"-m\s+workload\s+serve")], proc, own_pid=999, problems=problems)
+    assert [(t.name, t.pid, t.start_time) for t in found] == [("w#100", 100, 1000), ("w#200", 200, 2000)]
+    assert found[0].cmdline == ("python", "-m", "workload", "serve", "--port", "8000")
+    assert problems == {}
+
+
+def test_regex_single_match_takes_spec_name_and_matches_comm(proc: Path) -> None:
+    found = discover([spec(process_regex=r"--port 8001")], proc, own_pid=999)
+    assert [(t.name, t.pid) for t in found] == [("w", 200)]
+    assert [t.pid for t in discover([spec(process_regex=r"^weird\)")], proc, own_pid=999)] == [500]
+
+
+def test_regex_skips_zombies_and_kernel_threads(proc: Path) -> None:
+    pids = [t.pid for t in discover([spec(process_regex="kthreadd|^python")], proc, own_pid=999)]
+    assert pids == [100, 200]  # not 2 (kernel thread), not 400 (zombie), not 999 (the agent)
+
+
+def test_no_match_is_reported(proc: Path) -> None:
+    problems: dict[str, str] = {}
+    assert discover([spec(process_regex="nginx")], proc, problems=problems) == []
+    assert problems == {"w": "no process matches process_regex 'nginx'"}
+
+
+def test_pid_spec(proc: Path) -> None:
+    problems: dict[str, str] = {}
+    found = discover([spec("a", pid=300), spec("b", pid=77), spec("c", pid=400)], proc, problems=problems)
+    assert [(t.name, t.pid, t.start_time) for t in found] == [("a", 300, 3000)]
+    assert problems == {"b": f"process 77 does not exist (no {proc}/77)", "c": "process 400 has exited (state Z)"}
+
+
+def test_a_process_is_claimed_once(proc: Path) -> None:
+    problems: dict[str, str] = {}
+    found = discover([spec("a", pid=100), spec("b", process_regex="--port 8000")], proc, problems=problems)
+    assert [t.name for t in found] == ["a"]
+    assert problems == {"b": "process 100 is already watched as target 'a'"}
+
+
+def test_pidfile(proc: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    good, bad, big, gone = run / "good.pid", run / "bad.pid", run / "big.pid", run / "gone.pid"
+    good.write_text("200\n")
+    bad.write_text("12abc\n")
+    big.write_text("1" * 100)
+    gone.write_text("31337")
+    problems: dict[str, str] = {}
+    specs = [spec("g", pidfile=good), spec("b", pidfile=bad), spec("B", pidfile=big), spec("x", pidfile=gone),
+             spec("m", pidfile=run / "missing.pid")]
+    found = discover(specs, proc, problems=problems)
+    assert [(t.name, t.pid) for t in found] == [("g", 200)]
+    assert problems["b"] == f"pidfile {str(bad)!r} does not hold a pid, got '12abc'"
+    assert problems["B"].startswith(f"pidfile {str(big)!r} does not hold a pid, got '1111")
+    assert problems["x"] == f"process 31337 does not exist (no {proc}/31337)"
+    assert problems["m"] == f"cannot read pidfile {str(run / 'missing.pid')!r}: No such file or directory"
+
+
+def test_world_writable_pidfile_or_dir_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    pidfile = run / "w.pid"
+    pidfile.write_text(str(os.getpid()))
+    pidfile.chmod(0o644)
+    assert read_pidfile(pidfile) == os.getpid()
+    pidfile.chmod(0o666)
+    with pytest.raises(UntrustedPath, match=r"refusing pidfile '.*w\.pid' is writable by every user \(mode 0666\)"):
+        read_pidfile(pidfile)
+    pidfile.chmod(0o644)
+    run.chmod(0o777)
+    problems: dict[str, str] = {}
+    assert discover([spec(pidfile=pidfile)], problems=problems) == []
+    assert problems["w"].startswith(f"refusing pidfile {str(pidfile)!r}: {str(run)!r} is writable by every user")
+
+
+def test_pid_reuse_reads_as_removed_and_added(proc: Path) -> None:
+    s = spec(pid=300)
+    before = discover([s], proc)
+    fake_proc(proc, 300, "bash", ["bash"], 3500)  # same pid, a different process
+    after = discover([s], proc)
+    d = diff_targets(before, after)
+    assert [t.start_time for t in d.removed] == [3000] and [t.start_time for t in d.added] == [3500]
+    assert d.same == () and d.restarted == ("w",)
+    assert diff_targets(after, after).same == tuple(after) and diff_targets(after, after).added == ()
+
+
+# ---- real processes -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def sleepers() -> Iterator[Callable[[str], subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+
+    def start(marker: str) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(60)", marker])
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.kill()
+        p.wait()
+
+
+def _wait_cmdline(pid: int, marker: str) -> None:
+    # Popen returns after fork; the exec that sets the command line may not have happened yet.
+    for _ in range(500):
+        if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never showed {marker!r} in its command line")
+
+
+def test_real_processes_regex_restart_and_gone(sleepers) -> None:
+    marker = f"infersight-test-{uuid.uuid4().hex}"
+    s = TargetSpec(name="srv", process_regex=marker, latency=LatencySpec.from_preset("workload"))
+    a, b = sleepers(marker), sleepers(marker)
+    for p in (a, b):
+        _wait_cmdline(p.pid, marker)
+    first = discover([s])
+    assert sorted((t.name, t.pid) for t in first) == sorted([(f"srv#{a.pid}", a.pid), (f"srv#{b.pid}", b.pid)])
+    for t in first:
+        assert t.start_time == int(Path(f"/proc/{t.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        assert t.cmdline[-1] == marker and t.spec is s
+
+    b.kill()
+    b.wait()
+    second = discover([s])
+    assert [(t.name, t.pid) for t in second] == [("srv", a.pid)]
+    d = diff_targets(first, second)
+    assert [t.pid for t in d.removed] == [b.pid] and [t.pid for t in d.same] == [a.pid] and d.added == ()
+
+    a.kill()
+    a.wait()
+    c = sleepers(marker)
+    _wait_cmdline(c.pid, marker)
+    third = discover([s])
+    d = diff_targets(second, third)
+    assert [t.pid for t in d.removed] == [a.pid] and [t.pid for t in d.added] == [c.pid]
+    assert d.restarted == ("srv",)
+
+    c.kill()
+    c.wait()
+    problems: dict[str, str] = {}
+    assert discover([s], problems=problems) == []
+    assert problems == {"srv": f"no process matches process_regex {marker!r}"}
+
+
+def test_real_agent_excludes_itself() -> None:
+    me = " ".join(Path("/proc/self/cmdline").read_bytes().decode().split("\0")).strip()
+    s = TargetSpec(name="me", pid=os.getpid())
+    assert [t.pid for t in discover([s])] == [os.getpid()]  # an explicit pid is honoured
+    regex = TargetSpec(name="me", process_regex=re.escape(me))
+    assert os.getpid() not in [t.pid for t in discover([regex])]
+    assert os.getpid() in [t.pid for t in discover([regex], own_pid=1)]
