@@ -1,0 +1,321 @@
+"""Run-queue latency per target tgid: time from becoming runnable to running, as a log2 histogram.
+
+Traces: tracepoints ``sched:sched_wakeup``, ``sched:sched_wakeup_new`` and ``sched:sched_switch``.
+
+How: ``sched_wakeup`` carries only the wakee's tid, so the program keeps ``threads`` (tid ->
+target slot): user space seeds it from ``/proc/PID/task`` when a target is added, and
+``sched_switch`` learns every target thread that switches out (there the current task is
+``prev``, so its tgid is at hand) and forgets threads that switch out dead. A queued
+thread's enqueue time goes to ``start`` at wakeup, or at switch-out when it was preempted
+(``prev_state`` without a sleep bit); at switch-in the delta goes to a per-CPU histogram
+in microseconds and a per-CPU total in nanoseconds, both indexed by the target's slot.
+
+Overhead: every context switch on the host pays two hash lookups (``targets`` for prev,
+``start`` for next); every wakeup one (``threads``). Target threads add a few map updates.
+See docs/bench_probes.md for numbers next to ``runqlat-bpfcc``.
+
+Caveats: ``sched_wakeup_new`` runs in the parent's context and the tracepoint has no tgid,
+so a target that forks a child process counts the child's first wait (one sample per fork).
+The histogram never gets zeroed (that races with increments): ``read()`` returns the
+difference to the previous read. The total agrees with the kernel's own schedstat
+``run_delay`` (see the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from analysis.window import Log2Histogram, RunQueueReading
+from probes.base import ProbeHealth, load_bpf, require_tracepoints
+from probes.errors import ProbeUnavailable
+from probes.syscalls import TargetSlots
+
+HIST_SLOTS = 32
+TRACEPOINTS = ("sched:sched_wakeup", "sched:sched_wakeup_new", "sched:sched_switch")
+
+BPF_TEXT = r"""
+// sched_switch's prev_state: 0 = runnable ("R"), TASK_REPORT_MAX (0x100) = preempted ("R+");
+// the low byte holds the sleep/exit states (S D T t X Z P I).
+#define STATE_MASK 0xff
+#define STATE_DEAD 0x30
+
+struct start_t {
+    u64 ts;
+    u32 slot;
+};
+
+BPF_HASH(targets, u32, u32, MAX_TARGETS);
+BPF_HASH(threads, u32, u32, THREAD_ENTRIES);
+BPF_HASH(start, u32, struct start_t, THREAD_ENTRIES);
+BPF_PERCPU_ARRAY(hist, u64, MAX_TARGETS * HIST_SLOTS);
+BPF_PERCPU_ARRAY(total_ns, u64, MAX_TARGETS);
+BPF_PERCPU_ARRAY(lost, u64, 1);
+
+static inline void count_lost(void)
+{
+    u32 zero = 0;
+    u64 *n = lost.lookup(&zero);
+    if (n)
+        (*n)++;
+}
+
+#define EEXIST_ERR -17
+
+// At wakeup: a thread already queued (preempted, then woken) keeps its earlier time.
+static inline void enqueue_woken(u32 tid, u32 slot)
+{
+    struct start_t s = {.ts = bpf_ktime_get_ns(), .slot = slot};
+    int err = start.insert(&tid, &s);
+    if (err && err != EEXIST_ERR)
+        count_lost();
+}
+
+static inline void enqueue_preempted(u32 tid, u32 slot)
+{
+    struct start_t s = {.ts = bpf_ktime_get_ns(), .slot = slot};
+    if (start.update(&tid, &s))
+        count_lost();
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup)
+{
+    u32 tid = args->pid;
+    u32 *slot = threads.lookup(&tid);
+    if (!slot)
+        return 0;
+    enqueue_woken(tid, *slot);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_wakeup_new)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u32 *slot = targets.lookup(&tgid);
+    if (!slot)
+        return 0;
+    u32 tid = args->pid;
+    u32 s = *slot;
+    if (threads.update(&tid, &s))
+        count_lost();
+    enqueue_woken(tid, s);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_switch)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u32 *slot = targets.lookup(&tgid);
+    if (slot) {
+        u32 prev = args->prev_pid;
+        long state = args->prev_state;
+        u32 s = *slot;
+        if (state & STATE_DEAD) {
+            threads.delete(&prev);
+            start.delete(&prev);
+        } else {
+            u32 *known = threads.lookup(&prev);
+            if (!known || *known != s) {
+                if (threads.update(&prev, &s))
+                    count_lost();
+            }
+            if ((state & STATE_MASK) == 0)
+                enqueue_preempted(prev, s);
+            else
+                start.delete(&prev);  // asleep: a wakeup seen while it ran must not count
+        }
+    }
+
+    u32 next = args->next_pid;
+    struct start_t *st = start.lookup(&next);
+    if (!st)
+        return 0;
+    u64 delta = bpf_ktime_get_ns() - st->ts;
+    u32 which = st->slot;
+    start.delete(&next);
+    if (which >= MAX_TARGETS)
+        return 0;
+    // bpf_log2l() is floor(log2)+1; Log2Histogram's slot i is [2^i, 2^(i+1)) us.
+    u32 bucket = bpf_log2l(delta / 1000) - 1;
+    if (bucket >= HIST_SLOTS)
+        bucket = HIST_SLOTS - 1;
+    u32 idx = which * HIST_SLOTS + bucket;
+    u64 *n = hist.lookup(&idx);
+    if (n)
+        (*n)++;
+    u64 *total = total_ns.lookup(&which);
+    if (total)
+        *total += delta;
+    return 0;
+}
+"""
+
+
+@dataclass(frozen=True)
+class RunqlatConfig:
+    max_targets: int = 16
+    thread_entries: int = 65536
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_targets <= 1024:
+            raise ValueError(f"max_targets must be within [1, 1024], got {self.max_targets!r}")
+        if self.thread_entries < 1:
+            raise ValueError(f"thread_entries must be at least 1, got {self.thread_entries!r}")
+
+
+def render(config: RunqlatConfig) -> str:
+    """The C text for `config`: #defines first, then the program."""
+    defines = [
+        f"#define MAX_TARGETS {config.max_targets}",
+        f"#define THREAD_ENTRIES {config.thread_entries}",
+        f"#define HIST_SLOTS {HIST_SLOTS}",
+    ]
+    return "\n".join(defines) + "\n" + BPF_TEXT
+
+
+def thread_ids(tgid: int, proc_root: Path = Path("/proc")) -> list[int]:
+    """Thread ids of `tgid` from `proc_root`/PID/task; [] once the process is gone."""
+    try:
+        return [int(p.name) for p in (proc_root / str(tgid) / "task").iterdir() if p.name.isdigit()]
+    except FileNotFoundError:
+        return []
+
+
+class RunqlatProbe:
+    """Run-queue latency histograms of target processes."""
+
+    name = "runqlat"
+
+    def __init__(self, config: RunqlatConfig | None = None, proc_root: Path = Path("/proc")) -> None:
+        self.config = config or RunqlatConfig()
+        self._proc_root = proc_root
+        self._bpf: Any = None
+        self._slots = TargetSlots(self.config.max_targets)
+        self._hist_seen: list[int] = [0] * (self.config.max_targets * HIST_SLOTS)
+        self._total_seen: list[int] = [0] * self.config.max_targets
+        self._health = ProbeHealth(name=self.name)
+
+    def start(self, targets: Iterable[int]) -> None:
+        if self._bpf is not None:
+            raise ProbeUnavailable("runqlat probe is already started; use set_targets() to change targets")
+        try:
+            require_tracepoints(TRACEPOINTS)
+            self._bpf = load_bpf(render(self.config))
+        except ProbeUnavailable as exc:
+            self._health.state, self._health.reason = "failed", str(exc)
+            raise
+        self._health.state, self._health.reason = "running", None
+        self.set_targets(targets)
+
+    def set_targets(self, targets: Iterable[int]) -> None:
+        if self._bpf is None:
+            raise ProbeUnavailable("runqlat probe is not started")
+        wanted = set(targets)
+        for tgid in [t for t, _ in self._slots.items() if t not in wanted]:
+            self._drop(tgid)
+        new = [t for t in wanted if t not in self._slots]
+        if not new:
+            return
+        hist, totals = self._read_arrays()
+        threads = self._bpf[b"threads"]
+        for tgid in new:
+            slot = self._slots.add(tgid)
+            self._hist_seen[slot * HIST_SLOTS:(slot + 1) * HIST_SLOTS] = hist[slot * HIST_SLOTS:(slot + 1) * HIST_SLOTS]
+            self._total_seen[slot] = totals[slot]
+            for tid in thread_ids(tgid, self._proc_root):
+                threads[threads.Key(tid)] = threads.Leaf(slot)
+            self._bpf[b"targets"][self._bpf[b"targets"].Key(tgid)] = self._bpf[b"targets"].Leaf(slot)
+        self._health.targets = len(self._slots)
+
+    def read(self) -> dict[int, RunQueueReading]:
+        if self._bpf is None:
+            raise ProbeUnavailable("runqlat probe is not started")
+        for tgid in [t for t, _ in self._slots.items() if not (self._proc_root / str(t)).exists()]:
+            self._drop(tgid)
+        hist, totals = self._read_arrays()
+        readings: dict[int, RunQueueReading] = {}
+        for tgid, slot in self._slots.items():
+            base = slot * HIST_SLOTS
+            counts = [hist[base + i] - self._hist_seen[base + i] for i in range(HIST_SLOTS)]
+            while counts and counts[-1] == 0:
+                counts.pop()
+            readings[tgid] = RunQueueReading(histogram=Log2Histogram(unit="us", counts=counts),
+                                             total_seconds=(totals[slot] - self._total_seen[slot]) / 1e9)
+        self._hist_seen, self._total_seen = hist, totals
+        self._health.lost_events = int(sum(self._bpf[b"lost"][0]))
+        return readings
+
+    def stop(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+        self._slots = TargetSlots(self.config.max_targets)
+        self._health.state, self._health.targets = "stopped", 0
+
+    def health(self) -> ProbeHealth:
+        return ProbeHealth(**vars(self._health))
+
+    def _drop(self, tgid: int) -> None:
+        slot = self._slots.remove(tgid)
+        targets = self._bpf[b"targets"]
+        try:
+            del targets[targets.Key(tgid)]
+        except KeyError:
+            pass  # never inserted (a failed add): nothing to detach
+        # Forget the slot's threads so that their wakeups stop counting for whoever gets it next.
+        threads = self._bpf[b"threads"]
+        for key, value in list(threads.items_lookup_batch()):
+            if int(value) == slot:
+                try:
+                    del threads[threads.Key(int(key))]
+                except KeyError:
+                    pass  # the kernel removed it first (the thread exited)
+        self._health.targets = len(self._slots)
+
+    def _read_arrays(self) -> tuple[list[int], list[int]]:
+        hist = [0] * (self.config.max_targets * HIST_SLOTS)
+        for key, values in self._bpf[b"hist"].items_lookup_batch():
+            hist[int(key)] = int(sum(values))
+        totals = [0] * self.config.max_targets
+        for key, values in self._bpf[b"total_ns"].items_lookup_batch():
+            totals[int(key)] = int(sum(values))
+        return hist, totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m probes.runqlat", description=__doc__.splitlines()[0])
+    parser.add_argument("--pid", type=int, action="append", default=[], help="target tgid (repeatable)")
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--count", type=int, default=0, help="windows to print; 0 = until interrupted")
+    parser.add_argument("--print-c", action="store_true", help="print the rendered C text and exit")
+    args = parser.parse_args(argv)
+    config = RunqlatConfig()
+    if args.print_c:
+        print(render(config))
+        return 0
+    if not args.pid:
+        parser.error("--pid is required")
+    probe = RunqlatProbe(config)
+    probe.start(args.pid)
+    try:
+        n = 0
+        while args.count == 0 or n < args.count:
+            time.sleep(args.interval)
+            for tgid, r in probe.read().items():
+                h = r.histogram
+                print(f"{tgid}: waits={h.total()} total={r.total_seconds * 1e3:.3f}ms "
+                      f"p50<={h.quantile(0.5):.0f}us p90<={h.quantile(0.9):.0f}us", flush=True)
+            n += 1
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a user ends an open-ended run
+    finally:
+        probe.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The runqlat probe against the kernel's own schedstat run_delay, quiet and with CPU hogs on the target's core."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from probes.errors import ProbeUnavailable
+from probes.runqlat import RunqlatConfig, RunqlatProbe, render, thread_ids
+
+# "target T": prints ready, waits for one byte, starts T threads; all of them (and main)
+# loop forever: spin 200 us, sleep 1 ms. "hog": spins forever.
+RQ_C = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+static void *work(void *arg)
+{
+    struct timespec nap = {0, 1000000};
+    (void)arg;
+    for (;;) {
+        long until = now_ns() + 200000;
+        while (now_ns() < until)
+            ;
+        nanosleep(&nap, NULL);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    char c;
+    if (argc > 1 && strcmp(argv[1], "hog") == 0)
+        for (;;)
+            ;
+    int threads = argc > 2 ? atoi(argv[2]) : 0;
+    printf("ready\n");
+    fflush(stdout);
+    if (read(0, &c, 1) != 1)
+        return 1;
+    for (int i = 0; i < threads; i++) {
+        pthread_t t;
+        pthread_create(&t, NULL, work, NULL);
+    }
+    work(NULL);
+    return 0;
+}
+"""
+
+
+def run_delay_ns(pid: int) -> int:
+    """Sum of the kernel's per-thread run_delay (schedstat field 2): time spent waiting on a run queue."""
+    total = 0
+    for tid in thread_ids(pid):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+        except FileNotFoundError:
+            continue  # the thread exited between listing and reading
+    return total
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+
+    def spawn(*argv: str, **kwargs) -> subprocess.Popen:
+        proc = subprocess.Popen(list(argv), **kwargs)
+        started.append(proc)
+        return proc
+
+    yield spawn
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def probe():
+    p = RunqlatProbe()
+    yield p
+    p.stop()
+
+
+def _start_target(spawn, binary: Path, threads: int, cpu: int | None) -> subprocess.Popen:
+    target = spawn(str(binary), "target", str(threads), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([target.stdout], [], [], 30)
+    assert ready and target.stdout.readline().strip() == "ready"
+    if cpu is not None:
+        os.sched_setaffinity(target.pid, {cpu})  # before "go": the threads inherit it
+    return target
+
+
+def _go(target: subprocess.Popen) -> None:
+    target.stdin.write("g")
+    target.stdin.flush()
+
+
+def _measure(probe: RunqlatProbe, pid: int, seconds: float):
+    probe.read()
+    before = run_delay_ns(pid)
+    time.sleep(seconds)
+    reading = probe.read()[pid]
+    return reading, (run_delay_ns(pid) - before) / 1e9
+
+
+# --- without root ------------------------------------------------------------------------
+
+
+def test_render_puts_defines_before_the_program():
+    text = render(RunqlatConfig(max_targets=3, thread_entries=99))
+    assert text.startswith("#define MAX_TARGETS 3\n#define THREAD_ENTRIES 99\n")
+    for hook in ("sched_wakeup)", "sched_wakeup_new)", "sched_switch)"):
+        assert f"TRACEPOINT_PROBE(sched, {hook}" in text
+
+
+@pytest.mark.parametrize("field,value", [("max_targets", 0), ("max_targets", 5000), ("thread_entries", -1)])
+def test_config_rejects_bad_values_quoting_them(field, value):
+    with pytest.raises(ValueError, match=f"{field}.*{value}"):
+        RunqlatConfig(**{field: value})
+
+
+def test_thread_ids_from_a_fixture_proc_tree(tmp_path):
+    for tid in ("41", "42", "57"):
+        (tmp_path / "41" / "task" / tid).mkdir(parents=True)
+    (tmp_path / "41" / "task" / "not-a-tid").mkdir()
+    assert sorted(thread_ids(41, tmp_path)) == [41, 42, 57]
+    assert thread_ids(99, tmp_path) == []
+
+
+def test_read_before_start_says_why():
+    with pytest.raises(ProbeUnavailable, match="not started"):
+        RunqlatProbe().read()
+
+
+# --- as root, in the real kernel ---------------------------------------------------------
+
+
+@pytest.mark.bpf
+@pytest.mark.slow
+def test_latency_rises_when_hogs_share_the_core_and_matches_schedstat(require_bpf, cc, procs, probe):
+    binary = cc(RQ_C, "rq")
+    cpu = min(os.sched_getaffinity(0))
+    target = _start_target(procs, binary, threads=2, cpu=cpu)
+    probe.start([target.pid])
+    _go(target)  # its two threads are born while the probe runs: learnt in the kernel
+    time.sleep(0.3)
+
+    quiet, quiet_truth = _measure(probe, target.pid, 2.0)
+    for _ in range(3):
+        hog = procs(str(binary), "hog")
+        os.sched_setaffinity(hog.pid, {cpu})
+    time.sleep(0.3)
+    loaded, loaded_truth = _measure(probe, target.pid, 2.0)
+
+    assert quiet.histogram.unit == "us"
+    assert quiet.histogram.total() > 500, quiet
+    assert loaded.histogram.total() > 100, loaded
+    quiet_mean = quiet.total_seconds / quiet.histogram.total()
+    loaded_mean = loaded.total_seconds / loaded.histogram.total()
+    assert loaded_mean >= 3 * quiet_mean, (quiet_mean, loaded_mean)
+    assert loaded.histogram.quantile(0.9) >= 3 * quiet.histogram.quantile(0.9), (quiet, loaded)
+    # Independent truth: the scheduler's own run-queue wait accounting for the same threads.
+    for got, truth in ((quiet.total_seconds, quiet_truth), (loaded.total_seconds, loaded_truth)):
+        assert abs(got - truth) <= 0.10 * truth + 0.002, (got, truth)
+    assert probe.health().lost_events == 0
+
+
+@pytest.mark.bpf
+def test_targets_change_without_reload_and_exited_ones_drop(require_bpf, cc, procs, probe):
+    binary = cc(RQ_C, "rq2")
+    first = _start_target(procs, binary, threads=0, cpu=None)
+    second = _start_target(procs, binary, threads=0, cpu=None)
+    _go(first)
+    _go(second)
+    probe.start([first.pid])
+    loaded = probe._bpf
+    time.sleep(0.5)
+    assert probe.read()[first.pid].histogram.total() > 50
+
+    probe.set_targets([second.pid])
+    time.sleep(0.5)
+    window = probe.read()
+    assert set(window) == {second.pid}
+    assert window[second.pid].histogram.total() > 50
+    assert probe._bpf is loaded
+
+    second.kill()
+    second.wait()
+    assert probe.read() == {}
+    assert probe.health().targets == 0
+    assert probe.health().state == "running"
