@@ -1,0 +1,191 @@
+"""Request latency per window: the delta of a server's Prometheus histogram between two scrapes."""
+
+from __future__ import annotations
+
+import math
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Callable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.sources.errors import ReadingError
+from agent.sources.health import SourceHealth
+from analysis.window import LatencyReading
+
+Fetch = Callable[[str, float], str]
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+def http_fetch(url: str, timeout: float) -> str:
+    """GET `url`; every failure becomes a ReadingError naming the url."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - operator-configured URL
+            return resp.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        raise ReadingError(f"latency endpoint {url} answered HTTP {exc.code}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ReadingError(f"latency endpoint {url} unreachable: {reason}") from exc
+
+
+@dataclass
+class HistogramSnapshot:
+    """One scrape of one histogram: cumulative values per label set (without `le`)."""
+
+    buckets: dict[tuple, dict[float, float]] = field(default_factory=dict)
+    sums: dict[tuple, float] = field(default_factory=dict)
+    counts: dict[tuple, float] = field(default_factory=dict)
+
+
+def parse_histogram(text: str, metric: str) -> HistogramSnapshot:
+    """Pick `<metric>_bucket/_sum/_count` out of exposition text; ReadingError if absent or malformed."""
+    snap = HistogramSnapshot()
+    names = []
+    try:
+        for family in text_string_to_metric_families(text):
+            names.append(family.name)
+            for s in family.samples:
+                labels = {k: v for k, v in s.labels.items() if k != "le"}
+                key = tuple(sorted(labels.items()))
+                if s.name == f"{metric}_bucket":
+                    le = float(s.labels["le"])  # "+Inf" parses to inf
+                    snap.buckets.setdefault(key, {})[le] = s.value
+                elif s.name == f"{metric}_sum":
+                    snap.sums[key] = s.value
+                elif s.name == f"{metric}_count":
+                    snap.counts[key] = s.value
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ReadingError(f"malformed Prometheus text while looking for {metric!r}: {exc}") from exc
+    if not snap.buckets:
+        shown = ", ".join(sorted(set(names))[:8]) or "nothing"
+        raise ReadingError(f"histogram {metric!r} not found (the endpoint exposes {shown})")
+    for key, buckets in snap.buckets.items():
+        if math.inf not in buckets:
+            raise ReadingError(f"histogram {metric!r} {dict(key)} has no le=\"+Inf\" bucket")
+    return snap
+
+
+def histogram_delta(prev: HistogramSnapshot | None, cur: HistogramSnapshot) -> tuple[dict[float, float], float, int]:
+    """Cumulative buckets, sum and count observed between two scrapes, summed over label sets.
+
+    Like Prometheus's rate(): a label set whose count, sum or any bucket went down was reset
+    (the server restarted), so its new value is the whole delta; a label set new since the
+    previous scrape counts in full too. Returns (buckets, sum, resets).
+    """
+    total: dict[float, float] = {}
+    total_sum = 0.0
+    resets = 0
+    for key, buckets in cur.buckets.items():
+        before = prev.buckets.get(key) if prev else None
+        s_now, s_before = cur.sums.get(key, 0.0), (prev.sums.get(key, 0.0) if prev else 0.0)
+        c_now, c_before = cur.counts.get(key, 0.0), (prev.counts.get(key, 0.0) if prev else 0.0)
+        reset = before is not None and (
+            c_now < c_before or s_now < s_before or any(v < before.get(le, 0.0) for le, v in buckets.items()))
+        if reset:
+            resets += 1
+        if before is None or reset:
+            before, s_before = {}, 0.0
+        for le, v in buckets.items():
+            total[le] = total.get(le, 0.0) + v - before.get(le, 0.0)
+        total_sum += s_now - s_before
+    return total, total_sum, resets
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """PromQL's histogram_quantile over cumulative buckets {upper bound: count}; None when empty."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"quantile must be within [0, 1], got {q!r}")
+    bounds = sorted(buckets)
+    if not bounds or bounds[-1] != math.inf:
+        raise ValueError(f"buckets need a +Inf bound, got {bounds!r}")
+    counts, running = [], 0.0
+    for le in bounds:
+        running = max(running, buckets[le])  # as PromQL: repair non-monotonic buckets from torn scrapes
+        counts.append(running)
+    observations = counts[-1]
+    if observations <= 0 or len(bounds) < 2:
+        return None
+    rank = q * observations
+    b = next(i for i, c in enumerate(counts) if c >= rank)
+    if b == len(bounds) - 1:
+        return bounds[-2]
+    if b == 0 and bounds[0] <= 0:
+        return bounds[0]
+    start = 0.0 if b == 0 else bounds[b - 1]
+    below = 0.0 if b == 0 else counts[b - 1]
+    in_bucket = counts[b] - below
+    if in_bucket <= 0:
+        return bounds[b]
+    return start + (bounds[b] - start) * (rank - below) / in_bucket
+
+
+class LatencySource:
+    """Scrapes `url` each read() and returns the latency histogram's delta since the previous read."""
+
+    name = "latency"
+
+    def __init__(self, url: str, metric: str, timeout: float = 2.0, fetch: Fetch = http_fetch,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"latency url must be http(s)://..., got {url!r}")
+        if not metric or metric.endswith(("_bucket", "_sum", "_count")):
+            raise ValueError(f"metric must be the histogram's base name (without _bucket), got {metric!r}")
+        if not 0 < timeout <= 60:
+            raise ValueError(f"timeout must be within (0, 60] seconds, got {timeout!r}")
+        self.url, self.metric, self.timeout = url, metric, timeout
+        self._fetch, self._clock = fetch, clock
+        self._prev: HistogramSnapshot | None = None
+        self._prev_at: float | None = None
+        self._errors = 0
+        self._last_error: str | None = None
+        self._scrapes = 0
+        self._resets = 0
+
+    def prime(self) -> None:
+        """Take the baseline scrape now, so the first read() already has a delta."""
+        self._scrape()
+
+    def read(self) -> LatencyReading:
+        """Delta since the previous successful scrape; the very first call only sets the baseline.
+
+        Raises ReadingError (counted in health) when the endpoint or the metric fails; the
+        baseline is kept, so the next good scrape covers the missed interval too.
+        """
+        first = self._prev is None
+        prev, prev_at = self._prev, self._prev_at
+        cur, now = self._scrape()
+        if first or prev_at is None:
+            return LatencyReading()
+        buckets, _, resets = histogram_delta(prev, cur)
+        self._resets += resets
+        requests = buckets.get(math.inf, 0.0)
+        elapsed = now - prev_at
+        p50, p95, p99 = (histogram_quantile(q, buckets) for q in QUANTILES)
+        return LatencyReading(p50_seconds=p50, p95_seconds=p95, p99_seconds=p99, requests=requests,
+                              request_rate=requests / elapsed if elapsed > 0 else 0.0)
+
+    def close(self) -> None:
+        self._prev = None
+
+    def health(self) -> SourceHealth:
+        state = "error" if self._last_error else "ok"
+        return SourceHealth(name=self.name, state=state, reason=self._last_error, errors=self._errors,
+                            detail={"url": self.url, "metric": self.metric, "scrapes": self._scrapes,
+                                    "counter_resets": self._resets})
+
+    def _scrape(self) -> tuple[HistogramSnapshot, float]:
+        try:
+            text = self._fetch(self.url, self.timeout)
+            snap = parse_histogram(text, self.metric)
+        except ReadingError as exc:
+            self._errors += 1
+            self._last_error = str(exc)
+            raise
+        now = self._clock()
+        self._prev, self._prev_at = snap, now
+        self._scrapes += 1
+        self._last_error = None
+        return snap, now
