@@ -1,0 +1,212 @@
+"""Profile: root-first stacks to sample counts, bounded against untrusted frame names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+TRUNCATED = "[truncated]"
+UNKNOWN = "[unknown]"
+
+Stack = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds that keep a hostile target from blowing up memory or output size."""
+
+    max_frame_len: int = 512
+    max_depth: int = 512
+    max_frames: int = 65_536
+    max_stacks: int = 262_144
+
+    def __post_init__(self) -> None:
+        for name in ("max_frame_len", "max_depth", "max_frames", "max_stacks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 2:
+                raise ValueError(f"Limits.{name} must be an int >= 2, got {value!r}")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass
+class Truncation:
+    """How much of the input the limits changed; shown beside every rendering."""
+
+    long_frames: int = 0
+    deep_stacks: int = 0
+    dropped_frames: int = 0
+    dropped_stacks: int = 0
+    dropped_samples: int = 0
+
+    def any(self) -> bool:
+        return bool(self.long_frames or self.deep_stacks or self.dropped_frames or self.dropped_stacks)
+
+    def add(self, other: Truncation) -> None:
+        self.long_frames += other.long_frames
+        self.deep_stacks += other.deep_stacks
+        self.dropped_frames += other.dropped_frames
+        self.dropped_stacks += other.dropped_stacks
+        self.dropped_samples += other.dropped_samples
+
+
+# ';' and line breaks cannot travel in folded text; the rest are not legal XML 1.0 characters.
+_UNSAFE = re.compile(r"[;\x00-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+
+
+# flamegraph.pl reads a trailing " <number>" before the count as a differential column.
+_NUMERIC_TAIL = re.compile(r" (?=\d+(?:\.\d*)?$)")
+
+
+def _escape_match(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def clean_frame(name: str, limits: Limits = DEFAULT_LIMITS) -> tuple[str, bool]:
+    """One canonical, printable, bounded form of a frame name; True when it had to be shortened."""
+    if not isinstance(name, str):
+        raise TypeError(f"frame names must be str, got {type(name).__name__}: {name!r}")
+    if not name:
+        return UNKNOWN, False
+    if _UNSAFE.search(name):
+        name = _UNSAFE.sub(_escape_match, name)
+    if _NUMERIC_TAIL.search(name):
+        name = _NUMERIC_TAIL.sub(r"\\x20", name)
+    if len(name) > limits.max_frame_len:
+        return name[: limits.max_frame_len - 3] + "...", True
+    return name, False
+
+
+@dataclass
+class Profile:
+    """Samples (or another integer unit) per distinct root-first stack."""
+
+    stacks: dict[Stack, int] = field(default_factory=dict)
+    unit: str = "samples"
+    start: float | None = None
+    end: float | None = None
+    limits: Limits = DEFAULT_LIMITS
+    truncation: Truncation = field(default_factory=Truncation)
+    _frames: set[str] = field(default_factory=set, repr=False, compare=False)
+    _clean: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        raw, self.stacks = self.stacks, {}
+        for stack, count in raw.items():
+            self.add(stack, count)
+
+    def add(self, stack: Iterable[str], count: int = 1) -> None:
+        """Add count samples of one stack; limits apply here, so every exporter sees the same names."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"sample count must be a non-negative int, got {count!r}")
+        if count == 0:
+            return
+        key = self._bounded(tuple(stack))
+        if key not in self.stacks and len(self.stacks) >= self.limits.max_stacks:
+            self.truncation.dropped_stacks += 1
+            self.truncation.dropped_samples += count
+            key = (TRUNCATED,)
+        self.stacks[key] = self.stacks.get(key, 0) + count
+
+    def _bounded(self, stack: Stack) -> Stack:
+        limits, trunc = self.limits, self.truncation
+        if not stack:
+            return (UNKNOWN,)
+        if len(stack) > limits.max_depth:
+            trunc.deep_stacks += 1
+            stack = stack[: limits.max_depth - 1] + (TRUNCATED,)
+        out: list[str] = []
+        for raw in stack:
+            cached = self._clean.get(raw)
+            if cached is None:
+                name, shortened = clean_frame(raw, limits)
+                trunc.long_frames += shortened
+                # Bounded so that a flood of distinct raw names cannot grow the cache past the frame limit.
+                if len(self._clean) < limits.max_frames:
+                    self._clean[raw] = name
+            else:
+                name = cached
+            if name not in self._frames:
+                if len(self._frames) >= limits.max_frames:
+                    trunc.dropped_frames += 1
+                    name = TRUNCATED
+                self._frames.add(name)
+            out.append(name)
+        return tuple(out)
+
+    @classmethod
+    def from_folded_dict(cls, folded: Mapping[str, int], unit: str = "samples",
+                         limits: Limits = DEFAULT_LIMITS) -> Profile:
+        """From the Window's form: 'root;child;leaf' -> count (py-spy and the off-CPU probe)."""
+        prof = cls(unit=unit, limits=limits)
+        for line, count in folded.items():
+            prof.add(line.split(";"), count)
+        return prof
+
+    def total(self) -> int:
+        return sum(self.stacks.values())
+
+    def frame_count(self) -> int:
+        return len(self._frames)
+
+    def items(self) -> Iterator[tuple[Stack, int]]:
+        return iter(self.stacks.items())
+
+    def sorted_items(self) -> list[tuple[Stack, int]]:
+        """Stacks in tuple order, so siblings with a shared prefix are adjacent (what layout needs)."""
+        return sorted(self.stacks.items())
+
+    def merge(self, other: Profile) -> None:
+        if other.unit != self.unit:
+            raise ValueError(f"cannot merge a profile in {other.unit!r} into one in {self.unit!r}")
+        for stack, count in other.stacks.items():
+            self.add(stack, count)
+        self.truncation.add(other.truncation)
+        self.start = _pick(min, self.start, other.start)
+        self.end = _pick(max, self.end, other.end)
+
+    def scaled(self, total: int) -> Profile:
+        """A copy whose counts are rescaled to sum to about `total` (largest-remainder rounding)."""
+        if total < 0:
+            raise ValueError(f"target total must be >= 0, got {total!r}")
+        mine = self.total()
+        out = Profile(unit=self.unit, start=self.start, end=self.end, limits=self.limits)
+        if mine == 0 or total == 0:
+            return out
+        exact = [(stack, count * total / mine) for stack, count in self.stacks.items()]
+        floors = {stack: int(value) for stack, value in exact}
+        short = total - sum(floors.values())
+        by_remainder = sorted(exact, key=lambda sv: sv[1] - int(sv[1]), reverse=True)
+        for stack, _ in by_remainder[:short]:
+            floors[stack] += 1
+        out.stacks = {s: c for s, c in floors.items() if c}
+        out._frames = set(self._frames)
+        return out
+
+    def fractions(self) -> dict[Stack, float]:
+        """Each stack's share of the total: the normalised form two profiles compare in."""
+        mine = self.total()
+        if mine == 0:
+            return {}
+        return {stack: count / mine for stack, count in self.stacks.items()}
+
+
+def _pick(fn, a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return fn(a, b)
+
+
+def merge(profiles: Iterable[Profile], unit: str | None = None,
+          limits: Limits = DEFAULT_LIMITS) -> Profile:
+    """One profile over a time range from per-window profiles."""
+    profiles = list(profiles)
+    out = Profile(unit=unit or (profiles[0].unit if profiles else "samples"), limits=limits)
+    for prof in profiles:
+        out.merge(prof)
+    return out
