@@ -1,0 +1,477 @@
+"""TCP retransmits per window, by flow (addresses, ports, TCP state), host-wide and per target.
+
+Traces: tracepoints ``tcp:tcp_retransmit_skb`` (data, SYN and FIN retransmits, tail-loss
+probes) and ``tcp:tcp_retransmit_synack`` (a listener's SYN-ACK retransmits). Only the
+tracepoints' own fields are read; no kernel struct is dereferenced.
+
+How: each event increments ``flows[(family, saddr, daddr, sport, dport, state)]`` and a
+per-CPU ``totals`` counter. ``read()`` drains ``flows`` (batch lookup-and-delete) and takes
+the difference of ``totals`` to the previous read (never zeroed, so the host total is
+exact even while events arrive). Attribution happens in user space at read time: a flow
+belongs to a target when its local address and port are those of one of the target's TCP
+sockets (``/proc/PID/fd`` socket inodes matched in ``/proc/PID/net/tcp{,6}``, which is the
+target's own network namespace view), or of a socket seen there at the previous read, so a
+connection closed within a window still counts for its owner.
+
+Why no in-kernel tgid filter: retransmits run in softirq and timer context, where the
+current task is whoever was interrupted; the tgid there says nothing about the socket's
+owner. ``set_targets()`` therefore changes only user-space state and never reloads.
+
+What a count means: one per retransmitted packet, which is what ``/proc/net/snmp``
+``Tcp: RetransSegs`` counts as long as the packet is one MSS-sized segment. With TSO/GSO a
+retransmitted packet can carry several segments that RetransSegs counts one by one; the
+tracepoint carries no length, so on such devices this count is a lower bound (the tests
+cap ``gso_max_segs`` to 1 and then match RetransSegs exactly). Since Linux 6.13 the
+tracepoint also fires for attempts that were given up before transmitting (``err``
+-EBUSY: the original still in a host queue; -ENOMEM, -EAGAIN, -EHOSTUNREACH, -EINVAL),
+which RetransSegs does not count: those go to ``not_sent`` instead. An attempt that
+reached the IP layer but failed there (e.g. -EPERM from a netfilter drop on output) is a
+retransmit for RetransSegs and here, and is also counted in ``send_failed``.
+
+Overhead: nothing on the fast path; one hash update per retransmit.
+
+Caveats: flows are host-wide, across network namespaces; a flow in another namespace
+with the same local address and port as a target's socket is attributed to the target.
+When ``flows`` is full, new flows are counted in the totals and in ``lost`` (health's
+``lost_events``) but not listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.window import TcpFlow, TcpReading
+from probes.base import ProbeHealth, load_bpf, require_tracepoints, tracefs_root
+from probes.errors import AccessDenied, ProbeUnavailable, TargetGone, TracepointMissing
+
+TRACEPOINT_SKB = "tcp:tcp_retransmit_skb"
+TRACEPOINT_SYNACK = "tcp:tcp_retransmit_synack"
+AF_INET = 2
+AF_INET6 = 10
+
+# Index of each counter in the per-CPU `totals` array (the C text uses the same numbers).
+TOTAL_RETRANSMITS, TOTAL_NOT_SENT, TOTAL_SEND_FAILED, TOTAL_LOST = range(4)
+
+TCP_STATES = {
+    1: "TCP_ESTABLISHED", 2: "TCP_SYN_SENT", 3: "TCP_SYN_RECV", 4: "TCP_FIN_WAIT1",
+    5: "TCP_FIN_WAIT2", 6: "TCP_TIME_WAIT", 7: "TCP_CLOSE", 8: "TCP_CLOSE_WAIT",
+    9: "TCP_LAST_ACK", 10: "TCP_LISTEN", 11: "TCP_CLOSING", 12: "TCP_NEW_SYN_RECV",
+}
+TCP_LISTEN = 10
+
+BPF_TEXT = r"""
+#define AF_INET_ 2
+#define TCP_SYN_RECV_ 3
+#define TOTAL_RETRANSMITS 0
+#define TOTAL_NOT_SENT 1
+#define TOTAL_SEND_FAILED 2
+#define TOTAL_LOST 3
+#define N_TOTALS 4
+#define EAGAIN_ 11
+#define ENOMEM_ 12
+#define EBUSY_ 16
+#define EINVAL_ 22
+#define EHOSTUNREACH_ 113
+
+struct flow_t {
+    u8 saddr[16];
+    u8 daddr[16];
+    u16 sport;
+    u16 dport;
+    u16 family;
+    u16 state;
+};
+
+BPF_HASH(flows, struct flow_t, u64, MAX_FLOWS);
+BPF_PERCPU_ARRAY(totals, u64, N_TOTALS);
+
+static inline void count_total(u32 idx)
+{
+    u64 *n = totals.lookup(&idx);
+    if (n)
+        (*n)++;
+}
+
+static inline void count_flow(struct flow_t *key)
+{
+    u64 zero = 0;
+    u64 *n = flows.lookup_or_try_init(key, &zero);
+    if (!n) {
+        count_total(TOTAL_LOST);
+        return;
+    }
+    __sync_fetch_and_add(n, 1);
+}
+
+// The address arrays are copied whole: the tracepoint fills both the v4 and v6 fields.
+#define FILL_ADDRS(key, args)                                                   \
+    do {                                                                        \
+        if ((key).family == AF_INET_) {                                         \
+            __builtin_memcpy((key).saddr, (args)->saddr, 4);                    \
+            __builtin_memcpy((key).daddr, (args)->daddr, 4);                    \
+        } else {                                                                \
+            __builtin_memcpy((key).saddr, (args)->saddr_v6, 16);                \
+            __builtin_memcpy((key).daddr, (args)->daddr_v6, 16);                \
+        }                                                                       \
+    } while (0)
+
+TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
+{
+#ifdef HAVE_ERR_FIELD
+    int err = args->err;
+    // Given up before the packet was built (RetransSegs is not incremented for these).
+    if (err == -EBUSY_ || err == -ENOMEM_ || err == -EAGAIN_ || err == -EHOSTUNREACH_ || err == -EINVAL_) {
+        count_total(TOTAL_NOT_SENT);
+        return 0;
+    }
+    if (err)
+        count_total(TOTAL_SEND_FAILED);
+#endif
+    struct flow_t key = {};
+    key.family = args->family;
+    key.sport = args->sport;
+    key.dport = args->dport;
+    key.state = args->state;
+    FILL_ADDRS(key, args);
+    count_total(TOTAL_RETRANSMITS);
+    count_flow(&key);
+    return 0;
+}
+
+#ifdef COUNT_SYNACK
+TRACEPOINT_PROBE(tcp, tcp_retransmit_synack)
+{
+    struct flow_t key = {};
+    key.family = args->family;
+    key.sport = args->sport;
+    key.dport = args->dport;
+    key.state = TCP_SYN_RECV_;
+    FILL_ADDRS(key, args);
+    count_total(TOTAL_RETRANSMITS);
+    count_flow(&key);
+    return 0;
+}
+#endif
+"""
+
+
+@dataclass(frozen=True)
+class TcpRetransConfig:
+    max_flows: int = 4096
+    count_synack: bool = True
+    # None: look at the tracepoint's format in tracefs at start().
+    err_field: bool | None = None
+    tracefs: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_flows <= 1 << 20:
+            raise ValueError(f"max_flows must be within [1, 1048576], got {self.max_flows!r}")
+
+
+def render(config: TcpRetransConfig) -> str:
+    """The C text for `config`: #defines first, then the program. `err_field` None renders as absent."""
+    defines = [f"#define MAX_FLOWS {config.max_flows}"]
+    if config.err_field:
+        defines.append("#define HAVE_ERR_FIELD 1")
+    if config.count_synack:
+        defines.append("#define COUNT_SYNACK 1")
+    return "\n".join(defines) + "\n" + BPF_TEXT
+
+
+def tracepoint_has_field(name: str, field_name: str, root: Path | None = None) -> bool:
+    """Whether tracefs' format of `category:event` declares `field_name` (e.g. tcp_retransmit_skb's `err`, 6.13+)."""
+    root = root or tracefs_root()
+    if root is None:
+        raise TracepointMissing("tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")
+    category, event = name.split(":", 1)
+    path = root / "events" / category / event / "format"
+    try:
+        text = path.read_text()
+    except FileNotFoundError as exc:
+        raise TracepointMissing(f"tracepoint {name} has no format file at {path}") from exc
+    for line in text.splitlines():
+        decl = line.strip().partition(";")[0]
+        if decl.startswith("field:") and decl.split()[-1].split("[")[0] == field_name:
+            return True
+    return False
+
+
+def state_name(state: int) -> str:
+    return TCP_STATES.get(state, f"TCP_STATE_{state}")
+
+
+def normalize_ip(packed: bytes) -> str:
+    """Text form of a 4- or 16-byte address; an IPv4-mapped IPv6 address becomes plain IPv4."""
+    addr = ipaddress.ip_address(packed)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
+
+
+def flow_from_key(family: int, saddr: bytes, daddr: bytes, sport: int, dport: int, state: int,
+                  count: int) -> TcpFlow:
+    """A TcpFlow from the kernel key's fields (addresses as the 16-byte arrays of `struct flow_t`)."""
+    if family == AF_INET:
+        saddr, daddr = saddr[:4], daddr[:4]
+    elif family == AF_INET6:
+        saddr, daddr = saddr[:16], daddr[:16]
+    else:
+        raise ValueError(f"address family must be AF_INET (2) or AF_INET6 (10), got {family!r}")
+    return TcpFlow(saddr=normalize_ip(saddr), sport=sport, daddr=normalize_ip(daddr), dport=dport,
+                   state=state_name(state), retransmits=count)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A TCP socket's local address and port; `listening` sockets also own connections they accepted."""
+
+    addr: str
+    port: int
+    listening: bool = False
+
+
+def _parse_proc_addr(text: str) -> tuple[str, int]:
+    # /proc/net/tcp prints each 32-bit word of the address in host (little-endian) order.
+    hex_addr, _, hex_port = text.partition(":")
+    raw = bytes.fromhex(hex_addr)
+    packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return normalize_ip(packed), int(hex_port, 16)
+
+
+def parse_proc_net_tcp(text: str) -> dict[int, Endpoint]:
+    """Socket inode -> local endpoint, from the text of /proc/PID/net/tcp or tcp6."""
+    sockets: dict[int, Endpoint] = {}
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) < 10:
+            continue
+        addr, port = _parse_proc_addr(parts[1])
+        inode = int(parts[9])
+        if inode:
+            sockets[inode] = Endpoint(addr, port, listening=int(parts[3], 16) == TCP_LISTEN)
+    return sockets
+
+
+class ProcSockets:
+    """Local TCP endpoints of a process, from /proc (root injectable for tests)."""
+
+    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+        self.proc_root = proc_root
+
+    def socket_inodes(self, pid: int) -> set[int]:
+        fd_dir = self.proc_root / str(pid) / "fd"
+        inodes: set[int] = set()
+        try:
+            names = os.listdir(fd_dir)
+        except (FileNotFoundError, ProcessLookupError) as exc:
+            raise TargetGone(f"process {pid} is gone ({fd_dir} is missing)") from exc
+        except PermissionError as exc:
+            raise AccessDenied(f"cannot list {fd_dir}: {exc}") from exc
+        for name in names:
+            try:
+                link = os.readlink(fd_dir / name)
+            except FileNotFoundError:
+                continue  # closed while we listed: not a socket of this window any more
+            if link.startswith("socket:["):
+                inodes.add(int(link[8:-1]))
+        return inodes
+
+    def endpoints(self, pid: int) -> set[Endpoint]:
+        """Local endpoints of the TCP sockets `pid` holds, as seen in its network namespace."""
+        inodes = self.socket_inodes(pid)
+        if not inodes:
+            return set()
+        found: set[Endpoint] = set()
+        for table in ("tcp", "tcp6"):
+            path = self.proc_root / str(pid) / "net" / table
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                continue  # no IPv6 in this kernel or namespace
+            except ProcessLookupError as exc:
+                raise TargetGone(f"process {pid} is gone (reading {path})") from exc
+            except PermissionError as exc:
+                raise AccessDenied(f"cannot read {path}: {exc}") from exc
+            found.update(ep for inode, ep in parse_proc_net_tcp(text).items() if inode in inodes)
+        return found
+
+
+def owns(endpoints: Iterable[Endpoint], flow: TcpFlow) -> bool:
+    """Whether `flow`'s local side is one of `endpoints` (a wildcard listener matches any local address)."""
+    for ep in endpoints:
+        if ep.port != flow.sport:
+            continue
+        if ep.addr == flow.saddr or (ep.listening and ipaddress.ip_address(ep.addr).is_unspecified):
+            return True
+    return False
+
+
+@dataclass
+class _Counters:
+    retransmits: int = 0
+    not_sent: int = 0
+    send_failed: int = 0
+    lost: int = 0
+
+
+class TcpRetransProbe:
+    """TCP retransmits by flow, host-wide, attributed to targets by their sockets' local endpoints."""
+
+    name = "tcpretrans"
+
+    def __init__(self, config: TcpRetransConfig | None = None, sockets: ProcSockets | None = None) -> None:
+        self.config = config or TcpRetransConfig()
+        self.sockets = sockets or ProcSockets()
+        # Host-wide total and every flow of the last window.
+        self.last_host = TcpReading()
+        # Attempts of the last window given up before sending / failed in the IP layer (see the docstring).
+        self.last_not_sent = 0
+        self.last_send_failed = 0
+        self._bpf: Any = None
+        self._targets: set[int] = set()
+        self._seen: dict[int, set[Endpoint]] = {}
+        self._previous = _Counters()
+        self._health = ProbeHealth(name=self.name)
+
+    def start(self, targets: Iterable[int]) -> None:
+        if self._bpf is not None:
+            raise ProbeUnavailable("tcpretrans probe is already started; use set_targets() to change targets")
+        try:
+            config = self._resolved_config()
+            self._bpf = load_bpf(render(config))
+        except ProbeUnavailable as exc:
+            self._health.state, self._health.reason = "failed", str(exc)
+            raise
+        self.config = config
+        self._previous = self._read_totals()
+        self._health.state, self._health.reason = "running", None
+        self.set_targets(targets)
+
+    def set_targets(self, targets: Iterable[int]) -> None:
+        if self._bpf is None:
+            raise ProbeUnavailable("tcpretrans probe is not started")
+        wanted = set(targets)
+        for tgid in self._targets - wanted:
+            self._seen.pop(tgid, None)
+        for tgid in wanted - self._targets:
+            # Seed the endpoints now, so that a connection closed before the first read is still attributed.
+            try:
+                self._seen[tgid] = self.sockets.endpoints(tgid)
+            except (TargetGone, AccessDenied):
+                self._seen[tgid] = set()  # read() decides: a gone target is dropped there
+        self._targets = wanted
+        self._health.targets = len(self._targets)
+
+    def read(self) -> dict[int, TcpReading]:
+        if self._bpf is None:
+            raise ProbeUnavailable("tcpretrans probe is not started")
+        flows = self._drain_flows()
+        totals = self._read_totals()
+        previous, self._previous = self._previous, totals
+        self.last_host = TcpReading(retransmits=totals.retransmits - previous.retransmits, flows=flows)
+        self.last_not_sent = totals.not_sent - previous.not_sent
+        self.last_send_failed = totals.send_failed - previous.send_failed
+        self._health.lost_events = totals.lost
+        return self._attribute(flows)
+
+    def stop(self) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+        self._targets, self._seen = set(), {}
+        self._health.state, self._health.targets = "stopped", 0
+
+    def health(self) -> ProbeHealth:
+        return ProbeHealth(**vars(self._health))
+
+    def _resolved_config(self) -> TcpRetransConfig:
+        root = self.config.tracefs or tracefs_root()
+        if root is None:
+            raise TracepointMissing("tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)")
+        require_tracepoints([TRACEPOINT_SKB], root)
+        count_synack = self.config.count_synack
+        if count_synack:
+            require_tracepoints([TRACEPOINT_SYNACK], root)
+        err_field = self.config.err_field
+        if err_field is None:
+            err_field = tracepoint_has_field(TRACEPOINT_SKB, "err", root)
+        return TcpRetransConfig(max_flows=self.config.max_flows, count_synack=count_synack,
+                                err_field=err_field, tracefs=root)
+
+    def _attribute(self, flows: list[TcpFlow]) -> dict[int, TcpReading]:
+        readings: dict[int, TcpReading] = {}
+        for tgid in sorted(self._targets):
+            try:
+                current = self.sockets.endpoints(tgid)
+            except TargetGone:
+                self._targets.discard(tgid)
+                self._seen.pop(tgid, None)
+                continue
+            except AccessDenied as exc:
+                self._health.reason = str(exc)
+                continue
+            known = current | self._seen.get(tgid, set())
+            self._seen[tgid] = current
+            mine = [f for f in flows if owns(known, f)]
+            readings[tgid] = TcpReading(retransmits=sum(f.retransmits for f in mine), flows=mine)
+        self._health.targets = len(self._targets)
+        return readings
+
+    def _drain_flows(self) -> list[TcpFlow]:
+        flows = []
+        for key, value in self._bpf[b"flows"].items_lookup_and_delete_batch():
+            flows.append(flow_from_key(int(key.family), bytes(key.saddr), bytes(key.daddr), int(key.sport),
+                                       int(key.dport), int(key.state), int(value)))
+        flows.sort(key=lambda f: (-f.retransmits, f.saddr, f.sport, f.daddr, f.dport, f.state))
+        return flows
+
+    def _read_totals(self) -> _Counters:
+        values = [0] * 4
+        for key, per_cpu in self._bpf[b"totals"].items_lookup_batch():
+            values[int(key)] = int(sum(per_cpu))
+        return _Counters(retransmits=values[TOTAL_RETRANSMITS], not_sent=values[TOTAL_NOT_SENT],
+                         send_failed=values[TOTAL_SEND_FAILED], lost=values[TOTAL_LOST])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m probes.tcpretrans", description=__doc__.splitlines()[0])
+    parser.add_argument("--pid", type=int, action="append", default=[], help="target tgid (repeatable)")
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--count", type=int, default=0, help="windows to print; 0 = until interrupted")
+    parser.add_argument("--print-c", action="store_true", help="print the rendered C text and exit")
+    args = parser.parse_args(argv)
+    if args.print_c:
+        print(render(TcpRetransConfig(err_field=True)))
+        return 0
+    probe = TcpRetransProbe()
+    probe.start(args.pid)
+    try:
+        n = 0
+        while args.count == 0 or n < args.count:
+            time.sleep(args.interval)
+            per_target = probe.read()
+            host = probe.last_host
+            print(f"host: retransmits={host.retransmits} flows={len(host.flows)} "
+                  f"not_sent={probe.last_not_sent} send_failed={probe.last_send_failed}", flush=True)
+            for f in host.flows[:10]:
+                owners = [str(t) for t, r in per_target.items() if f in r.flows]
+                print(f"  {f.saddr}:{f.sport} -> {f.daddr}:{f.dport} {f.state} {f.retransmits}"
+                      + (f" pid={','.join(owners)}" if owners else ""), flush=True)
+            n += 1
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a user ends an open-ended run
+    finally:
+        probe.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
