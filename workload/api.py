@@ -4,6 +4,9 @@ from dataclasses import dataclass
 from typing import Any
 
 
+ADMIN_TOKEN_ENV = "WORKLOAD_ADMIN_TOKEN"
+
+
 class BadRequest(ValueError):
     """The request cannot be served as sent; the message goes back to the client."""
 

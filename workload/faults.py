@@ -29,8 +29,8 @@ class FaultTuning:
     """How hard each fault pushes; defaults give >= 1.5x p99 at the default load (docs/bench_workload.md)."""
 
     gc_cycles_per_step: int = 4000
-    lock_hold_s: float = 0.030
-    lock_period_s: float = 0.050
+    lock_hold_s: float = 0.040
+    lock_period_s: float = 0.060
     syscalls_per_step: int = 3000
     netloss_percent: int = 30
     cpuhog_per_cpu: int = 2

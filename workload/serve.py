@@ -11,7 +11,7 @@ import torch
 from prometheus_client import CollectorRegistry
 from waitress.server import create_server
 
-from workload.api import Limits
+from workload.api import ADMIN_TOKEN_ENV, Limits
 from workload.config import preset
 from workload.engine import Engine, resolve_device
 from workload.faults import FaultTuning, build_faults
@@ -20,7 +20,6 @@ from workload.scheduler import Scheduler, SchedulerConfig
 from workload.server import Serving, create_app
 
 log = logging.getLogger("workload.serve")
-ADMIN_TOKEN_ENV = "WORKLOAD_ADMIN_TOKEN"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

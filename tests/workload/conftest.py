@@ -1,0 +1,82 @@
+"""Fixtures that start the bundled server as a real subprocess on a free port."""
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "test-admin-token"
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    url: str
+    pidfile: Path
+    token: str = TOKEN
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def start_server(tmp: Path, *extra: str, timeout: float = 60.0) -> ServerProcess:
+    pidfile = tmp / "workload.pid"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("WORKLOAD_ADMIN_TOKEN", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workload", "serve", "--port", "0", "--admin-token", TOKEN,
+         "--pidfile", str(pidfile), *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            seen.append(line)
+            match = re.search(r"at (http://[\d.]+:\d+)", line)
+            if match:
+                _drain(proc)
+                return ServerProcess(proc, match.group(1), pidfile)
+        if proc.poll() is not None:
+            break
+    stop_server(proc)
+    raise RuntimeError(f"server did not print its URL within {timeout}s; output: {''.join(seen)!r}")
+
+
+def _drain(proc: subprocess.Popen) -> None:
+    # Keep reading the server's log so a full pipe never blocks it.
+    import threading
+
+    def pump() -> None:
+        for _ in proc.stdout:
+            pass
+
+    threading.Thread(target=pump, daemon=True).start()
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[ServerProcess]:
+    started = start_server(tmp_path_factory.mktemp("server"))
+    yield started
+    stop_server(started.proc)
