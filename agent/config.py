@@ -11,9 +11,10 @@ import stat as stat_mod
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from agent.presets import LATENCY_KINDS, PRESETS, LatencyKind
@@ -96,7 +97,7 @@ class LatencySpec:
         _require_range("timeout_seconds", self.timeout_seconds, 0.1, 60)
 
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "LatencySpec":
+    def from_preset(cls, name: str, **overrides: Any) -> LatencySpec:
         if name not in PRESETS:
             raise FieldError("preset", f"must be one of {', '.join(sorted(PRESETS))}, got {name!r}")
         p = PRESETS[name]

@@ -18,9 +18,10 @@ import threading
 import time
 import zlib
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Literal
+from typing import Literal, Self
 
 from agent.config import DEFAULT_STORE_DIR, check_trusted_path
 from analysis.window import Window
@@ -132,7 +133,7 @@ class Store:
 
     @classmethod
     def open(cls, directory: Path = DEFAULT_STORE_DIR, *, migrations: Iterable[Migration] = MIGRATIONS,
-             check: Callable[[Path], None] | None = None) -> "Store":
+             check: Callable[[Path], None] | None = None) -> Store:
         """Open (creating, mode 0700) the store in `directory` and migrate it to the newest schema.
 
         `check` vets the directory before use; by default it refuses one that another user could write.
@@ -191,7 +192,8 @@ class Store:
                 deleted += self._delete_where(
                     "id IN (SELECT id FROM windows ORDER BY start, id LIMIT ?)", (batch,))
             if deleted:
-                conn.execute("PRAGMA incremental_vacuum").fetchall()
+                # execute() steps this pragma once (one page); executescript() runs it to the end.
+                conn.executescript("PRAGMA incremental_vacuum;")
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             return RetentionResult(deleted_windows=deleted, bytes_before=before, bytes_after=self.size_bytes())
 
@@ -290,7 +292,7 @@ class Store:
                 conn.close()
             self._write.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

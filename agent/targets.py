@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from agent.config import ConfigError, StatFn, TargetSpec, check_trusted_path
 from probes.errors import AccessDenied, TargetGone

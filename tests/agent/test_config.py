@@ -8,8 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import (DEFAULT_TARGET_REGEX, Config, ConfigError, LatencySpec, TargetSpec, UntrustedPath,
-                          check_trusted_path, load_config, parse_listen)
+from agent.config import (
+    DEFAULT_TARGET_REGEX,
+    Config,
+    ConfigError,
+    LatencySpec,
+    TargetSpec,
+    UntrustedPath,
+    check_trusted_path,
+    load_config,
+    parse_listen,
+)
 from agent.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,8 +123,8 @@ def test_example_config_in_docs_loads() -> None:
 
 @pytest.mark.parametrize("text, message", [
     ("interval_second = 3", "unknown key interval_second (did you mean 'interval_seconds'?)"),
-    ("zzz = 3", "unknown key zzz (known: interval_seconds, store_dir, retention_days, retention_bytes, "
-                "listen, pyspy_rate_hz, pyspy_nonblocking, log_level, probes, targets)"),
+    ("zzz = 3", ("unknown key zzz (known: interval_seconds, store_dir, retention_days, retention_bytes, "
+                 "listen, pyspy_rate_hz, pyspy_nonblocking, log_level, probes, targets)")),
     ("[probes]\nsyscall = true", "unknown key probes.syscall (did you mean 'syscalls'?)"),
     ('[[targets]]\nname = "a"\npid = 1\nlatncy = {preset = "vllm"}',
      "unknown key targets[0].latncy (did you mean 'latency'?)"),
@@ -148,12 +157,12 @@ def test_example_config_in_docs_loads() -> None:
     ('[[targets]]\nname = "a"\npid = 0', "targets[0].pid: must be within [1, 4194304], got 0"),
     ('[[targets]]\nname = "a"\npid = "12"', "targets[0].pid: expected an integer, got '12' (string)"),
     ('[[targets]]\nname = "a"\npid = 1\n[[targets]]\nname = "b"\nprocess_regex = "("',
-     "targets[1].process_regex: is not a valid regular expression (missing ), unterminated subpattern "
-     "at position 0), got '('"),
+     ("targets[1].process_regex: is not a valid regular expression (missing ), unterminated subpattern "
+      "at position 0), got '('")),
     ('[[targets]]\nname = "a"\npid = 1\n[[targets]]\nname = "a"\npid = 2',
      "targets[1].name: duplicates another target's name, got 'a'"),
-    ('[[targets]]\nname = "a"\npid = 1\n[[targets]]\nname = "b"\npid = 2\n'
-     'latency = {preset = "vllm", url = "ftp://h/m"}',
+    (('[[targets]]\nname = "a"\npid = 1\n[[targets]]\nname = "b"\npid = 2\n'
+      'latency = {preset = "vllm", url = "ftp://h/m"}'),
      "targets[1].latency.url: must be an http:// or https:// URL with a host, got 'ftp://h/m'"),
     ('[[targets]]\nname = "a"\npid = 1\nlatency = {preset = "sglang"}',
      "targets[0].latency.preset: must be one of tgi, triton, vllm, workload, got 'sglang'"),

@@ -1,0 +1,358 @@
+"""Store: round trips, kill -9 during writes, migrations from an older schema, retention, threads."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.config import UntrustedPath
+from agent.store import (
+    MIGRATIONS,
+    Migration,
+    Store,
+    StoreError,
+    decode_folded,
+    encode_folded,
+)
+from analysis.window import (
+    GcReading,
+    GpuReading,
+    LatencyReading,
+    Log2Histogram,
+    OffCpuReading,
+    ProcessReading,
+    StackReading,
+    SyscallReading,
+    TcpFlow,
+    TcpReading,
+    Window,
+)
+
+
+def make_window(i: int, target: str = "t", stacks: int = 3) -> Window:
+    """Window number i: every field derived from i, so any stored copy can be checked exactly."""
+    start = 1000.0 + 5 * i
+    return Window(
+        target=target, pid=4000 + i // 10, start=start, end=start + 5,
+        syscalls=SyscallReading(counts={"read": i, "futex": 2 * i},
+                                latency={"read": Log2Histogram(unit="ns", counts=[0, i, 1])}),
+        offcpu=OffCpuReading(seconds=0.5 * i, by_thread={7: 0.25 * i},
+                             histogram=Log2Histogram(unit="us", counts=[1, 2, i]),
+                             stacks={f"schedule;futex_wait;k{j}": 10 * i + j for j in range(stacks)}),
+        gc=GcReading(collections=i, pause_seconds=0.001 * i, max_pause_seconds=0.001),
+        tcp=TcpReading(retransmits=i % 3, flows=[TcpFlow("10.0.0.1", 8000, "10.0.0.2", 5555, "ESTABLISHED", 1)]),
+        process=ProcessReading(cpu_seconds=1.5, rss_bytes=1 << 20, threads=4, fds=10 + i),
+        stacks=StackReading(active={f"MainThread;serve (srv.py:{i});fwd (m.py:{j})": j + 1 for j in range(stacks)},
+                            idle={f"Worker;wait (q.py:{j})": 2 for j in range(stacks)}, rate_hz=49.0),
+        latency=LatencyReading(p50_seconds=0.01, p95_seconds=0.02 + i / 1000, p99_seconds=0.05, requests=100,
+                               request_rate=20.0),
+        gpu=GpuReading(available=False, reason="no GPU"),
+        errors={"gc": "unsupported"} if i % 2 else {},
+    )
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+def test_round_trip_queries_and_profiles(store_dir: Path) -> None:
+    with Store.open(store_dir) as s:
+        ids = [s.add_window(make_window(i, target="a" if i % 2 == 0 else "b")) for i in range(10)]
+        assert ids == sorted(ids) and len(set(ids)) == 10
+        assert s.windows() == [make_window(i, target="a" if i % 2 == 0 else "b") for i in range(10)]
+        assert s.windows(target="a") == [make_window(i, "a") for i in range(0, 10, 2)]
+        assert s.windows(target="a", limit=2) == [make_window(6, "a"), make_window(8, "a")]
+        # Overlap semantics: window 2 spans [1010, 1015), window 4 [1020, 1025).
+        assert [w.start for w in s.windows(since=1012, until=1021)] == [1010.0, 1015.0, 1020.0]
+        assert s.latest("b") == make_window(9, "b") and s.latest("zzz") is None
+        bare = s.windows(target="a", limit=1, with_profiles=False)[0]
+        assert bare.stacks.active == {} and bare.offcpu.stacks == {} and bare.stacks.rate_hz == 49.0
+        assert [(t.name, t.windows, t.first_start, t.last_end) for t in s.targets()] == [
+            ("a", 5, 1000.0, 1045.0), ("b", 5, 1005.0, 1050.0)]
+        active = s.profiles("a", kind="active")
+        expected: dict[str, int] = {}
+        for i in range(0, 10, 2):
+            for k, v in make_window(i).stacks.active.items():
+                expected[k] = expected.get(k, 0) + v
+        assert active == expected
+        assert s.profiles("a", since=1000, until=1005, kind="offcpu") == make_window(0).offcpu.stacks
+        assert s.profiles("b", kind="idle") == {f"Worker;wait (q.py:{j})": 10 for j in range(3)}
+        with pytest.raises(ValueError, match="profile kind must be one of active, idle, offcpu, got 'cpu'"):
+            s.profiles("a", kind="cpu")
+
+
+def test_window_without_stacks_and_profiles_are_compressed(store_dir: Path) -> None:
+    w = Window(target="x", pid=1, start=1.0, end=2.0, errors={"stacks": "py-spy not running"})
+    with Store.open(store_dir) as s:
+        s.add_window(w)
+        big = make_window(1, stacks=2000)
+        wid = s.add_window(big)
+        assert s.windows() == [w, big]
+        (stored,) = s._reader().execute("SELECT SUM(length(folded)) FROM profiles WHERE window_id = ?", (wid,))
+        raw = sum(len(f"{k} {v}\n") for k, v in big.stacks.active.items())
+        assert stored[0] < raw / 3, (stored[0], raw)
+    assert decode_folded(encode_folded({"a;b c": 3, "a": 1})) == {"a;b c": 3, "a": 1}
+
+
+def test_store_is_wal_full_and_dir_is_private(store_dir: Path) -> None:
+    with Store.open(store_dir) as s:
+        conn = s._reader()
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL
+        assert s.schema_version() == len(MIGRATIONS)
+    assert (store_dir.stat().st_mode & 0o777) == 0o700
+
+
+def test_world_writable_store_dir_is_refused(store_dir: Path) -> None:
+    store_dir.mkdir()
+    store_dir.chmod(0o777)
+    with pytest.raises(UntrustedPath, match=rf"refusing store directory '{store_dir}' is writable by every user"):
+        Store.open(store_dir)
+
+
+# ---- kill -9 ------------------------------------------------------------------------------------------
+
+CHILD = r"""
+import importlib.util, sys
+from pathlib import Path
+from agent.store import Store
+spec = importlib.util.spec_from_file_location("store_test_windows", sys.argv[3])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+make_window = module.make_window
+s = Store.open(Path(sys.argv[1]))
+i = int(sys.argv[2])
+print("ready", flush=True)
+while True:
+    wid = s.add_window(make_window(i, stacks=400))
+    print(wid, i, flush=True)
+    i += 1
+"""
+
+
+def _run_and_kill(store_dir: Path, first: int, min_commits: int, rng: random.Random) -> dict[int, int]:
+    """Start a writer, read its committed ids, SIGKILL it while it is writing; returns {id: window number}."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(store_dir), str(first), __file__],
+                             stdout=subprocess.PIPE, text=True)
+    committed: dict[int, int] = {}
+    try:
+        assert child.stdout.readline() == "ready\n"
+        target = min_commits + rng.randrange(20)
+        while len(committed) < target:
+            wid, i = child.stdout.readline().split()
+            committed[int(wid)] = int(i)
+        # The writer spends nearly all its time inside add_window(); a random pause spreads the kill
+        # over the phases of the next write (encode, insert, commit, fsync).
+        time.sleep(rng.random() * 0.005)
+        assert child.poll() is None, "the writer stopped on its own: it was not killed mid-run"
+        child.send_signal(signal.SIGKILL)
+        # Lines already in the pipe are commits that returned before the kill.
+        for line in child.stdout.read().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                committed[int(parts[0])] = int(parts[1])
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+    return committed
+
+
+def test_kill_9_during_writes_loses_no_committed_window_and_history_continues(store_dir: Path) -> None:
+    rng = random.Random(5)
+    Store.open(store_dir).close()
+    all_committed: dict[int, int] = {}
+    for _ in range(4):
+        with Store.open(store_dir) as s:
+            stored = s.windows(with_profiles=False)
+            next_i = int((stored[-1].start - 1000) // 5) + 1 if stored else 0
+        all_committed.update(_run_and_kill(store_dir, next_i, 15, rng))
+
+    with Store.open(store_dir) as s:
+        assert s._reader().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        rows = dict(s._reader().execute("SELECT id, start FROM windows").fetchall())
+        for wid, i in all_committed.items():
+            assert rows.get(wid) == make_window(i).start, f"committed window id {wid} (#{i}) lost"
+        windows = s.windows()
+        # Every stored window, including one committed just before the kill and never printed, is whole.
+        numbers = [int((w.start - 1000) // 5) for w in windows]
+        assert windows == [make_window(i, stacks=400) for i in numbers]
+        # Restarts continue the history: consecutive numbers, no gap, no duplicate.
+        assert numbers == list(range(len(numbers)))
+        assert len(numbers) >= len(all_committed) >= 4 * 15
+        # A restarted agent appends after what it finds.
+        wid = s.add_window(make_window(len(numbers), stacks=400))
+        assert wid > max(rows) and s.latest("t") == make_window(len(numbers), stacks=400)
+
+
+# ---- migrations ---------------------------------------------------------------------------------------
+
+LATER = (
+    Migration(2, "regressions", """
+        CREATE TABLE regressions (
+            id INTEGER PRIMARY KEY,
+            target_id INTEGER NOT NULL REFERENCES targets(id),
+            window_id INTEGER REFERENCES windows(id),
+            data TEXT NOT NULL
+        );
+    """),
+    Migration(3, "alert outbox", """
+        CREATE TABLE outbox (id INTEGER PRIMARY KEY, regression_id INTEGER NOT NULL, sent_at REAL);
+        CREATE INDEX outbox_unsent ON outbox(sent_at);
+    """),
+)
+
+
+def test_migration_from_older_schema_keeps_data(store_dir: Path) -> None:
+    with Store.open(store_dir, migrations=MIGRATIONS) as s:
+        for i in range(5):
+            s.add_window(make_window(i))
+        assert s.schema_version() == 1
+    with Store.open(store_dir, migrations=MIGRATIONS + LATER) as s:
+        assert s.schema_version() == 3
+        assert s.windows() == [make_window(i) for i in range(5)]
+        conn = s._reader()
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert {"targets", "windows", "profiles", "regressions", "outbox", "schema_version"} <= tables
+        assert [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
+        s.add_window(make_window(5))
+    # Opening again runs nothing: versions stay, data stays.
+    with Store.open(store_dir, migrations=MIGRATIONS + LATER) as s:
+        assert s.schema_version() == 3 and len(s.windows()) == 6
+
+
+def test_failed_migration_rolls_back_whole(store_dir: Path) -> None:
+    Store.open(store_dir).close()
+    broken = Migration(2, "half broken", "CREATE TABLE regressions (id INTEGER PRIMARY KEY);\n"
+                                         "CREATE TABLE windows (id INTEGER);")
+    with pytest.raises(StoreError, match=r"migration 2 \(half broken\) failed: table windows already exists"):
+        Store.open(store_dir, migrations=MIGRATIONS + (broken,))
+    with Store.open(store_dir) as s:
+        assert s.schema_version() == 1
+        assert s._reader().execute("SELECT name FROM sqlite_master WHERE name = 'regressions'").fetchone() is None
+
+
+def test_newer_schema_is_refused_and_bad_numbering_rejected(store_dir: Path) -> None:
+    Store.open(store_dir, migrations=MIGRATIONS + LATER).close()
+    with pytest.raises(StoreError, match=r"has schema version 3, newer than this infersight knows \(1\)"):
+        Store.open(store_dir)
+    with pytest.raises(StoreError, match=r"numbered 1..N in order, got \[1, 3\]"):
+        Store.open(store_dir, migrations=MIGRATIONS + LATER[1:])
+
+
+def test_not_a_database_is_a_store_error(store_dir: Path) -> None:
+    store_dir.mkdir(mode=0o700)
+    (store_dir / "infersight.db").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="cannot open store .*file is not a database"):
+        Store.open(store_dir)
+
+
+# ---- retention ----------------------------------------------------------------------------------------
+
+def test_retention_by_age_deletes_old_windows_and_their_profiles(store_dir: Path) -> None:
+    with Store.open(store_dir) as s:
+        for i in range(20):
+            s.add_window(make_window(i))
+        # Window i ends at 1005 + 5i; keep those ending at or after now - max_age = 1050 (i >= 9).
+        r = s.apply_retention(now=1100.0, max_age_s=50.0, max_bytes=1 << 30)
+        assert r.deleted_windows == 9
+        assert [w.start for w in s.windows()] == [make_window(i).start for i in range(9, 20)]
+        conn = s._reader()
+        assert conn.execute("SELECT COUNT(*) FROM profiles").fetchone()[0] == 11 * 3
+        assert conn.execute("SELECT COUNT(*) FROM profiles WHERE window_id NOT IN (SELECT id FROM windows)"
+                            ).fetchone()[0] == 0
+        assert s.apply_retention(now=1100.0, max_age_s=50.0, max_bytes=1 << 30).deleted_windows == 0
+
+
+def test_retention_by_size_keeps_newest_and_shrinks_the_file(store_dir: Path) -> None:
+    rng = random.Random(1)
+    with Store.open(store_dir) as s:
+        for i in range(60):
+            w = make_window(i, stacks=0)
+            # Random frame names compress poorly, so the file really grows (~40 KB per window).
+            w.stacks.active = {f"m;{rng.getrandbits(256):064x}": 1 for _ in range(1000)}
+            s.add_window(w)
+        s._write.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        before = s.size_bytes()
+        assert before > 2_000_000, before
+        limit = 1_000_000
+        r = s.apply_retention(now=0.0, max_age_s=1e12, max_bytes=limit)
+        assert r.bytes_before >= before and r.bytes_after == s.size_bytes()
+        assert s.size_bytes() <= limit, (s.size_bytes(), limit)
+        assert os.path.getsize(s.path) <= limit
+        kept = [int((w.start - 1000) // 5) for w in s.windows(with_profiles=False)]
+        assert kept == list(range(60 - len(kept), 60)) and 10 <= len(kept) < 30, kept
+        assert r.deleted_windows == 60 - len(kept)
+
+
+# ---- threads ------------------------------------------------------------------------------------------
+
+def test_one_writer_and_reading_threads(store_dir: Path) -> None:
+    s = Store.open(store_dir)
+    errors: list[BaseException] = []
+    done = threading.Event()
+    n = 80
+
+    def reader() -> None:
+        seen = 0
+        try:
+            while not done.is_set():
+                count = len(s.windows(target="t", with_profiles=False))
+                assert count >= seen, (count, seen)
+                seen = count
+                latest = s.latest("t")
+                if latest is not None:
+                    assert latest == make_window(int((latest.start - 1000) // 5))
+        except (AssertionError, sqlite3.Error, StoreError) as exc:  # the main thread fails the test with it
+            errors.append(exc)
+
+    readers = [threading.Thread(target=reader) for _ in range(3)]
+    for t in readers:
+        t.start()
+    try:
+        for i in range(n):
+            s.add_window(make_window(i))
+    finally:
+        done.set()
+        for t in readers:
+            t.join(timeout=60)
+    assert not errors, errors[0]
+    assert len(s.windows()) == n
+    s.close()
+    with pytest.raises(StoreError, match="is closed"):
+        s.windows()
+
+
+def test_two_processes_reading_while_one_writes(store_dir: Path) -> None:
+    with Store.open(store_dir) as writer, Store.open(store_dir) as reader:
+        writer.add_window(make_window(0))
+        assert reader.windows() == [make_window(0)]
+        # A reader holding an open read transaction still sees its snapshot, and never blocks the writer.
+        conn = reader._reader()
+        conn.execute("BEGIN")
+        assert conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0] == 1
+        writer.add_window(make_window(1))
+        assert conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0] == 1
+        conn.execute("COMMIT")
+        assert len(reader.windows()) == 2
+
+
+def test_sqlite_file_is_readable_by_plain_sqlite3(store_dir: Path) -> None:
+    with Store.open(store_dir) as s:
+        s.add_window(make_window(3))
+    conn = sqlite3.connect(store_dir / "infersight.db")
+    (data,) = conn.execute("SELECT data FROM windows").fetchone()
+    assert '"target":"t"' in data and "active" not in data  # stacks live in profiles, not twice
+    conn.close()
