@@ -84,7 +84,8 @@ class PySpySampler:
     def __init__(self, pid: int, rate_hz: int = 49, nonblocking: bool = True, segment_seconds: int = 1,
                  runner: Runner = subprocess.Popen, pyspy_path: str | None = None,
                  clock: Callable[[], float] = time.monotonic, proc_root: Path = Path("/proc"),
-                 backoff_initial: float = 0.5, backoff_max: float = 30.0, autostart: bool = True) -> None:
+                 backoff_initial: float = 0.5, backoff_max: float = 30.0, by_function: bool = True,
+                 autostart: bool = True) -> None:
         if pid <= 0:
             raise ValueError(f"pid must be positive, got {pid!r}")
         if not 1 <= rate_hz <= 1000:
@@ -96,6 +97,7 @@ class PySpySampler:
         self.rate_hz = rate_hz
         self.nonblocking = nonblocking
         self.segment_seconds = segment_seconds
+        self.by_function = by_function
         self._runner = runner
         self._pyspy = pyspy_path if pyspy_path is not None else find_pyspy()
         self._clock = clock
@@ -129,6 +131,9 @@ class PySpySampler:
         if self._pyspy is None:
             self._terminal = SourceUnavailable("py-spy is not installed beside the interpreter nor on PATH "
                                                "(pip install py-spy==0.4.3)")
+            return
+        if not os.access(self._pyspy, os.X_OK):
+            self._terminal = SourceUnavailable(f"py-spy path {self._pyspy!r} is not an executable file")
             return
         self._workdir = Path(tempfile.mkdtemp(prefix=f"infersight-pyspy-{self.pid}-"))
         self._thread = threading.Thread(target=self._supervise, name=f"pyspy-{self.pid}", daemon=True)
@@ -181,7 +186,12 @@ class PySpySampler:
                     self._pause(min(self._backoff_initial * 2 ** (failures - 1), self._backoff_max))
                     if self._stop.is_set():
                         break
-                current = self._launch()
+                try:
+                    current = self._launch()
+                except SegmentFailed as exc:
+                    self._record_error(str(exc), restart=True)
+                    failures += 1
+                    continue
                 if previous is not None:
                     failures = 0 if self._finish(previous) else failures + 1
                     previous = None
@@ -215,10 +225,17 @@ class PySpySampler:
                     "--output", str(output)]
             if self.nonblocking:
                 argv.append("--nonblocking")
+            if self.by_function:
+                # Keys by a function's first line: stable between the two recorders and across windows.
+                argv.append("--function")
             if kind == "all":
                 argv.append("--idle")
-            proc = self._runner(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                bufsize=0, preexec_fn=_die_with_parent)
+            try:
+                proc = self._runner(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, bufsize=0, preexec_fn=_die_with_parent)
+            except OSError as exc:
+                self._abandon(segment)
+                raise SegmentFailed(f"cannot run {self._pyspy}: {exc}") from exc
             with self._lock:
                 self._live.append(proc)
             segment.runs.append(_Run(kind=kind, proc=proc, output=output))

@@ -1,0 +1,201 @@
+"""PySpySampler against real Python processes: active vs idle stacks, restarts, no leftover children."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agent.sources.errors import SourceUnavailable
+from agent.sources.pyspy import PySpySampler, find_pyspy
+from probes.errors import TargetGone
+
+TARGET = textwrap.dedent("""
+    import sys, threading, time
+    lock = threading.Lock()
+    lock.acquire()
+
+    def burn_cpu_here():
+        x = 0
+        while True:
+            for i in range(10000):
+                x += i * i
+
+    def wait_on_lock_here():
+        lock.acquire()
+
+    threading.Thread(target=burn_cpu_here, name="burner", daemon=True).start()
+    threading.Thread(target=wait_on_lock_here, name="waiter", daemon=True).start()
+    print("ready", flush=True)
+    # The main thread blocks for good: a thread that wakes up would contend for the GIL and,
+    # on a loaded machine, make the burner genuinely wait off-CPU for it.
+    threading.Event().wait()
+""")
+
+
+@pytest.fixture
+def target(tmp_path: Path):
+    script = tmp_path / "target.py"
+    script.write_text(TARGET)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def sampler_factory():
+    made: list[PySpySampler] = []
+
+    def make(pid: int, **kw) -> PySpySampler:
+        s = PySpySampler(pid, **kw)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def samples_with(stacks: dict[str, int], func: str) -> int:
+    return sum(n for stack, n in stacks.items() if func in stack)
+
+
+def py_spy_children() -> list[psutil.Process]:
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "py-spy" in " ".join(child.cmdline()) or child.name() == "py-spy":
+                out.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def test_find_pyspy_is_the_venv_binary() -> None:
+    assert find_pyspy() == str(Path(sys.executable).parent / "py-spy")
+
+
+def test_active_and_idle_stacks_are_kept_apart(require_root, target, sampler_factory) -> None:
+    rate = 49
+    sampler = sampler_factory(target.pid, rate_hz=rate)
+    wait_for(lambda: sampler.health().detail["segments"] >= 3, 40, "three py-spy segments")
+    reading = sampler.read()
+    segments = sampler.health().detail["segments"]
+
+    burn_active = samples_with(reading.active, "burn_cpu_here")
+    wait_idle = samples_with(reading.idle, "wait_on_lock_here")
+    assert burn_active > 0, reading.active
+    assert wait_idle > 0, reading.idle
+    assert samples_with(reading.active, "wait_on_lock_here") == 0, "a thread blocked on a lock was sampled active"
+    # The burner is runnable throughout; stale non-blocking reads may misplace a sample or two, never more.
+    assert samples_with(reading.idle, "burn_cpu_here") <= max(2, burn_active // 20), reading.idle
+    # Ground truth: py-spy takes rate*duration-1 ticks per segment and the waiter is in every tick.
+    per_segment = rate - 1
+    assert 0.9 * segments * per_segment <= wait_idle <= segments * per_segment, (wait_idle, segments)
+    # The thread's name replaces py-spy's 'thread (TID): name' root frame.
+    assert any(stack.startswith("waiter;") for stack in reading.idle), list(reading.idle)
+    assert reading.rate_hz == rate
+    # A read takes what was pending: the next one starts empty or with newer segments only.
+    again = sampler.read()
+    assert samples_with(again.idle, "wait_on_lock_here") <= 2 * per_segment
+
+
+def test_killed_pyspy_is_restarted_and_counted(require_root, target, sampler_factory) -> None:
+    sampler = sampler_factory(target.pid, backoff_initial=0.2)
+    wait_for(lambda: sampler.health().detail["segments"] >= 1 and sampler.child_pids(), 30, "a running recorder")
+    victim = sampler.child_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: sampler.health().detail["restarts"] >= 1, 20, "the sampler to notice the kill")
+    health = sampler.health()
+    assert health.errors >= 1
+    assert "signal 9" in (health.reason or ""), health
+    sampler.read()
+    done = health.detail["segments"]
+    wait_for(lambda: sampler.health().detail["segments"] >= done + 2, 30, "segments after the restart")
+    assert victim not in sampler.child_pids()
+    assert samples_with(sampler.read().active, "burn_cpu_here") > 0
+    assert sampler.health().state == "ok"
+
+
+def test_close_leaves_no_child_and_no_zombie(require_root, target) -> None:
+    sampler = PySpySampler(target.pid)
+    wait_for(lambda: len(sampler.child_pids()) >= 2, 20, "recorders to start")
+    pids = sampler.child_pids()
+    sampler.close()
+    assert sampler.child_pids() == []
+    assert py_spy_children() == []
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).ppid() != os.getpid()
+
+
+def test_agent_killed_with_sigkill_takes_pyspy_along(require_root, target, tmp_path: Path) -> None:
+    agent = textwrap.dedent(f"""
+        import time
+        from agent.sources.pyspy import PySpySampler
+        s = PySpySampler({target.pid})
+        while len(s.child_pids()) < 2:
+            time.sleep(0.05)
+        print(" ".join(map(str, s.child_pids())), flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", agent], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    proc.kill()
+    proc.wait()
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(lambda: all(gone(p) for p in pids), 10, f"py-spy children {pids} to die with their parent")
+
+
+def test_vanished_target_raises_target_gone(require_root, target, sampler_factory) -> None:
+    sampler = sampler_factory(target.pid, backoff_initial=0.1)
+    wait_for(lambda: sampler.child_pids(), 20, "recorders to start")
+    target.kill()
+    target.wait()
+    wait_for(lambda: sampler.health().state == "error", 30, "the sampler to see the target gone")
+    with pytest.raises(TargetGone, match=str(target.pid)):
+        sampler.read()
+    wait_for(lambda: sampler.child_pids() == [], 10, "recorders to stop")
+
+
+def test_missing_pyspy_is_unsupported_not_a_crash(tmp_path: Path) -> None:
+    sampler = PySpySampler(os.getpid(), pyspy_path=str(tmp_path / "no-such-py-spy"))
+    try:
+        health = sampler.health()
+        assert health.state == "unsupported"
+        assert "no-such-py-spy" in health.reason
+        with pytest.raises(SourceUnavailable):
+            sampler.read()
+    finally:
+        sampler.close()
+
+
+@pytest.mark.parametrize("kw, bad", [({"rate_hz": 0}, "0"), ({"segment_seconds": 0}, "0"),
+                                     ({"segment_seconds": 1.5}, "1.5")])
+def test_bad_arguments_quote_the_value(kw, bad) -> None:
+    with pytest.raises(ValueError, match=bad):
+        PySpySampler(os.getpid(), autostart=False, **kw)
