@@ -301,6 +301,16 @@ def load_config(path: Path | None, *, stat: StatFn = os.lstat, readlink: Callabl
 
 # ---- path trust (like sshd's StrictModes) ------------------------------------------------------------------
 
+def check_config_paths(config: Config, *, stat: StatFn = os.lstat, readlink: Callable[[str], str] = os.readlink,
+                       trusted_uids: frozenset[int] | None = None) -> None:
+    """Refuse at start a store directory or pidfile that another user could write (or create)."""
+    check_trusted_path(config.store_dir, what="store directory", stat=stat, readlink=readlink,
+                       trusted_uids=trusted_uids)
+    for t in config.targets:
+        if t.pidfile is not None:
+            check_trusted_path(t.pidfile, what="pidfile", stat=stat, readlink=readlink, trusted_uids=trusted_uids)
+
+
 def check_trusted_path(path: Path, *, what: str, stat: StatFn = os.lstat,
                        readlink: Callable[[str], str] = os.readlink,
                        trusted_uids: frozenset[int] | None = None) -> None:

@@ -4,14 +4,15 @@ Durability: WAL with synchronous=FULL. Once add_window() returns, the commit is 
 so neither `kill -9` of the agent nor a power cut loses it (WAL + NORMAL would survive only the former).
 The cost is one fsync per window per target, a few per interval.
 
-Threads: the daemon writes from one thread, the web page reads from others. Writes share one connection
-behind a lock; every reading thread gets its own connection, and WAL lets readers run while a write is in
-progress, seeing the last committed state.
+Threads: the daemon writes from one thread (retention may run on another), the web page reads from others.
+Writes share one connection behind a lock; every reading thread gets its own connection, and WAL lets
+readers run while a write is in progress, each query seeing the last committed state.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -123,8 +124,9 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 class Store:
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection, clock: Callable[[], float] = time.time) -> None:
         self.path = path
+        self._clock = clock
         self._write = conn
         self._lock = threading.RLock()
         self._local = threading.local()
@@ -133,7 +135,7 @@ class Store:
 
     @classmethod
     def open(cls, directory: Path = DEFAULT_STORE_DIR, *, migrations: Iterable[Migration] = MIGRATIONS,
-             check: Callable[[Path], None] | None = None) -> Store:
+             check: Callable[[Path], None] | None = None, clock: Callable[[], float] = time.time) -> Store:
         """Open (creating, mode 0700) the store in `directory` and migrate it to the newest schema.
 
         `check` vets the directory before use; by default it refuses one that another user could write.
@@ -150,7 +152,7 @@ class Store:
             _migrate(conn, tuple(migrations), path)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open store {str(path)!r}: {exc}") from None
-        return cls(path, conn)
+        return cls(path, conn, clock)
 
     # ---- writing (one thread) --------------------------------------------------------------------------
 
@@ -176,13 +178,19 @@ class Store:
                 raise
         return window_id
 
-    def apply_retention(self, now: float, max_age_s: float, max_bytes: int) -> RetentionResult:
-        """Delete windows that ended before now - max_age_s, then the oldest until the file fits max_bytes."""
+    def apply_retention(self, now: float | None = None, max_age_s: float = math.inf,
+                        max_bytes: int | None = None) -> RetentionResult:
+        """Delete windows that ended before now - max_age_s, then the oldest until the file fits max_bytes.
+
+        `now` defaults to the store's clock. Freed pages go back to the OS (incremental vacuum, WAL truncated),
+        so the cost is proportional to what was deleted, never a full VACUUM.
+        """
+        now = self._clock() if now is None else now
         with self._lock:
             conn = self._write
             before = self.size_bytes()
-            deleted = self._delete_where('"end" < ?', (now - max_age_s,))
-            while self._used_bytes() > max_bytes:
+            deleted = self._delete_where('"end" < ?', (now - max_age_s,)) if math.isfinite(max_age_s) else 0
+            while max_bytes is not None and self._used_bytes() > max_bytes:
                 remaining = conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0]
                 if remaining == 0:
                     break

@@ -15,6 +15,7 @@ from agent.config import (
     LatencySpec,
     TargetSpec,
     UntrustedPath,
+    check_config_paths,
     check_trusted_path,
     load_config,
     parse_listen,
@@ -334,3 +335,17 @@ def test_injected_stat_symlink_loop() -> None:
     fs = FakeFs({"/": (D | 0o755, 0, 0)}, links={"/a": "/b", "/b": "/a"})
     with pytest.raises(UntrustedPath, match="too many symbolic links"):
         check_trusted_path(Path("/a"), what="config file", stat=fs.stat, readlink=fs.readlink)
+
+
+def test_check_config_paths_names_the_store_dir_or_pidfile(tmp_path: Path) -> None:
+    safe, open_dir = tmp_path / "safe", tmp_path / "open"
+    safe.mkdir(mode=0o755)
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    target = TargetSpec(name="t", pidfile=safe / "t.pid")
+    check_config_paths(Config(store_dir=safe / "store", targets=(target,)))
+    with pytest.raises(UntrustedPath, match=rf"refusing store directory '{open_dir}/store': '{open_dir}' is "):
+        check_config_paths(Config(store_dir=open_dir / "store", targets=(target,)))
+    bad = TargetSpec(name="t", pidfile=open_dir / "t.pid")
+    with pytest.raises(UntrustedPath, match=rf"refusing pidfile '{open_dir}/t.pid': '{open_dir}' is writable"):
+        check_config_paths(Config(store_dir=safe / "store", targets=(bad,)))

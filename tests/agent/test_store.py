@@ -273,7 +273,16 @@ def test_retention_by_age_deletes_old_windows_and_their_profiles(store_dir: Path
         assert conn.execute("SELECT COUNT(*) FROM profiles").fetchone()[0] == 11 * 3
         assert conn.execute("SELECT COUNT(*) FROM profiles WHERE window_id NOT IN (SELECT id FROM windows)"
                             ).fetchone()[0] == 0
-        assert s.apply_retention(now=1100.0, max_age_s=50.0, max_bytes=1 << 30).deleted_windows == 0
+        assert s.apply_retention(1100.0, 50.0, 1 << 30).deleted_windows == 0
+
+
+def test_retention_uses_the_injected_clock_and_no_size_limit_by_default(store_dir: Path) -> None:
+    with Store.open(store_dir, clock=lambda: 1100.0) as s:
+        for i in range(20):
+            s.add_window(make_window(i))
+        assert s.apply_retention().deleted_windows == 0  # no age, no size limit: keep everything
+        assert s.apply_retention(max_age_s=50.0).deleted_windows == 9
+        assert len(s.windows()) == 11
 
 
 def test_retention_by_size_keeps_newest_and_shrinks_the_file(store_dir: Path) -> None:
