@@ -192,7 +192,8 @@ def _go_pprof(tmp_path, *args: str) -> str:
     home.mkdir(exist_ok=True)
     env = {**os.environ, "HOME": str(home), "GOCACHE": str(home / "cache"), "GOFLAGS": "",
            "PPROF_TMPDIR": str(home)}
-    proc = subprocess.run([go, "tool", "pprof", *args], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([go, "tool", "pprof", *args], check=False, capture_output=True, text=True, env=env,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

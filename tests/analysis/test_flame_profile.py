@@ -2,7 +2,14 @@
 
 import pytest
 
-from analysis.flamegraph.profile import TRUNCATED, UNKNOWN, Limits, Profile, clean_frame, merge
+from analysis.flamegraph.profile import (
+    TRUNCATED,
+    UNKNOWN,
+    Limits,
+    Profile,
+    clean_frame,
+    merge,
+)
 
 
 def test_add_sums_repeated_stacks_and_total_counts_every_sample():
