@@ -1,0 +1,454 @@
+"""Off-CPU time per target thread, with blocked-interval histograms and symbolised kernel stacks.
+
+Traces: `sched:sched_switch` only (a classic tracepoint; no kprobes, so it runs where bcc's own
+`offcputime` cannot, which needs `finish_task_switch`).
+
+How: at sched_switch the program runs in the context of the task switching *out* (prev). If prev
+belongs to a target, it stores (switch-out time, kernel [and user] stack id, tgid) in `start`
+keyed by tid. When a tid with a record switches *in* (next_pid), the record is claimed and the
+delta is added to cumulative per-thread and per-stack counters and to a log2 histogram of the
+whole blocked interval in microseconds. User space diffs the cumulative counters each window
+(diffing, unlike read-then-delete, loses no increment that lands between the read and the delete).
+
+Windows: off-CPU time belongs to the window in which it passes. At read() every still-open
+interval is cut at the window boundary T by a second BPF program (`cut_open`) that user space runs
+once per open record through BPF_PROG_TEST_RUN: it moves the record's `ts` to T with a
+compare-and-swap and accounts [ts, T]. The switch-in path claims its part with an atomic exchange
+of `ts` to 0, so each nanosecond is owned by exactly one of the two; see the C comments.
+
+Overhead: two hash lookups per context switch host-wide, plus a stack walk per target switch-out
+(the dominant cost; user stacks double it, hence off by default).
+
+Caveats: a thread already blocked when it becomes a target is not seen until it first switches
+out. Switch-ins that land while read() runs (microseconds to a few ms) count in the window being
+closed. User stacks of CPython stop at libc (no frame pointers); Python-level "where" comes from
+py-spy. Failed stack ids (-EEXIST on a stack-map hash collision, -EFAULT) are counted in health.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from analysis.window import Log2Histogram, OffCpuReading
+from probes.base import ProbeHealth, load_bpf, require_tracepoints
+from probes.errors import ProbeUnavailable
+
+TRACEPOINTS = ("sched:sched_switch",)
+
+BPF_TEXT = r"""
+#include <uapi/linux/ptrace.h>
+
+/* prev_state as the tracepoint reports it: X (EXIT_DEAD) or Z (EXIT_ZOMBIE) means the task is
+   leaving for good and never switches in again; recording it would leak a `start` entry. */
+#define EXITING_STATE 0x30
+
+struct start_t {
+    u64 ts;      /* start of the part not yet accounted; 0 once the switch-in claimed it */
+    u64 since;   /* switch-out time: the histogram measures the whole blocked interval */
+    u32 tgid;
+    int kstack;
+    int ustack;
+};
+
+struct thread_key_t { u32 tgid; u32 tid; };
+struct stack_key_t { u32 tgid; int kstack; int ustack; };
+struct hist_key_t { u32 tgid; u32 slot; };
+
+BPF_HASH(targets, u32, u8, MAX_TARGETS);
+BPF_HASH(start, u32, struct start_t, MAX_THREADS);
+BPF_HASH(thread_ns, struct thread_key_t, u64, MAX_THREADS);
+BPF_HASH(stack_ns, struct stack_key_t, u64, MAX_STACK_KEYS);
+BPF_HASH(hist, struct hist_key_t, u64, MAX_HIST_KEYS);
+BPF_STACK_TRACE(stacks, STACK_SLOTS);
+/* 0: kernel stack id failed, 1: user stack id failed, 2: start map full, 3: counter map full */
+BPF_ARRAY(failures, u64, 4);
+
+static inline void count_failure(int which) {
+    u64 *c = failures.lookup(&which);
+    if (c)
+        __sync_fetch_and_add(c, 1);
+}
+
+static inline u32 log2_slot(u64 v) {
+    u32 r = 0;
+    if (v >> 32) { v >>= 32; r += 32; }
+    if (v >> 16) { v >>= 16; r += 16; }
+    if (v >> 8) { v >>= 8; r += 8; }
+    if (v >> 4) { v >>= 4; r += 4; }
+    if (v >> 2) { v >>= 2; r += 2; }
+    if (v >> 1) { r += 1; }
+    return r;
+}
+
+static inline void add_ns(u32 tgid, u32 tid, int kstack, int ustack, u64 delta) {
+    u64 zero = 0;
+    struct thread_key_t tk = {.tgid = tgid, .tid = tid};
+    u64 *t = thread_ns.lookup_or_try_init(&tk, &zero);
+    if (t)
+        __sync_fetch_and_add(t, delta);
+    else
+        count_failure(3);
+    struct stack_key_t sk = {.tgid = tgid, .kstack = kstack, .ustack = ustack};
+    u64 *s = stack_ns.lookup_or_try_init(&sk, &zero);
+    if (s)
+        __sync_fetch_and_add(s, delta);
+    else
+        count_failure(3);
+}
+
+TRACEPOINT_PROBE(sched, sched_switch) {
+    u64 now = bpf_ktime_get_ns();
+    /* Switch-out: we are still in prev's context, so the current tgid is prev's. */
+    u32 prev_tgid = bpf_get_current_pid_tgid() >> 32;
+    u32 prev_tid = args->prev_pid;
+    if (prev_tid != 0 && targets.lookup(&prev_tgid)) {
+        if (args->prev_state & EXITING_STATE) {
+            start.delete(&prev_tid);
+        } else {
+            struct start_t rec = {.ts = now, .since = now, .tgid = prev_tgid};
+            rec.kstack = stacks.get_stackid(args, 0);
+            if (rec.kstack < 0)
+                count_failure(0);
+#ifdef USER_STACKS
+            rec.ustack = stacks.get_stackid(args, BPF_F_USER_STACK);
+            if (rec.ustack < 0)
+                count_failure(1);
+#else
+            rec.ustack = NO_STACK;
+#endif
+            if (start.update(&prev_tid, &rec))
+                count_failure(2);
+        }
+    }
+
+    /* Switch-in: only target threads have a record, so this lookup is the target filter. */
+    u32 next_tid = args->next_pid;
+    struct start_t *p = start.lookup(&next_tid);
+    if (!p)
+        return 0;
+    /* The exchange is the claim: cut_open() moves ts forward only with a compare-and-swap
+       against the value it read, so after this exchange it can no longer account any of it. */
+    u64 ts = __sync_lock_test_and_set(&p->ts, 0);
+    u64 since = p->since;
+    u32 tgid = p->tgid;
+    int kstack = p->kstack;
+    int ustack = p->ustack;
+    start.delete(&next_tid);
+    if (!targets.lookup(&tgid))
+        return 0;  /* untargeted while it was off-CPU */
+    if (ts != 0 && now > ts)
+        add_ns(tgid, next_tid, kstack, ustack, now - ts);
+    if (now > since) {
+        u64 zero = 0;
+        struct hist_key_t hk = {.tgid = tgid, .slot = log2_slot((now - since) / 1000)};
+        u64 *h = hist.lookup_or_try_init(&hk, &zero);
+        if (h)
+            __sync_fetch_and_add(h, 1);
+        else
+            count_failure(3);
+    }
+    return 0;
+}
+
+/* Run from user space (BPF_PROG_TEST_RUN) once per open record at each window boundary:
+   args[0] = tid, args[1] = boundary T (CLOCK_MONOTONIC ns). Accounts [ts, T] and moves ts to T.
+   Returns 0 when it accounted, 1 when there was nothing to cut. */
+int cut_open(struct bpf_raw_tracepoint_args *ctx) {
+    u32 tid = ctx->args[0];
+    u64 boundary = ctx->args[1];
+    struct start_t *p = start.lookup(&tid);
+    if (!p)
+        return 1;
+    u64 ts = p->ts;
+    if (ts == 0 || ts >= boundary)
+        return 1;
+    /* Fails when the thread switched in (ts became 0) or out again (a new ts) since the read. */
+    if (__sync_val_compare_and_swap(&p->ts, ts, boundary) != ts)
+        return 1;
+    add_ns(p->tgid, tid, p->kstack, p->ustack, boundary - ts);
+    return 0;
+}
+"""
+
+# A stack id no walk resolves: the value kept in records when user stacks are off.
+NO_STACK = -1
+# Kernel stack id of records opened by user space for threads blocked before they were targets.
+SEEDED_STACK = -1000
+BPF_NOEXIST = 1
+# /proc/PID/task/TID/stat states of a thread that is not on a CPU nor runnable.
+BLOCKED_STATES = frozenset("SDITt")
+BPF_PROG_TEST_RUN = 10
+BPF_SYSCALL_NR = {"x86_64": 321, "aarch64": 280}
+
+
+@dataclass(frozen=True)
+class OffCpuConfig:
+    max_targets: int = 64
+    max_threads: int = 16384
+    max_stack_keys: int = 16384
+    stack_slots: int = 16384
+    user_stacks: bool = False
+    top_stacks: int = 20
+
+    def __post_init__(self) -> None:
+        for name in ("max_targets", "max_threads", "max_stack_keys", "stack_slots", "top_stacks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"OffCpuConfig.{name} must be a positive int, got {value!r}")
+
+
+def render(config: OffCpuConfig) -> str:
+    defines = [
+        f"#define MAX_TARGETS {config.max_targets}",
+        f"#define MAX_THREADS {config.max_threads}",
+        f"#define MAX_STACK_KEYS {config.max_stack_keys}",
+        f"#define MAX_HIST_KEYS {config.max_targets * 64}",
+        f"#define STACK_SLOTS {config.stack_slots}",
+        f"#define NO_STACK ({NO_STACK})",
+    ]
+    if config.user_stacks:
+        defines.append("#define USER_STACKS 1")
+    return "\n".join(defines) + "\n" + BPF_TEXT
+
+
+class _TestRunAttr(ctypes.Structure):
+    """The BPF_PROG_TEST_RUN part of `union bpf_attr` (linux/bpf.h)."""
+
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
+                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
+                ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
+                ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
+                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+                ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64),
+                ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32),
+                ("batch_size", ctypes.c_uint32), ("_pad", ctypes.c_uint32)]
+
+
+class RawTracepointRunner:
+    """Runs a loaded raw-tracepoint program once with the given u64 args (kernel >= 5.10)."""
+
+    def __init__(self, prog_fd: int, machine: str | None = None) -> None:
+        machine = machine or platform.machine()
+        if machine not in BPF_SYSCALL_NR:
+            raise ProbeUnavailable(f"no bpf(2) syscall number known for architecture {machine!r}")
+        self._nr = BPF_SYSCALL_NR[machine]
+        self._fd = prog_fd
+        self._libc = ctypes.CDLL(None, use_errno=True)
+
+    def run(self, *args: int) -> int:
+        ctx = (ctypes.c_uint64 * len(args))(*args)
+        attr = _TestRunAttr(prog_fd=self._fd, ctx_size_in=ctypes.sizeof(ctx), ctx_in=ctypes.addressof(ctx))
+        if self._libc.syscall(self._nr, BPF_PROG_TEST_RUN, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
+            err = ctypes.get_errno()
+            raise ProbeUnavailable(f"BPF_PROG_TEST_RUN of a raw tracepoint program failed: {os.strerror(err)} "
+                                   f"(errno {err}; needs kernel >= 5.10)")
+        return attr.retval
+
+
+class OffCpuProbe:
+    name = "offcpu"
+
+    def __init__(self, config: OffCpuConfig | None = None, proc_root: Path = Path("/proc"),
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.config = config or OffCpuConfig()
+        self._proc = proc_root
+        # Must be CLOCK_MONOTONIC: boundaries are compared with bpf_ktime_get_ns() in the kernel.
+        self._clock = clock
+        self._bpf: Any = None
+        self._runner: RawTracepointRunner | None = None
+        self._targets: set[int] = set()
+        self._state = "stopped"
+        self._reason: str | None = None
+        # Cumulative counter values already handed out, per map key.
+        self._seen_threads: dict[tuple[int, int], int] = {}
+        self._seen_stacks: dict[tuple[int, int, int], int] = {}
+        self._seen_hist: dict[tuple[int, int], int] = {}
+        self._folded: dict[tuple[int, int, int], str] = {}
+
+    def start(self, targets: Iterable[int]) -> None:
+        if self._bpf is not None:
+            raise RuntimeError("offcpu probe already started; use set_targets() to change targets")
+        try:
+            require_tracepoints(TRACEPOINTS)
+            self._bpf = load_bpf(render(self.config))
+            bcc_mod = type(self._bpf)
+            cut = self._bpf.load_func(b"cut_open", bcc_mod.RAW_TRACEPOINT)
+            self._runner = RawTracepointRunner(cut.fd)
+            self._runner.run(0, 0)  # fail at start, not at the first read, where test runs are missing
+        except ProbeUnavailable as exc:
+            self._state, self._reason = "failed", str(exc)
+            self.stop(keep_reason=True)
+            raise
+        self._state, self._reason = "running", None
+        self.set_targets(targets)
+
+    def set_targets(self, targets: Iterable[int]) -> None:
+        wanted = {int(t) for t in targets}
+        if len(wanted) > self.config.max_targets:
+            raise ValueError(f"{len(wanted)} targets exceed OffCpuConfig.max_targets={self.config.max_targets}")
+        if self._bpf is None:
+            self._targets = wanted
+            return
+        table = self._bpf[b"targets"]
+        for tgid in self._targets - wanted:
+            self._drop_target(tgid)
+        for tgid in wanted - self._targets:
+            table[table.Key(tgid)] = table.Leaf(1)
+            self._seed_blocked(tgid)
+        self._targets = wanted
+
+    def read(self) -> dict[int, OffCpuReading]:
+        if self._bpf is None or self._runner is None:
+            raise RuntimeError("offcpu probe is not running; call start() first")
+        boundary = self._clock()
+        start = self._bpf[b"start"]
+        for key in list(start.keys()):
+            self._runner.run(key.value, boundary)
+        for tgid in [t for t in self._targets if not (self._proc / str(t)).exists()]:
+            self._drop_target(tgid)
+            self._targets.discard(tgid)
+        readings = {tgid: OffCpuReading() for tgid in self._targets}
+        self._read_threads(readings)
+        self._read_hist(readings)
+        self._read_stacks(readings)
+        return readings
+
+    def stop(self, keep_reason: bool = False) -> None:
+        if self._bpf is not None:
+            self._bpf.cleanup()
+            self._bpf = None
+        self._runner = None
+        if not keep_reason:
+            self._state, self._reason = "stopped", None
+
+    def health(self) -> ProbeHealth:
+        failed = lost = 0
+        if self._bpf is not None:
+            counts = [v.value for v in self._bpf[b"failures"].values()]
+            failed, lost = counts[0] + counts[1], counts[2] + counts[3]
+        return ProbeHealth(name=self.name, state=self._state, reason=self._reason, targets=len(self._targets),
+                           lost_events=lost, failed_stacks=failed)
+
+    def _read_threads(self, readings: dict[int, OffCpuReading]) -> None:
+        table = self._bpf[b"thread_ns"]
+        for key, value in table.items():
+            ident = (key.tgid, key.tid)
+            delta = value.value - self._seen_threads.get(ident, 0)
+            self._seen_threads[ident] = value.value
+            if key.tgid in readings and delta:
+                reading = readings[key.tgid]
+                reading.by_thread[key.tid] = reading.by_thread.get(key.tid, 0.0) + delta / 1e9
+                reading.seconds += delta / 1e9
+            # A thread that is gone gets no further increments, so its key can go once read.
+            if key.tgid not in self._targets or not (self._proc / str(key.tgid) / "task" / str(key.tid)).exists():
+                del table[key]
+                self._seen_threads.pop(ident, None)
+        stale = self._bpf[b"start"]
+        for key, rec in list(stale.items()):
+            if rec.tgid not in self._targets or not (self._proc / str(rec.tgid) / "task" / str(key.value)).exists():
+                del stale[key]
+
+    def _read_hist(self, readings: dict[int, OffCpuReading]) -> None:
+        slots: dict[int, dict[int, int]] = {}
+        for key, value in self._bpf[b"hist"].items():
+            ident = (key.tgid, key.slot)
+            delta = value.value - self._seen_hist.get(ident, 0)
+            self._seen_hist[ident] = value.value
+            if key.tgid in readings and delta:
+                slots.setdefault(key.tgid, {})[key.slot] = delta
+        for tgid, by_slot in slots.items():
+            readings[tgid].histogram = Log2Histogram.from_slots(by_slot, unit="us")
+
+    def _read_stacks(self, readings: dict[int, OffCpuReading]) -> None:
+        per_target: dict[int, dict[str, int]] = {}
+        for key, value in self._bpf[b"stack_ns"].items():
+            ident = (key.tgid, key.kstack, key.ustack)
+            delta = value.value - self._seen_stacks.get(ident, 0)
+            self._seen_stacks[ident] = value.value
+            if key.tgid not in readings or delta <= 0:
+                continue
+            folded = self._fold(*ident)
+            stacks = per_target.setdefault(key.tgid, {})
+            stacks[folded] = stacks.get(folded, 0) + delta
+        for tgid, stacks in per_target.items():
+            top = sorted(stacks.items(), key=lambda kv: kv[1], reverse=True)[: self.config.top_stacks]
+            readings[tgid].stacks = {folded: ns // 1000 for folded, ns in top}
+
+    def _fold(self, tgid: int, kstack: int, ustack: int) -> str:
+        """'user;frames;-;kernel;frames', root first; ids are stable because `stacks` is never cleared."""
+        ident = (tgid, kstack, ustack)
+        if ident in self._folded:
+            return self._folded[ident]
+        table = self._bpf[b"stacks"]
+        if kstack == SEEDED_STACK:
+            kernel = ["[blocked since before tracing]"]
+        elif kstack < 0:
+            kernel = [f"[kernel stack failed: {kstack}]"]
+        else:
+            kernel = [self._bpf.ksym(a).decode(errors="replace") for a in table.walk(kstack)]
+        frames = list(reversed(kernel))
+        if self.config.user_stacks:
+            user = ([self._bpf.sym(a, tgid).decode(errors="replace") for a in table.walk(ustack)]
+                    if ustack >= 0 else [f"[user stack failed: {ustack}]"])
+            frames = list(reversed(user)) + ["-"] + frames
+        folded = ";".join(frames)
+        self._folded[ident] = folded
+        return folded
+
+    def _seed_blocked(self, tgid: int) -> None:
+        """Open a record for each thread already blocked, else its time stays unseen until it runs.
+
+        Race: a thread that wakes between the state read and the insert gets a record although it
+        runs; its next switch-out overwrites it, so at most that stretch is miscounted, and only if
+        a window boundary falls inside it. NOEXIST keeps a real record written meanwhile.
+        """
+        start = self._bpf[b"start"]
+        now = self._clock()
+        for tid in _blocked_threads(self._proc / str(tgid) / "task"):
+            leaf = start.Leaf(now, now, tgid, SEEDED_STACK, NO_STACK)
+            _insert_if_absent(start, start.Key(tid), leaf)
+
+    def _drop_target(self, tgid: int) -> None:
+        """Forget a target's counters; the kernel side stops counting once it leaves `targets`."""
+        targets = self._bpf[b"targets"]
+        key = targets.Key(tgid)
+        if key in targets:
+            del targets[key]
+        for name, seen in ((b"thread_ns", self._seen_threads), (b"stack_ns", self._seen_stacks),
+                           (b"hist", self._seen_hist)):
+            table = self._bpf[name]
+            for k in [k for k in table.keys() if k.tgid == tgid]:
+                del table[k]
+            for ident in [i for i in seen if i[0] == tgid]:
+                del seen[ident]
+        self._folded = {i: f for i, f in self._folded.items() if i[0] != tgid}
+
+
+def _blocked_threads(task_dir: Path) -> list[int]:
+    tids = []
+    try:
+        entries = list(task_dir.iterdir())
+    except FileNotFoundError:
+        return tids
+    for entry in entries:
+        try:
+            stat = (entry / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited while we listed it
+        # The state follows the parenthesised comm, which may itself contain ')'.
+        if stat[stat.rindex(")") + 2] in BLOCKED_STATES:
+            tids.append(int(entry.name))
+    return tids
+
+
+def _insert_if_absent(table: Any, key: Any, leaf: Any) -> None:
+    from bcc.libbcc import lib  # noqa: PLC0415 - bcc is imported only once a probe loads
+
+    # EEXIST is the expected outcome when the kernel wrote a real record first.
+    lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)
