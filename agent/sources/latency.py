@@ -59,7 +59,9 @@ def parse_histogram(text: str, metric: str) -> HistogramSnapshot:
                     snap.counts[key] = s.value
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise ReadingError(f"malformed Prometheus text while looking for {metric!r}: {exc}") from exc
-    if not snap.buckets:
+    if not snap.buckets and metric not in names:
+        # A declared histogram with no series yet (labelled, nothing observed since start) is
+        # an empty reading, not an error.
         shown = ", ".join(sorted(set(names))[:8]) or "nothing"
         raise ReadingError(f"histogram {metric!r} not found (the endpoint exposes {shown})")
     for key, buckets in snap.buckets.items():
@@ -163,7 +165,7 @@ class LatencySource:
         self._resets += resets
         requests = buckets.get(math.inf, 0.0)
         elapsed = now - prev_at
-        p50, p95, p99 = (histogram_quantile(q, buckets) for q in QUANTILES)
+        p50, p95, p99 = (histogram_quantile(q, buckets) if buckets else None for q in QUANTILES)
         return LatencyReading(p50_seconds=p50, p95_seconds=p95, p99_seconds=p99, requests=requests,
                               request_rate=requests / elapsed if elapsed > 0 else 0.0)
 
