@@ -367,7 +367,6 @@ def _check_one(component: str, st: os.stat_result, *, final: bool, path: Path, w
     elif mode & stat_mod.S_IWGRP and st.st_gid != 0 and not sticky_dir:
         why = f"is writable by group {st.st_gid} (mode {stat_mod.S_IMODE(mode):04o})"
     if why:
-        shown = "" if component == str(path) else f": {component!r} "
-        subject = f"{shown}{why}" if shown else f" {why}"
-        raise UntrustedPath(f"refusing {what} {str(path)!r}{subject}; a root daemon must not take orders "
-                            f"from other users (chown root and chmod go-w)")
+        subject = "it" if component == os.path.abspath(path) else repr(component)
+        raise UntrustedPath(f"refusing {what} {str(path)!r}: {subject} {why}; a root daemon must not take "
+                            f"orders from other users (chown root and chmod go-w)")

@@ -227,7 +227,7 @@ def test_world_writable_config_file_is_refused(conf_dir: Path) -> None:
     path.chmod(0o666)
     with pytest.raises(UntrustedPath) as info:
         load_config(path)
-    assert str(info.value) == (f"refusing config file {str(path)!r} is writable by every user (mode 0666); "
+    assert str(info.value) == (f"refusing config file {str(path)!r}: it is writable by every user (mode 0666); "
                                "a root daemon must not take orders from other users (chown root and chmod go-w)")
 
 
@@ -253,7 +253,7 @@ def test_file_owned_by_another_user_is_refused(conf_dir: Path) -> None:
         pytest.skip("chown to another user needs root (CI runs as root)")
     path = write(conf_dir, "")
     os.chown(path, 65534, 65534)
-    with pytest.raises(UntrustedPath, match=r"refusing config file '.*' is owned by uid 65534"):
+    with pytest.raises(UntrustedPath, match=r"refusing config file '.*': it is owned by uid 65534"):
         load_config(path)
 
 

@@ -117,7 +117,7 @@ def test_store_is_wal_full_and_dir_is_private(store_dir: Path) -> None:
 def test_world_writable_store_dir_is_refused(store_dir: Path) -> None:
     store_dir.mkdir()
     store_dir.chmod(0o777)
-    with pytest.raises(UntrustedPath, match=rf"refusing store directory '{store_dir}' is writable by every user"):
+    with pytest.raises(UntrustedPath, match=rf"refusing store directory '{store_dir}': it is writable by every user"):
         Store.open(store_dir)
 
 

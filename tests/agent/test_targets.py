@@ -119,7 +119,7 @@ def test_world_writable_pidfile_or_dir_is_refused(tmp_path: Path) -> None:
     pidfile.chmod(0o644)
     assert read_pidfile(pidfile) == os.getpid()
     pidfile.chmod(0o666)
-    with pytest.raises(UntrustedPath, match=r"refusing pidfile '.*w\.pid' is writable by every user \(mode 0666\)"):
+    with pytest.raises(UntrustedPath, match=r"refusing pidfile '.*w\.pid': it is writable by every user \(mode 0666\)"):
         read_pidfile(pidfile)
     pidfile.chmod(0o644)
     run.chmod(0o777)
