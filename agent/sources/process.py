@@ -45,6 +45,9 @@ class ProcessSource:
             with self._proc.oneshot():
                 if self._proc.create_time() != self._created:
                     raise psutil.NoSuchProcess(self.pid, msg="pid was reused by another process")
+                if self._proc.status() == psutil.STATUS_ZOMBIE:
+                    # psutil still answers for an exited, unreaped process: its figures are all stale.
+                    raise psutil.ZombieProcess(self.pid, msg="exited (zombie, not yet reaped)")
                 now = self._counters()
                 reading = ProcessReading(
                     cpu_seconds=max(0.0, now.cpu_seconds - self._prev.cpu_seconds),

@@ -1,0 +1,104 @@
+"""ProcessSource on a real child whose CPU, fds, threads and sleeps are known."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+
+from agent.sources.process import ProcessSource
+from probes.errors import TargetGone
+
+CHILD = textwrap.dedent("""
+    import os, sys, threading, time
+    sys.stdin.readline()                       # wait for "go": the test takes its baseline first
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(int(sys.argv[1]))]
+    for _ in range(int(sys.argv[3])):
+        time.sleep(0.002)                      # each sleep is one voluntary context switch at least
+    start = time.process_time()
+    while time.process_time() - start < float(sys.argv[2]):
+        pass
+    stop = threading.Event()
+    workers = [threading.Thread(target=stop.wait) for _ in range(int(sys.argv[4]))]
+    for w in workers:
+        w.start()
+    print(time.process_time() - start, flush=True)
+    sys.stdin.readline()
+    stop.set()
+""")
+
+EXTRA_FDS, BURN_S, SLEEPS, THREADS = 25, 0.6, 50, 3
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(EXTRA_FDS), str(BURN_S), str(SLEEPS), str(THREADS)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime straight from /proc/PID/stat: the ground truth psutil must agree with."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_deltas_match_the_childs_known_behaviour(child: subprocess.Popen) -> None:
+    fds_before = len(os.listdir(f"/proc/{child.pid}/fd"))
+    cpu_before = proc_cpu_seconds(child.pid)
+    src = ProcessSource(child.pid)
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    burned = float(child.stdout.readline())
+    reading = src.read()
+    cpu_after = proc_cpu_seconds(child.pid)
+
+    assert burned >= BURN_S
+    # At least the busy loop, at most it plus the interpreter's work around it (fd opens, sleeps).
+    assert burned - 0.02 <= reading.cpu_seconds <= burned + 0.15, (reading.cpu_seconds, burned)
+    assert reading.cpu_seconds == pytest.approx(cpu_after - cpu_before, abs=0.03)
+    assert reading.fds == fds_before + EXTRA_FDS == len(os.listdir(f"/proc/{child.pid}/fd"))
+    assert reading.threads == 1 + THREADS
+    assert reading.voluntary_ctx_switches >= SLEEPS
+    assert reading.rss_bytes > 5 * 2**20
+
+    again = src.read()
+    assert again.cpu_seconds < 0.05, "cpu seconds are a delta, not a running total"
+    assert again.voluntary_ctx_switches < SLEEPS
+
+
+def test_gone_target_raises_target_gone_and_counts(child: subprocess.Popen) -> None:
+    src = ProcessSource(child.pid)
+    child.kill()
+    child.wait()
+    with pytest.raises(TargetGone, match=str(child.pid)):
+        src.read()
+    health = src.health()
+    assert health.state == "error" and health.errors == 1
+
+
+def test_zombie_target_is_gone(child: subprocess.Popen) -> None:
+    src = ProcessSource(child.pid)
+    child.kill()
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+    with pytest.raises(TargetGone):
+        src.read()
+
+
+def test_missing_pid_at_construction_is_target_gone() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    with pytest.raises(TargetGone, match=str(proc.pid)):
+        ProcessSource(proc.pid)
+
+
+def test_bad_pid_quotes_the_value() -> None:
+    with pytest.raises(ValueError, match="-3"):
+        ProcessSource(-3)
