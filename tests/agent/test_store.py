@@ -378,3 +378,40 @@ def test_sqlite_file_is_readable_by_plain_sqlite3(store_dir: Path) -> None:
     (data,) = conn.execute("SELECT data FROM windows").fetchone()
     assert '"target":"t"' in data and "active" not in data  # stacks live in profiles, not twice
     conn.close()
+
+
+def test_retention_on_another_thread_while_writing_and_reading(store_dir: Path) -> None:
+    s = Store.open(store_dir)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def retention() -> None:
+        try:
+            while not done.is_set():
+                s.apply_retention(now=1000.0 + 5 * 60, max_age_s=5 * 20)  # keep windows ending in the last 100 s
+        except (AssertionError, sqlite3.Error, StoreError) as exc:
+            errors.append(exc)
+
+    def reader() -> None:
+        try:
+            while not done.is_set():
+                for w in s.windows(with_profiles=True):
+                    assert w == make_window(int((w.start - 1000) // 5))
+        except (AssertionError, sqlite3.Error, StoreError) as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=retention), threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(60):
+            s.add_window(make_window(i))
+    finally:
+        done.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors[0]
+    s.apply_retention(now=1000.0 + 5 * 60, max_age_s=5 * 20)
+    # Window i ends at 1005 + 5i; those ending at or after 1200 survive: i >= 39.
+    assert [int((w.start - 1000) // 5) for w in s.windows()] == list(range(39, 60))
+    s.close()
