@@ -149,17 +149,25 @@ class Store:
         path = directory / DB_NAME
         try:
             conn = _connect(path)
-            _migrate(conn, tuple(migrations), path)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open store {str(path)!r}: {exc}") from None
+        try:
+            _migrate(conn, tuple(migrations), path)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise StoreError(f"cannot open store {str(path)!r}: {exc}") from None
+        except StoreError:
+            conn.close()
+            raise
         return cls(path, conn, clock)
 
-    # ---- writing (one thread) --------------------------------------------------------------------------
+    # ---- writing (serialized by the lock) ---------------------------------------------------------------
 
     def add_window(self, window: Window) -> int:
         """Store one window and its profiles in one transaction; returns its id once committed."""
         data, profiles = _split_profiles(window)
         text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+        blobs = [(kind, encode_folded(stacks)) for kind, stacks in profiles.items()]
         with self._lock:
             conn = self._write
             conn.execute("BEGIN IMMEDIATE")
@@ -171,7 +179,7 @@ class Store:
                     (window.target, window.pid, window.start, window.end, text))
                 window_id = int(cur.lastrowid)
                 conn.executemany("INSERT INTO profiles(window_id, kind, folded) VALUES (?, ?, ?)",
-                                 [(window_id, kind, encode_folded(st)) for kind, st in profiles.items()])
+                                 [(window_id, kind, blob) for kind, blob in blobs])
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
