@@ -23,6 +23,7 @@ is the same as snapshot-then-clear but exact.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 import time
 from collections import deque
@@ -197,6 +198,31 @@ class TargetSlots:
         return slot
 
 
+# struct bpf_prog_info (uapi linux/bpf.h, kernel >= 5.12): recursion_misses is a u64 at byte 208.
+PROG_INFO_SIZE = 232
+RECURSION_MISSES_OFFSET = 208
+
+
+def recursion_misses(bpf: Any) -> int:
+    """Events the kernel skipped because a BPF program was already running on that CPU, summed over `bpf`'s programs.
+
+    Classic tracepoint programs share one per-CPU guard with every kprobe/tracepoint program
+    on the host (another tool's sched_switch program can hide our sched_wakeup); raw
+    tracepoints only guard against themselves. Either way the kernel counts the miss.
+    """
+    from bcc.libbcc import lib  # noqa: PLC0415 - bcc is imported lazily (LLVM costs ~76 MB)
+
+    total = 0
+    for fn in bpf.funcs.values():
+        info = (ctypes.c_uint8 * PROG_INFO_SIZE)()
+        size = ctypes.c_uint32(PROG_INFO_SIZE)
+        if lib.bpf_obj_get_info(fn.fd, ctypes.byref(info), ctypes.byref(size)) != 0:
+            raise ProbeUnavailable(f"BPF_OBJ_GET_INFO_BY_FD failed for program {fn.name!r} (fd {fn.fd})")
+        if size.value >= RECURSION_MISSES_OFFSET + 8:
+            total += int.from_bytes(bytes(info[RECURSION_MISSES_OFFSET:RECURSION_MISSES_OFFSET + 8]), "little")
+    return total
+
+
 def _percpu_sum(values: Any) -> int:
     return int(sum(values))
 
@@ -261,7 +287,7 @@ class SyscallsProbe:
             readings[tgid] = self._reading(slot, counts, latency)
         self._counts_seen = counts
         self._latency_seen.update(latency)
-        self._health.lost_events = _percpu_sum(self._bpf[b"lost"][0])
+        self._health.lost_events = _percpu_sum(self._bpf[b"lost"][0]) + recursion_misses(self._bpf)
         return readings
 
     def stop(self) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -65,15 +67,16 @@ int main(int argc, char **argv)
 """
 
 
-def run_delay_ns(pid: int) -> int:
-    """Sum of the kernel's per-thread run_delay (schedstat field 2): time spent waiting on a run queue."""
-    total = 0
+def schedstat(pid: int) -> tuple[int, int]:
+    """The kernel's own accounting summed over threads: (run_delay ns waiting on a run queue, arrivals on a CPU)."""
+    delay = arrivals = 0
     for tid in thread_ids(pid):
         try:
-            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+            fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
         except FileNotFoundError:
             continue  # the thread exited between listing and reading
-    return total
+        delay, arrivals = delay + int(fields[1]), arrivals + int(fields[2])
+    return delay, arrivals
 
 
 @pytest.fixture
@@ -112,12 +115,50 @@ def _go(target: subprocess.Popen) -> None:
     target.stdin.flush()
 
 
+@contextlib.contextmanager
+def _frozen(pid: int):
+    """Stop every thread of `pid` so that the probe and schedstat are read at the same point of its life."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while not all(_state(pid, tid) in ("T", "t") for tid in thread_ids(pid)):
+            assert time.monotonic() < deadline, f"{pid} did not stop within 10 s"
+            time.sleep(0.005)
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def _state(pid: int, tid: int) -> str:
+    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
 def _measure(probe: RunqlatProbe, pid: int, seconds: float):
-    probe.read()
-    before = run_delay_ns(pid)
+    with _frozen(pid):
+        probe.read()
+        delay0, arrivals0 = schedstat(pid)
+        missed0 = probe.health().lost_events
     time.sleep(seconds)
-    reading = probe.read()[pid]
-    return reading, (run_delay_ns(pid) - before) / 1e9
+    with _frozen(pid):
+        reading = probe.read()[pid]
+        delay1, arrivals1 = schedstat(pid)
+        missed1 = probe.health().lost_events
+    return reading, (delay1 - delay0) / 1e9, arrivals1 - arrivals0, missed1 - missed0
+
+
+def _assert_matches_schedstat(reading, truth_seconds: float, arrivals: int, missed: int) -> None:
+    waits = reading.histogram.total()
+    # Every arrival on a CPU ends one wait; the target is stopped while both are read. A
+    # wakeup the kernel skipped (another BPF program ran on that CPU) is a counted miss.
+    # schedstat counts ~0.6% more arrivals than the switch tracepoint shows for these threads
+    # (checked: every traced switch-in of a target thread found its start entry).
+    assert waits <= arrivals + 2, (waits, arrivals)
+    assert abs(waits + missed - arrivals) <= 0.01 * arrivals + 5, (waits, missed, arrivals)
+    # The scheduler stamps with rq_clock, updated at the top of __schedule, before the
+    # switch tracepoint: measured a few us (3-9 us on this VM under load) per wait.
+    slack = 0.05 * truth_seconds + waits * 20e-6
+    assert abs(reading.total_seconds - truth_seconds) <= slack, (reading.total_seconds, truth_seconds, waits)
 
 
 # --- without root ------------------------------------------------------------------------
@@ -162,12 +203,14 @@ def test_latency_rises_when_hogs_share_the_core_and_matches_schedstat(require_bp
     _go(target)  # its two threads are born while the probe runs: learnt in the kernel
     time.sleep(0.3)
 
-    quiet, quiet_truth = _measure(probe, target.pid, 2.0)
+    quiet, quiet_truth, quiet_arrivals, quiet_missed = _measure(probe, target.pid, 2.0)
     for _ in range(3):
         hog = procs(str(binary), "hog")
         os.sched_setaffinity(hog.pid, {cpu})
+        # Heavier than the target: the contention must stand out from other load on a shared host.
+        os.setpriority(os.PRIO_PROCESS, hog.pid, -10)
     time.sleep(0.3)
-    loaded, loaded_truth = _measure(probe, target.pid, 2.0)
+    loaded, loaded_truth, loaded_arrivals, loaded_missed = _measure(probe, target.pid, 2.0)
 
     assert quiet.histogram.unit == "us"
     assert quiet.histogram.total() > 500, quiet
@@ -176,10 +219,8 @@ def test_latency_rises_when_hogs_share_the_core_and_matches_schedstat(require_bp
     loaded_mean = loaded.total_seconds / loaded.histogram.total()
     assert loaded_mean >= 3 * quiet_mean, (quiet_mean, loaded_mean)
     assert loaded.histogram.quantile(0.9) >= 3 * quiet.histogram.quantile(0.9), (quiet, loaded)
-    # Independent truth: the scheduler's own run-queue wait accounting for the same threads.
-    for got, truth in ((quiet.total_seconds, quiet_truth), (loaded.total_seconds, loaded_truth)):
-        assert abs(got - truth) <= 0.10 * truth + 0.002, (got, truth)
-    assert probe.health().lost_events == 0
+    _assert_matches_schedstat(quiet, quiet_truth, quiet_arrivals, quiet_missed)
+    _assert_matches_schedstat(loaded, loaded_truth, loaded_arrivals, loaded_missed)
 
 
 @pytest.mark.bpf
