@@ -42,6 +42,7 @@ class Netloss:
     """Install or remove the loss table for one port."""
 
     def __init__(self, port: int, percent: int = 30, runner: Runner = run_nft) -> None:
+        ruleset(port, percent)  # validates both now, not at the first switch-on
         self.port = port
         self.percent = percent
         self.runner = runner

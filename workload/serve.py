@@ -54,7 +54,7 @@ def serve(args: argparse.Namespace) -> int:
     apps: list = []
     server = create_server(lambda environ, start: apps[0](environ, start), host=args.host, port=args.port, threads=args.http_threads,
                            channel_timeout=30, clear_untrusted_proxy_headers=True)
-    port = server.effective_port
+    port = int(server.effective_port)
     faults = build_faults(scheduler, port, FaultTuning(),
                           lambda name, active: metrics.fault_active.labels(name).set(int(active)))
     for name in faults.faults:
@@ -67,17 +67,18 @@ def serve(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
-    scheduler.start()
-    if args.pidfile:
-        args.pidfile.write_text(f"{os.getpid()}\n")
-    url = f"http://{server.effective_host}:{port}"
-    print(f"workload: serving {config.name} on {device} at {url} (metrics {url}/metrics) pid {os.getpid()}",
-          flush=True)
     try:
-        server.run()
+        scheduler.start()
+        if args.pidfile:
+            args.pidfile.write_text(f"{os.getpid()}\n")
+        url = f"http://{server.effective_host}:{port}"
+        print(f"workload: serving {config.name} on {device} at {url} (metrics {url}/metrics) pid {os.getpid()}",
+              flush=True)
+        server.run()  # waitress returns from run() on KeyboardInterrupt
     except KeyboardInterrupt:
-        log.info("shutting down")
+        pass  # a signal before run() started: shut down the same way
     finally:
+        log.info("shutting down")
         faults.all_off()
         scheduler.stop()
         server.close()

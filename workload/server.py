@@ -197,8 +197,13 @@ def debug() -> Response:
     })
 
 
+def _internal_error(exc: Exception) -> Response:
+    return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+
 def create_app(serving: Serving) -> Flask:
     app = Flask(__name__)
+    app.register_error_handler(500, _internal_error)
     app.config["SERVING"] = serving
     app.register_blueprint(api)
     app.register_blueprint(admin)

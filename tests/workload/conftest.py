@@ -30,6 +30,7 @@ class ServerProcess:
 
 
 def start_server(tmp: Path, *extra: str, timeout: float = 60.0) -> ServerProcess:
+    tmp.mkdir(parents=True, exist_ok=True)
     pidfile = tmp / "workload.pid"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("WORKLOAD_ADMIN_TOKEN", None)
@@ -73,6 +74,20 @@ def stop_server(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+@pytest.fixture
+def server_factory(tmp_path) -> Iterator:
+    """Starts extra servers with their own flags; all are stopped after the test."""
+    started: list[ServerProcess] = []
+
+    def make(*extra: str) -> ServerProcess:
+        started.append(start_server(tmp_path / f"s{len(started)}", *extra))
+        return started[-1]
+
+    yield make
+    for each in started:
+        stop_server(each.proc)
 
 
 @pytest.fixture(scope="module")

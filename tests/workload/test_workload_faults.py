@@ -1,0 +1,196 @@
+"""Each fault switch toggles and moves its own ground-truth signal, read outside the agent."""
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from workload.client import complete, debug, set_fault
+from workload.netloss import table_name
+
+pytestmark = pytest.mark.workload
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 40  # decode steps per measured burst: one request of this many tokens
+
+
+def burst(url: str, requests: int = 1, tokens: int = STEPS, prompt: str = "measure me") -> list:
+    results: list = [None] * requests
+
+    def run(i: int) -> None:
+        results[i] = complete(url, prompt, tokens, temperature=0.0, timeout=120)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(150)
+    assert all(r is not None and r.ok for r in results), [r.error for r in results if r]
+    return results
+
+
+def delta(read: Callable[[], float], action: Callable[[], object]) -> float:
+    before = read()
+    action()
+    return read() - before
+
+
+def proc_io_syscr(pid: int) -> int:
+    text = Path(f"/proc/{pid}/io").read_text()
+    return int(re.search(r"^syscr:\s+(\d+)", text, re.M).group(1))
+
+
+def thread_status(pid: int, tid: int, field: str) -> int:
+    text = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    return int(re.search(rf"^{field}:\s+(\d+)", text, re.M).group(1))
+
+
+def run_delay_ns(pid: int, tid: int) -> int:
+    # schedstat: on-CPU ns, run-queue wait ns, timeslices (Documentation/scheduler/sched-stats.rst)
+    return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[1])
+
+
+def tcp_retrans_segs() -> int:
+    lines = [line.split() for line in Path("/proc/net/snmp").read_text().splitlines() if line.startswith("Tcp:")]
+    return int(lines[1][lines[0].index("RetransSegs")])
+
+
+@pytest.fixture
+def fault(server):
+    switched: list[str] = []
+
+    def toggle(name: str, on: bool) -> None:
+        set_fault(server.url, name, on, server.token)
+        switched.append(name)
+
+    yield toggle
+    for name in switched:
+        set_fault(server.url, name, False, server.token)
+
+
+def test_gc_fault_multiplies_collections(server, fault) -> None:
+    def gen0() -> float:
+        return debug(server.url, server.token)["gc"]["collections"][0]
+
+    off = delta(gen0, lambda: burst(server.url))
+    fault("gc", True)
+    on = delta(gen0, lambda: burst(server.url))
+    # 4000 cycles x 2 tracked objects per step, gen0 threshold 700: >= 10 collections per step.
+    assert on >= 10 * STEPS, (off, on)
+    assert on > 20 * max(off, 1)
+
+
+def test_syscall_fault_adds_reads_per_step(server, fault) -> None:
+    off = delta(lambda: proc_io_syscr(server.pid), lambda: burst(server.url))
+    fault("syscall", True)
+    on = delta(lambda: proc_io_syscr(server.pid), lambda: burst(server.url))
+    assert on - off >= 0.9 * 3000 * STEPS, (off, on)
+
+
+def test_lock_fault_makes_the_scheduler_wait_on_the_lock(server, fault) -> None:
+    tid = debug(server.url, server.token)["scheduler_tid"]
+
+    def waited() -> float:
+        return debug(server.url, server.token)["lock_wait_seconds"]
+
+    def switches() -> float:
+        return thread_status(server.pid, tid, "voluntary_ctxt_switches")
+
+    off_wait = delta(waited, lambda: burst(server.url))
+    off_switches = delta(switches, lambda: burst(server.url))
+    fault("lock", True)
+    on_wait = delta(waited, lambda: burst(server.url))
+    on_switches = delta(switches, lambda: burst(server.url))
+    assert on_wait > 0.1 and on_wait > 10 * off_wait, (off_wait, on_wait)
+    # Blocking on a held lock is a futex wait: the scheduler thread sleeps voluntarily far more often.
+    assert on_switches > off_switches + STEPS // 4, (off_switches, on_switches)
+
+
+def test_nocache_fault_keeps_tokens_and_raises_latency(server, fault) -> None:
+    prompt = "a long prompt to recompute " * 12
+    pairs = []
+    reference = None
+    for _ in range(3):
+        off = burst(server.url, prompt=prompt, tokens=64)[0]
+        fault("nocache", True)
+        assert debug(server.url, server.token)["use_cache"] is False
+        on = burst(server.url, prompt=prompt, tokens=64)[0]
+        fault("nocache", False)
+        reference = reference or off.token_ids
+        assert on.token_ids == off.token_ids == reference
+        pairs.append(on.latency_s / off.latency_s)
+    assert statistics.median(pairs) > 1.5, pairs
+
+
+@pytest.mark.root
+def test_netloss_fault_drops_packets_and_causes_retransmits(server, fault, require_root) -> None:
+    port = int(server.url.rsplit(":", 1)[1])
+    fault("netloss", True)
+    listed = subprocess.run(["nft", "list", "table", "inet", table_name(port)], capture_output=True, text=True)
+    assert listed.returncode == 0 and f"dport {port}" in listed.stdout
+    retrans_before = tcp_retrans_segs()
+    burst(server.url, requests=4, tokens=60)
+    dropped = sum(int(n) for n in re.findall(r"packets (\d+)", subprocess.run(
+        ["nft", "list", "table", "inet", table_name(port)], capture_output=True, text=True).stdout))
+    assert dropped > 0
+    assert tcp_retrans_segs() > retrans_before
+    set_fault(server.url, "netloss", False, server.token)
+    gone = subprocess.run(["nft", "list", "table", "inet", table_name(port)], capture_output=True, text=True)
+    assert gone.returncode != 0, "netloss table still present after switching off"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+
+
+def test_cpuhog_fault_raises_run_queue_delay_and_cleans_up(server, fault) -> None:
+    tid = debug(server.url, server.token)["scheduler_tid"]
+    off = delta(lambda: run_delay_ns(server.pid, tid), lambda: burst(server.url))
+    fault("cpuhog", True)
+    pids = debug(server.url, server.token)["cpuhog_pids"]
+    assert len(pids) == 2 * len(os.sched_getaffinity(server.pid))
+    assert all(os.sched_getaffinity(p) == os.sched_getaffinity(server.pid) for p in pids)
+    on = delta(lambda: run_delay_ns(server.pid, tid), lambda: burst(server.url))
+    assert on > 3 * off and on > 20_000_000, (off, on)
+    set_fault(server.url, "cpuhog", False, server.token)
+    assert not any(_alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_cpuhog_dies_with_the_server(server_factory, how: str) -> None:
+    doomed = server_factory()
+    set_fault(doomed.url, "cpuhog", True, doomed.token)
+    pids = debug(doomed.url, doomed.token)["cpuhog_pids"]
+    assert pids and all(_alive(p) for p in pids)
+    if how == "SIGTERM":
+        doomed.proc.terminate()
+    else:
+        doomed.proc.kill()
+    doomed.proc.wait(15)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), f"hogs outlived the server after {how}"
+
+
+def test_fault_cli_round_trip(server) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "workload", "fault", *args, "--url", server.url],
+                              cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    assert cli("gc", "on", "--token", server.token).returncode == 0
+    assert debug(server.url, server.token)["faults"]["gc"] is True
+    denied = cli("gc", "off", "--token", "wrong")
+    assert denied.returncode == 1 and "401" in denied.stderr
+    assert cli("gc", "off", "--token", server.token).returncode == 0
+    assert debug(server.url, server.token)["faults"]["gc"] is False
