@@ -1,9 +1,55 @@
-"""The `infersight` command line: one subcommand per user task, argument errors exit 2."""
+"""The `infersight` command line: one subcommand per user task; bad arguments give one line and exit 2."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
+from typing import NoReturn
+
+EXIT_USAGE = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (no usage dump) so it reads well in logs and scripts."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _ranged(kind, lo: float, hi: float):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be within [{lo:g}, {hi:g}], got {text!r}")
+        return value
+
+    return parse
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"infersight: {message}", file=sys.stderr)
+    return code
+
+
+def _require_root(command: str) -> int | None:
+    if os.geteuid() != 0:
+        return _fail(f"{command} must run as root: BPF programs and ptrace (py-spy) need it; try 'sudo infersight "
+                     f"{command}'", 1)
+    return None
+
+
+def _load_config(path: str | None):
+    from agent.config import ConfigError, load_config
+
+    try:
+        return load_config(Path(path) if path else None), None
+    except ConfigError as exc:
+        return None, _fail(f"config error: {exc}")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -12,14 +58,84 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return doctor.main(as_json=args.json)
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    config, code = _load_config(args.config)
+    if config is None:
+        return code
+    if (code := _require_root("run")) is not None:
+        return code
+    from agent import daemon
+    from agent.config import ConfigError
+
+    try:
+        return daemon.run(config)
+    except ConfigError as exc:  # store directory trust is checked when the agent opens it
+        return _fail(f"config error: {exc}")
+    except OSError as exc:
+        return _fail(f"cannot start: {exc}", 1)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    config, code = _load_config(args.config)
+    if config is None:
+        return code
+    from agent import status
+
+    return status.main(args.url or f"http://{config.listen}", as_json=args.json)
+
+
+def _cmd_collect(args: argparse.Namespace) -> int:
+    if (code := _require_root("collect")) is not None:
+        return code
+    from agent import collect
+
+    return collect.main(pid=args.pid, duration=args.duration, interval=args.interval, as_json=args.json,
+                        probes=args.probes, pyspy=not args.no_pyspy, pyspy_rate=args.pyspy_rate)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="infersight", description="eBPF + py-spy observability for inference hosts")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from agent.probeset import PROBE_FACTORIES
+
+    parser = Parser(prog="infersight", description="eBPF + py-spy observability for inference hosts")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
     doctor = sub.add_parser("doctor", help="check this host's requirements, one line each")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     doctor.set_defaults(func=_cmd_doctor)
+
+    run = sub.add_parser("run", help="run the agent (root)")
+    run.add_argument("--config", metavar="FILE", help="TOML config (default: built-in defaults)")
+    run.set_defaults(func=_cmd_run)
+
+    status = sub.add_parser("status", help="ask the running agent how it is doing")
+    status.add_argument("--config", metavar="FILE", help="the agent's config, to find its address")
+    status.add_argument("--url", help="the agent's address (default: from the config, http://127.0.0.1:9464)")
+    status.add_argument("--json", action="store_true", help="print the agent's JSON status")
+    status.set_defaults(func=_cmd_status)
+
+    collect = sub.add_parser("collect", help="print windows for one process without the daemon (root)")
+    collect.add_argument("--pid", type=_ranged(int, 1, 2**22), required=True, help="process to watch")
+    collect.add_argument("--duration", type=_ranged(float, 0.1, 86400), default=None,
+                         help="seconds to run (default: until Ctrl-C)")
+    collect.add_argument("--interval", type=_ranged(float, 0.1, 60), default=5.0, help="window length in seconds")
+    collect.add_argument("--json", action="store_true", help="one JSON Window per line (docs/window.md)")
+    collect.add_argument("--probes", type=_probe_list(sorted(PROBE_FACTORIES)), default=sorted(PROBE_FACTORIES),
+                         help=f"comma-separated subset of {','.join(sorted(PROBE_FACTORIES))}")
+    collect.add_argument("--no-pyspy", action="store_true", help="skip Python stack sampling")
+    collect.add_argument("--pyspy-rate", type=_ranged(int, 1, 1000), default=49, help="py-spy samples per second")
+    collect.set_defaults(func=_cmd_collect)
     return parser
+
+
+def _probe_list(known: list[str]):
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        bad = [n for n in names if n not in known]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(f"unknown probe(s) {bad or text!r}; choose from {','.join(known)}")
+        return names
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `infersight collect --json | head` closed the pipe: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
+

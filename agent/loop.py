@@ -1,0 +1,216 @@
+"""The collection loop: find targets, read every source once per tick, emit one Window per target."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
+
+from agent.probeset import ProbeSet
+from agent.state import AgentState, TargetStatus
+from agent.targets import Target, diff_targets, discover
+from analysis.window import (GcReading, OffCpuReading, RunQueueReading, SyscallReading, TcpReading, Window)
+from probes.errors import ProbeError
+
+log = logging.getLogger("infersight.loop")
+
+# Probe name -> (Window field, the reading a running probe gives a target that had no events this window).
+PROBE_FIELDS: dict[str, tuple[str, Callable[[], Any]]] = {
+    "syscalls": ("syscalls", SyscallReading),
+    "offcpu": ("offcpu", OffCpuReading),
+    "gc": ("gc", GcReading),
+    "tcp": ("tcp", TcpReading),
+    "runqueue": ("runqueue", RunQueueReading),
+}
+
+
+class TargetSources(Protocol):
+    """The user-space sources of one target (py-spy, psutil, latency); built per target, closed when it goes."""
+
+    def read(self) -> tuple[dict[str, Any], dict[str, str]]: ...
+
+    def health(self) -> dict[str, dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class WindowSink(Protocol):
+    def __call__(self, window: Window) -> None: ...
+
+
+@dataclass
+class Watched:
+    target: Target
+    sources: TargetSources
+    window_start: float
+    windows: int = 0
+
+
+@dataclass
+class TickReport:
+    windows: list[Window] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    late: bool = False
+
+
+class CollectionLoop:
+    def __init__(self, specs: Iterable, probes: ProbeSet, make_sources: Callable[[Target], TargetSources],
+                 state: AgentState, sink: WindowSink, interval: float = 5.0,
+                 discover_fn: Callable[[list, dict[str, str]], list[Target]] | None = None,
+                 host_sources: Callable[[], tuple[dict[str, Any], dict[str, str]]] | None = None,
+                 wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._specs = list(specs)
+        self._probes = probes
+        self._make_sources = make_sources
+        self._state = state
+        self._sink = sink
+        self.interval = interval
+        self._discover = discover_fn or (lambda specs, problems: discover(specs, problems=problems))
+        self._host_sources = host_sources
+        self._wall = wall
+        self._monotonic = monotonic
+        self._watched: dict[tuple[int, int], Watched] = {}
+        self._gone: set[str] = set()
+        self._started = False
+
+    @property
+    def watched(self) -> list[Target]:
+        return [w.target for w in self._watched.values()]
+
+    def start(self) -> None:
+        targets = self._find()
+        now = self._wall()
+        for t in targets:
+            self._watch(t, now)
+        self._probes.start([t.pid for t in targets])
+        # Compiling the probes takes seconds: the first window starts once they are attached.
+        attached = self._wall()
+        for watched in self._watched.values():
+            watched.window_start = attached
+        self._publish_health()
+        self._started = True
+
+    def _find(self) -> list[Target]:
+        problems: dict[str, str] = {}
+        try:
+            found = self._discover(self._specs, problems)
+        except (ProbeError, OSError) as exc:
+            self._state.count_error("discovery")
+            log.warning("target discovery failed: %s", exc)
+            return [w.target for w in self._watched.values()]
+        watched_names = {t.name for t in found}
+        now = self._wall()
+        for name, why in problems.items():
+            # A spec that finds nothing is shown with its reason; a target that was watched stays "gone".
+            if name not in watched_names and name not in self._gone:
+                self._state.set_target(TargetStatus(name=name, pid=None, state="waiting", since=now, detail=why))
+        return found
+
+    def _watch(self, t: Target, now: float) -> None:
+        self._gone.discard(t.name)
+        self._watched[t.key] = Watched(target=t, sources=self._make_sources(t), window_start=now)
+        self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="watching", since=now,
+                                            detail=" ".join(t.cmdline)[:200]))
+        log.info("watching target %s pid %d", t.name, t.pid)
+
+    def tick(self) -> TickReport:
+        """One window per watched target; then pick up new targets and drop vanished ones."""
+        if not self._started:
+            raise RuntimeError("call start() before tick()")
+        report = TickReport()
+        began = self._monotonic()
+        end = self._wall()
+        readings, probe_errors = self._probes.read()
+        host, host_errors = self._host_sources() if self._host_sources else ({}, {})
+        if (host_tcp := self._probes.host_tcp()) is not None:
+            self._state.add_host_retransmits(host_tcp.retransmits)
+
+        for key, watched in list(self._watched.items()):
+            window = self._build_window(watched, end, readings, probe_errors, host, host_errors)
+            try:
+                self._sink(window)
+            except Exception as exc:  # the store failing must not stop collection; counted and shown
+                self._state.count_dropped_window()
+                self._state.count_error("store")
+                log.error("window for %s not stored: %s", watched.target.name, exc)
+            else:
+                self._state.record_window(window)
+                report.windows.append(window)
+            watched.window_start = end
+            watched.windows += 1
+
+        self._rediscover(end, report)
+        self._publish_health()
+        self._state.last_tick_seconds = self._monotonic() - began
+        return report
+
+    def _build_window(self, watched: Watched, end: float, readings: dict[str, dict[int, Any]],
+                      probe_errors: dict[str, str], host: dict[str, Any], host_errors: dict[str, str]) -> Window:
+        t = watched.target
+        w = Window(target=t.name, pid=t.pid, start=watched.window_start, end=end)
+        for probe, per_tgid in readings.items():
+            attr, empty = PROBE_FIELDS[probe]
+            setattr(w, attr, per_tgid.get(t.pid) or empty())
+        w.errors.update(probe_errors)
+        source_readings, source_errors = watched.sources.read()
+        for attr, reading in {**host, **source_readings}.items():
+            setattr(w, attr, reading)
+        w.errors.update(host_errors)
+        w.errors.update(source_errors)
+        return w
+
+    def _rediscover(self, now: float, report: TickReport) -> None:
+        current = self._find()
+        diff = diff_targets(self.watched, current)
+        for t in diff.same:
+            # A regex target is renamed when its number of matches changes (name <-> name#pid).
+            self._watched[t.key].target = t
+        for t in diff.removed:
+            watched = self._watched.pop(t.key)
+            watched.sources.close()
+            self._gone.add(t.name)
+            self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="gone", since=now,
+                                                detail="process exited"))
+            report.gone.append(t.name)
+            log.info("target %s pid %d is gone", t.name, t.pid)
+        for t in diff.added:
+            self._watch(t, now)
+            report.added.append(t.name)
+        if diff.added or diff.removed:
+            self._probes.set_targets([w.target.pid for w in self._watched.values()])
+
+    def _publish_health(self) -> None:
+        for name, health in self._probes.health().items():
+            self._state.set_health(name, health)
+        for watched in self._watched.values():
+            for source, health in watched.sources.health().items():
+                self._state.set_health(f"{source}:{watched.target.name}", health)
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick every `interval` seconds on a fixed schedule until `stop` is set; a late tick is counted."""
+        if not self._started:
+            self.start()
+        deadline = self._monotonic() + self.interval
+        while not stop.wait(max(0.0, deadline - self._monotonic())):
+            lateness = self._monotonic() - deadline
+            if lateness > self.interval * 0.5:
+                self._state.count_late_tick()
+                log.warning("tick started %.2f s late", lateness)
+            try:
+                self.tick()
+            except Exception:  # the main loop is the one place that catches broadly: it logs and counts
+                self._state.count_error("loop")
+                log.exception("collection tick failed")
+            deadline += self.interval
+            # After a long stall, resume the schedule from now rather than firing a burst of catch-up ticks.
+            if self._monotonic() > deadline:
+                deadline = self._monotonic() + self.interval
+
+    def close(self) -> None:
+        for watched in self._watched.values():
+            watched.sources.close()
+        self._watched.clear()
+        self._probes.stop()

@@ -1,0 +1,122 @@
+"""Run the enabled BPF probes together: start what can start, report what cannot, read them all per tick."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterable
+
+from probes.base import Probe, ProbeHealth
+from probes.errors import ProbeError
+
+log = logging.getLogger("infersight.probes")
+
+
+def _syscalls() -> Probe:
+    from probes.syscalls import SyscallsProbe
+
+    return SyscallsProbe()
+
+
+def _offcpu() -> Probe:
+    from probes.offcpu import OffCpuProbe
+
+    return OffCpuProbe()
+
+
+def _gc() -> Probe:
+    from probes.gcpause import GcPauseProbe
+
+    return GcPauseProbe()
+
+
+def _tcp() -> Probe:
+    from probes.tcpretrans import TcpRetransProbe
+
+    return TcpRetransProbe()
+
+
+def _runqueue() -> Probe:
+    from probes.runqlat import RunqlatProbe
+
+    return RunqlatProbe()
+
+
+# Config names (agent.config.ProbesConfig fields) -> constructors; imports are lazy because BCC costs ~76 MB.
+PROBE_FACTORIES: dict[str, Callable[[], Probe]] = {
+    "syscalls": _syscalls,
+    "offcpu": _offcpu,
+    "gc": _gc,
+    "tcp": _tcp,
+    "runqueue": _runqueue,
+}
+
+
+class ProbeSet:
+    """Owns the probes; a probe that fails to start or read is reported in its health, never raised."""
+
+    def __init__(self, enabled: Iterable[str], factories: dict[str, Callable[[], Probe]] | None = None) -> None:
+        factories = factories or PROBE_FACTORIES
+        self._enabled = list(enabled)
+        unknown = [n for n in self._enabled if n not in factories]
+        if unknown:
+            raise ValueError(f"unknown probe name(s) {unknown!r}; known: {sorted(factories)}")
+        self._factories = factories
+        self._running: dict[str, Probe] = {}
+        self._failed: dict[str, ProbeHealth] = {}
+        self.read_errors: dict[str, int] = {}
+
+    def start(self, tgids: Iterable[int]) -> None:
+        tgids = list(tgids)
+        for name in self._enabled:
+            try:
+                probe = self._factories[name]()
+                probe.start(tgids)
+            except (ProbeError, ImportError, OSError) as exc:
+                log.warning("probe %s unavailable: %s", name, exc)
+                self._failed[name] = ProbeHealth(name=name, state="failed", reason=str(exc))
+                continue
+            self._running[name] = probe
+
+    def set_targets(self, tgids: Iterable[int]) -> None:
+        tgids = list(tgids)
+        for name, probe in list(self._running.items()):
+            try:
+                probe.set_targets(tgids)
+            except ProbeError as exc:
+                log.warning("probe %s could not change targets: %s", name, exc)
+                self.read_errors[name] = self.read_errors.get(name, 0) + 1
+
+    def read(self) -> tuple[dict[str, dict[int, Any]], dict[str, str]]:
+        """Readings per probe per tgid, and the error of each probe that failed this read."""
+        readings: dict[str, dict[int, Any]] = {}
+        errors: dict[str, str] = {}
+        for name, probe in self._running.items():
+            try:
+                readings[name] = probe.read()
+            except ProbeError as exc:
+                self.read_errors[name] = self.read_errors.get(name, 0) + 1
+                errors[name] = str(exc)
+        for name, health in self._failed.items():
+            errors[name] = f"{health.state}: {health.reason}"
+        return readings, errors
+
+    def host_tcp(self) -> Any | None:
+        """Host-wide TCP retransmits of the last read (the tcp probe keeps them beside the per-target view)."""
+        probe = self._running.get("tcp")
+        return probe.last_host if probe is not None else None
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        out = {name: h.to_dict() for name, h in self._failed.items()}
+        for name, probe in self._running.items():
+            h = probe.health().to_dict()
+            h["read_errors"] = self.read_errors.get(name, 0)
+            out[name] = h
+        return out
+
+    def stop(self) -> None:
+        for name, probe in self._running.items():
+            try:
+                probe.stop()
+            except ProbeError as exc:
+                log.warning("probe %s did not stop cleanly: %s", name, exc)
+        self._running.clear()
