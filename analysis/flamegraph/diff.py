@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from .layout import Frame, layout
@@ -50,19 +51,19 @@ class DiffProfile:
 
 
 def _shares(profile: Profile) -> tuple[dict[str, float], dict[str, float]]:
+    """Each function's self and inclusive share, in percent of the profile's total."""
     total = profile.total()
-    self_share: dict[str, float] = {}
-    incl_share: dict[str, float] = {}
     if not total:
-        return self_share, incl_share
+        return {}, {}
+    self_n: dict[str, int] = defaultdict(int)
+    incl_n: dict[str, int] = defaultdict(int)
     for stack, count in profile.items():
-        share = 100.0 * count / total
-        leaf = stack[-1]
-        self_share[leaf] = self_share.get(leaf, 0.0) + share
-        # A recursive function appears once per stack, or its share could pass 100%.
+        self_n[stack[-1]] += count
+        # A recursive function counts once per stack, or its share could pass 100%.
         for name in set(stack):
-            incl_share[name] = incl_share.get(name, 0.0) + share
-    return self_share, incl_share
+            incl_n[name] += count
+    scale = 100.0 / total
+    return ({n: c * scale for n, c in self_n.items()}, {n: c * scale for n, c in incl_n.items()})
 
 
 def diff(baseline: Profile, current: Profile) -> DiffProfile:

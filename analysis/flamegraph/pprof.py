@@ -6,7 +6,7 @@ import gzip
 import re
 
 from .profile import Profile
-from .protobuf import field_bytes, field_packed, field_string, field_varint
+from .protobuf import field_bytes, field_packed, field_string, field_varint, varint
 
 # py-spy names frames "function (file.py:line)"; pprof has fields for the file and the line.
 _PY_FRAME = re.compile(r"^(?P<func>.+) \((?P<file>[^()]+?)(?::(?P<line>\d+))?\)$")
@@ -51,24 +51,24 @@ def to_pprof(profile: Profile, sample_type: tuple[str, str] = ("samples", "count
     if period is not None:
         body.append(field_bytes(1, _value_type(strings, period_type)))
 
-    location_of: dict[str, int] = {}
+    # Frame -> its location id, already varint-encoded: a sample's stack is then one bytes join.
+    location_of: dict[str, bytes] = {}
     functions: list[bytes] = []
     locations: list[bytes] = []
     samples: list[bytes] = []
     for stack, count in profile.sorted_items():
-        ids = []
-        for frame in reversed(stack):  # pprof lists the leaf first
-            loc = location_of.get(frame)
-            if loc is None:
-                loc = location_of[frame] = len(location_of) + 1
+        for frame in stack:
+            if frame not in location_of:
+                loc = len(location_of) + 1
+                location_of[frame] = varint(loc)
                 match = _PY_FRAME.match(frame)
                 functions.append(_function(strings, loc, frame, match))
                 line = int(match.group("line")) if match and match.group("line") else 0
                 line_msg = field_varint(1, loc) + field_varint(2, line)
                 locations.append(field_varint(1, loc) + field_bytes(4, line_msg))
-            ids.append(loc)
+        ids = b"".join(map(location_of.__getitem__, reversed(stack)))  # pprof lists the leaf first
         values = [count] if period is None else [count, count * period]
-        samples.append(field_packed(1, ids) + field_packed(2, values))
+        samples.append(field_bytes(1, ids) + field_packed(2, values))
 
     body += [field_bytes(2, s) for s in samples]
     body += [field_bytes(4, loc) for loc in locations]

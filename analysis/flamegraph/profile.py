@@ -112,30 +112,34 @@ class Profile:
         self.stacks[key] = self.stacks.get(key, 0) + count
 
     def _bounded(self, stack: Stack) -> Stack:
-        limits, trunc = self.limits, self.truncation
         if not stack:
             return (UNKNOWN,)
-        if len(stack) > limits.max_depth:
-            trunc.deep_stacks += 1
-            stack = stack[: limits.max_depth - 1] + (TRUNCATED,)
-        out: list[str] = []
-        for raw in stack:
-            cached = self._clean.get(raw)
-            if cached is None:
-                name, shortened = clean_frame(raw, limits)
-                trunc.long_frames += shortened
-                # Bounded so that a flood of distinct raw names cannot grow the cache past the frame limit.
-                if len(self._clean) < limits.max_frames:
-                    self._clean[raw] = name
-            else:
-                name = cached
-            if name not in self._frames:
-                if len(self._frames) >= limits.max_frames:
-                    trunc.dropped_frames += 1
-                    name = TRUNCATED
-                self._frames.add(name)
-            out.append(name)
+        if len(stack) > self.limits.max_depth:
+            self.truncation.deep_stacks += 1
+            stack = stack[: self.limits.max_depth - 1] + (TRUNCATED,)
+        # Fast path: almost every frame of a real profile has been seen before.
+        out = list(map(self._clean.get, stack))
+        if None in out:
+            for i, name in enumerate(out):
+                if name is None:
+                    out[i] = self._admit(stack[i])
         return tuple(out)
+
+    def _admit(self, raw: str) -> str:
+        """Clean a frame name seen for the first time and charge it to the distinct-frame budget."""
+        limits, trunc = self.limits, self.truncation
+        name, shortened = clean_frame(raw, limits)
+        trunc.long_frames += shortened
+        if name not in self._frames:
+            if len(self._frames) >= limits.max_frames:
+                trunc.dropped_frames += 1
+                name = TRUNCATED
+            self._frames.add(name)
+        # Bounded, so a flood of distinct raw names cannot grow it; past the bound names are re-cleaned
+        # (and re-counted) on every occurrence.
+        if len(self._clean) < 2 * limits.max_frames:
+            self._clean[raw] = name
+        return name
 
     @classmethod
     def from_folded_dict(cls, folded: Mapping[str, int], unit: str = "samples",

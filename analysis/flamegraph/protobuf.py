@@ -7,6 +7,8 @@ from collections.abc import Iterable
 
 def varint(value: int) -> bytes:
     """Base-128 varint; negative int64 values take ten bytes as two's complement, as protobuf does."""
+    if 0 <= value < 0x80:
+        return bytes((value,))
     if value < 0:
         value += 1 << 64
     if value >= 1 << 64:

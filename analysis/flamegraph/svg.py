@@ -164,7 +164,7 @@ def truncation_note(profile: Profile, elided: int) -> str | None:
     t = profile.truncation
     parts = []
     if elided:
-        parts.append(f"{elided:,} frames narrower than the minimum width merged away")
+        parts.append(f"{elided:,} frames narrower than the minimum width merged away with their callees")
     if t.dropped_stacks or t.dropped_frames:
         parts.append(f"limits hit: {t.dropped_stacks:,} stacks ({t.dropped_samples:,} {profile.unit}) and "
                      f"{t.dropped_frames:,} frame names put under {TRUNCATED}")
@@ -177,7 +177,7 @@ def render_svg(profile: Profile, title: str = "Flame Graph", *, subtitle: str | 
                palette: str = "hot", style: Style = Style()) -> str:
     """A profile as a standalone interactive SVG flame graph."""
     palette_color("x", palette)
-    lay = layout(((s, c, 0.0) for s, c in profile.sorted_items()),
+    lay = layout([(s, c, 0.0) for s, c in profile.sorted_items()],
                  min_count=_min_count(profile.total(), style), max_frames=style.max_frames)
     note = truncation_note(profile, lay.elided)
     sub = "; ".join(p for p in (subtitle, note) if p) or None

@@ -126,7 +126,7 @@ def test_narrow_frames_are_merged_away_and_the_svg_stays_bounded():
     frames = _frames(svg)
     assert len(frames) < 10
     assert not any(f["name"].startswith("leaf") for f in frames)
-    assert "20,000 frames narrower than the minimum width merged away" in svg
+    assert "20,000 frames narrower than the minimum width merged away with their callees" in svg
     assert next(f for f in frames if f["name"] == "all")["count"] == 1_020_000
     assert len(svg) < 20_000
     unbounded = render_svg(prof, style=Style(min_width=0, max_frames=100))
