@@ -76,8 +76,10 @@ def parse_schedule(text: str) -> tuple[Phase, ...]:
 
 def make_prompt(rng: random.Random, n_bytes: int) -> str:
     words: list[str] = []
-    while sum(len(w) + 1 for w in words) < n_bytes:
+    length = -1  # the first word has no separator
+    while length < n_bytes:
         words.append(rng.choice(WORDS))
+        length += len(words[-1]) + 1
     return " ".join(words)[:n_bytes]
 
 

@@ -66,6 +66,8 @@ def create_metrics(registry: CollectorRegistry, model_name: str) -> ServerMetric
                            registry=registry),
         model_name=model_name,
     )
-    for gauge in (metrics.running, metrics.waiting):
-        gauge.labels(model_name).set(0)
+    # Touch every labelled child so each series exists, at zero, from the first scrape.
+    for metric in (metrics.e2e, metrics.ttft, metrics.tpot, metrics.prompt_tokens, metrics.generation_tokens,
+                   metrics.running, metrics.waiting, metrics.batch_size, metrics.iteration_tokens):
+        metric.labels(model_name)
     return metrics
