@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -114,7 +114,9 @@ class PySpySampler:
         self._idle: Counter[str] = Counter()
         self._terminal: ProbeError | None = None
         self._counter = 0
-        self._attach_estimate = 0.05
+        # Recent attach times: the next segment starts the slowest of them early, since a
+        # gap loses samples for good while an overlap is only counted (both are in health).
+        self._attach_recent: deque[float] = deque([0.05], maxlen=5)
         self._last_end: float | None = None
         self._stats: dict[str, Any] = {"segments": 0, "restarts": 0, "gap_seconds": 0.0, "overlap_seconds": 0.0,
                                        "pyspy_sample_errors": 0, "backoff_seconds": 0.0, "last_attach_seconds": None}
@@ -206,7 +208,7 @@ class PySpySampler:
                     failures += 1
                     continue
                 self._account_gap(current)
-                wake = current.attached_at + self.segment_seconds - self._attach_estimate  # type: ignore[operator]
+                wake = current.attached_at + self.segment_seconds - max(self._attach_recent)  # type: ignore[operator]
                 self._stop.wait(max(0.0, wake - self._clock()))
                 previous = current
             if previous is not None:
@@ -263,7 +265,7 @@ class PySpySampler:
                     if run.attached_at is None and _BANNER in run.stdout:
                         run.attached_at = self._clock()
         attach = segment.attached_at - segment.launched_at  # type: ignore[operator]
-        self._attach_estimate = 0.7 * self._attach_estimate + 0.3 * attach
+        self._attach_recent.append(attach)
         with self._lock:
             self._stats["last_attach_seconds"] = round(attach, 4)
         return True
