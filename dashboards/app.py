@@ -18,6 +18,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
 
     from dashboards import api, page
 
+    # A missing figure reads as a dash, never as Python's "None".
+    app.jinja_env.filters["dash"] = lambda v: "–" if v is None else v
+
     app.register_blueprint(page.bp)
     app.register_blueprint(api.bp)
 

@@ -1,0 +1,112 @@
+"""`make demo`: the bundled workload, a steady load and the agent with its status page, stopped by Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from agent import logs
+from agent.config import Config
+from agent.daemon import Agent
+
+log = logging.getLogger("infersight.demo")
+
+
+def _wait_http(url: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return True
+        except OSError:
+            time.sleep(0.5)
+    return False
+
+
+def _stop(proc: subprocess.Popen, name: str) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop on SIGTERM; killing it", name)
+            proc.kill()
+            proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make demo", description=__doc__)
+    parser.add_argument("--var", type=Path, default=Path("var"), help="folder for the store and pidfile")
+    parser.add_argument("--port", type=int, default=8000, help="workload port")
+    parser.add_argument("--listen", default="127.0.0.1:9464", help="agent status page address")
+    parser.add_argument("--rate", type=float, default=4.0, help="load: requests per second")
+    parser.add_argument("--duration", type=float, default=None, help="stop by itself after this many seconds")
+    args = parser.parse_args(argv)
+
+    if os.geteuid() != 0:
+        print("make demo: must run as root (BPF probes and py-spy need it)", file=sys.stderr)
+        return 1
+    logs.setup("info")
+    args.var.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(args.var, 0o700)
+    token = secrets.token_hex(8)
+    server_url = f"http://127.0.0.1:{args.port}"
+
+    server = subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", str(args.port),
+                               "--pidfile", str(args.var / "workload.pid"), "--admin-token", token])
+    children = [(server, "workload")]
+    agent: Agent | None = None
+    loop_thread: threading.Thread | None = None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        if not _wait_http(f"{server_url}/health", timeout=120):
+            print("make demo: the workload did not come up within 120 s", file=sys.stderr)
+            return 1
+        load = subprocess.Popen([sys.executable, "-m", "workload", "load", "--url", server_url,
+                                 "--rate", str(args.rate), "--duration", str(args.duration or 10**7),
+                                 "--no-progress"], stdout=subprocess.DEVNULL)
+        children.append((load, "load"))
+        agent = Agent(Config(store_dir=args.var / "store", listen=args.listen))
+        agent.web.start()
+        agent.loop.start()
+        print(f"""
+infersight demo is running (Ctrl-C stops everything)
+  status page      {agent.web.url}/
+  agent metrics    {agent.web.url}/metrics
+  workload         {server_url}/v1/completions   (metrics: {server_url}/metrics)
+  faults           .venv/bin/python -m workload fault gc on --url {server_url} --token {token}
+                   (gc, lock, syscall, netloss, cpuhog, nocache; 'off' to stop)
+  store            {args.var / 'store'}
+""", flush=True)
+        if args.duration:
+            threading.Timer(args.duration, stop.set).start()
+        loop_thread = threading.Thread(target=agent.loop.run, args=(stop,), name="collect")
+        loop_thread.start()
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        if loop_thread is not None:
+            loop_thread.join(timeout=60)
+        if agent is not None:
+            agent.close()
+        for proc, name in reversed(children):
+            _stop(proc, name)
+        print("infersight demo stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

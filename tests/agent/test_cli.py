@@ -1,0 +1,77 @@
+"""Bad command lines and bad config files: one clear line on stderr, exit status 2, no traceback."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def infersight(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True,
+                          timeout=60, **kw)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["collect"], "--pid"),
+    (["collect", "--pid", "abc"], "'abc'"),
+    (["collect", "--pid", "1", "--interval", "0"], "'0'"),
+    (["collect", "--pid", "1", "--interval", "61"], "'61'"),
+    (["collect", "--pid", "1", "--probes", "syscalls,kprobes"], "kprobes"),
+    (["collect", "--pid", "-5"], "-5"),
+    (["run", "--nope"], "--nope"),
+    (["frobnicate"], "frobnicate"),
+    ([], "COMMAND"),
+])
+def test_bad_arguments_one_line_exit_2(args, says):
+    proc = infersight(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert says in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("text, says", [
+    ("interval_seconds = 0.5\n", "interval_seconds"),
+    ("interval_second = 5\n", "did you mean 'interval_seconds'"),
+    ("interval_seconds = 'fast'\n", "'fast'"),
+    ("[[targets]]\nname = 'x'\n", "exactly one of pid, pidfile, process_regex"),
+    ("[[targets]]\nname = 'x'\npid = 1\n[targets.latency]\nurl = 'ftp://h/m'\nmetric = 'm'\n", "ftp://h/m"),
+    ("this is = = not toml\n", "TOML syntax error"),
+])
+def test_bad_config_one_line_exit_2(tmp_path, text, says):
+    path = tmp_path / "infersight.toml"
+    path.write_text(text)
+    proc = infersight("run", "--config", str(path))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("infersight: config error:") and says in lines[0]
+
+
+def test_unreadable_config_exit_2(tmp_path):
+    proc = infersight("run", "--config", str(tmp_path / "missing.toml"))
+    assert proc.returncode == 2
+    assert "cannot read config file" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_world_writable_config_is_refused(tmp_path):
+    path = tmp_path / "infersight.toml"
+    path.write_text("interval_seconds = 5\n")
+    os.chmod(path, 0o666)
+    proc = infersight("run", "--config", str(path))
+    assert proc.returncode == 2
+    assert "writable" in proc.stderr and str(path) in proc.stderr
+
+
+def test_collect_of_a_missing_pid_says_so(require_root):
+    proc = infersight("collect", "--pid", str(2**22), "--duration", "1", "--no-pyspy", "--probes", "syscalls")
+    assert proc.returncode == 1
+    assert f"no process with pid {2**22}" in proc.stderr
+
+
+def test_status_without_agent_says_nobody_answers():
+    proc = infersight("status", "--url", "http://127.0.0.1:9")
+    assert proc.returncode == 1
+    assert "no agent answering at http://127.0.0.1:9" in proc.stderr
