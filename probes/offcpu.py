@@ -10,18 +10,22 @@ delta is added to cumulative per-thread and per-stack counters and to a log2 his
 whole blocked interval in microseconds. User space diffs the cumulative counters each window
 (diffing, unlike read-then-delete, loses no increment that lands between the read and the delete).
 
-Windows: off-CPU time belongs to the window in which it passes. At read() every still-open
-interval is cut at the window boundary T by a second BPF program (`cut_open`) that user space runs
-once per open record through BPF_PROG_TEST_RUN: it moves the record's `ts` to T with a
-compare-and-swap and accounts [ts, T]. The switch-in path claims its part with an atomic exchange
-of `ts` to 0, so each nanosecond is owned by exactly one of the two; see the C comments.
+Windows: off-CPU time belongs to the window in which it passes. Counters are keyed by the
+window's parity. read() first has the kernel publish the boundary T with the new parity in one 8-byte
+word (`boundary`, written by `flip_window`); from then on switch-ins count into the new window and split a record that predates
+T at T. Then every still-open record is cut at T by a second BPF program (`cut_open`) that user
+space runs once per record through BPF_PROG_TEST_RUN: it moves the record's `ts` to T with a
+compare-and-swap and accounts [ts, T] to the closing window. The switch-in path claims with an
+atomic exchange of `ts` to 0, so each nanosecond is owned by exactly one of the two. Finally
+user space reads the closing parity's counters. The one residue: a switch-in that read the old
+word and is still running on another vCPU while read() runs (a hypervisor stall) adds its
+increment late; it is not lost, it shows two windows later.
 
 Overhead: two hash lookups per context switch host-wide, plus a stack walk per target switch-out
 (the dominant cost; user stacks double it, hence off by default).
 
-Caveats: a thread already blocked when it becomes a target is not seen until it first switches
-out. Switch-ins that land while read() runs (microseconds to a few ms) count in the window being
-closed. User stacks of CPython stop at libc (no frame pointers); Python-level "where" comes from
+Caveats: a thread already blocked when it becomes a target gets a record opened by user space
+(stack "[blocked since before tracing]", see _seed_blocked). User stacks of CPython stop at libc (no frame pointers); Python-level "where" comes from
 py-spy. Failed stack ids (-EEXIST on a stack-map hash collision, -EFAULT) are counted in health.
 """
 
@@ -31,9 +35,10 @@ import ctypes
 import os
 import platform
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from analysis.window import Log2Histogram, OffCpuReading
 from probes.base import ProbeHealth, load_bpf, require_tracepoints
@@ -56,9 +61,11 @@ struct start_t {
     int ustack;
 };
 
-struct thread_key_t { u32 tgid; u32 tid; };
-struct stack_key_t { u32 tgid; int kstack; int ustack; };
-struct hist_key_t { u32 tgid; u32 slot; };
+/* `parity` is the window's: user space flips it at each boundary (see `boundary`), so the
+   window being closed can be read while the next one already counts. All-u32 keys: no padding. */
+struct thread_key_t { u32 tgid; u32 tid; u32 parity; };
+struct stack_key_t { u32 tgid; int kstack; int ustack; u32 parity; };
+struct hist_key_t { u32 tgid; u32 slot; u32 parity; };
 
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
 BPF_HASH(start, u32, struct start_t, MAX_THREADS);
@@ -68,6 +75,9 @@ BPF_HASH(hist, struct hist_key_t, u64, MAX_HIST_KEYS);
 BPF_STACK_TRACE(stacks, STACK_SLOTS);
 /* 0: kernel stack id failed, 1: user stack id failed, 2: start map full, 3: counter map full */
 BPF_ARRAY(failures, u64, 4);
+/* One word written by user space at each window boundary: the boundary time with the low bit
+   replaced by the new window's parity (one aligned 8-byte store, so never read torn). */
+BPF_ARRAY(boundary, u64, 1);
 
 static inline void count_failure(int which) {
     u64 *c = failures.lookup(&which);
@@ -86,15 +96,15 @@ static inline u32 log2_slot(u64 v) {
     return r;
 }
 
-static inline void add_ns(u32 tgid, u32 tid, int kstack, int ustack, u64 delta) {
+static inline void add_ns(u32 parity, u32 tgid, u32 tid, int kstack, int ustack, u64 delta) {
     u64 zero = 0;
-    struct thread_key_t tk = {.tgid = tgid, .tid = tid};
+    struct thread_key_t tk = {.tgid = tgid, .tid = tid, .parity = parity};
     u64 *t = thread_ns.lookup_or_try_init(&tk, &zero);
     if (t)
         __sync_fetch_and_add(t, delta);
     else
         count_failure(3);
-    struct stack_key_t sk = {.tgid = tgid, .kstack = kstack, .ustack = ustack};
+    struct stack_key_t sk = {.tgid = tgid, .kstack = kstack, .ustack = ustack, .parity = parity};
     u64 *s = stack_ns.lookup_or_try_init(&sk, &zero);
     if (s)
         __sync_fetch_and_add(s, delta);
@@ -142,11 +152,23 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     start.delete(&next_tid);
     if (!targets.lookup(&tgid))
         return 0;  /* untargeted while it was off-CPU */
-    if (ts != 0 && now > ts)
-        add_ns(tgid, next_tid, kstack, ustack, now - ts);
+    int zero_idx = 0;
+    u64 *word = boundary.lookup(&zero_idx);
+    u64 cut = word ? (*word & ~1ULL) : 0;
+    u32 parity = word ? (*word & 1) : 0;
+    if (ts != 0 && now > ts) {
+        /* A record user space has not cut yet although the boundary passed (read() is still
+           iterating): split it, so the closing window gets exactly its part. */
+        if (ts < cut && cut < now) {
+            add_ns(parity ^ 1, tgid, next_tid, kstack, ustack, cut - ts);
+            add_ns(parity, tgid, next_tid, kstack, ustack, now - cut);
+        } else {
+            add_ns(parity, tgid, next_tid, kstack, ustack, now - ts);
+        }
+    }
     if (now > since) {
         u64 zero = 0;
-        struct hist_key_t hk = {.tgid = tgid, .slot = log2_slot((now - since) / 1000)};
+        struct hist_key_t hk = {.tgid = tgid, .slot = log2_slot((now - since) / 1000), .parity = parity};
         u64 *h = hist.lookup_or_try_init(&hk, &zero);
         if (h)
             __sync_fetch_and_add(h, 1);
@@ -156,22 +178,36 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     return 0;
 }
 
-/* Run from user space (BPF_PROG_TEST_RUN) once per open record at each window boundary:
-   args[0] = tid, args[1] = boundary T (CLOCK_MONOTONIC ns). Accounts [ts, T] and moves ts to T.
+/* Run from user space (BPF_PROG_TEST_RUN) to start a window: args = (its parity). Taking the
+   time here, where nothing preempts us, rather than in user space keeps a descheduled reader from
+   leaving a gap between the boundary time and the moment switch-ins see the new parity. */
+int flip_window(struct bpf_raw_tracepoint_args *ctx) {
+    int zero_idx = 0;
+    u64 *word = boundary.lookup(&zero_idx);
+    if (!word)
+        return 1;
+    __sync_lock_test_and_set(word, (bpf_ktime_get_ns() & ~1ULL) | (ctx->args[0] & 1));
+    return 0;
+}
+
+/* Run from user space (BPF_PROG_TEST_RUN) once per open record at each window boundary, after
+   `boundary` was flipped: args = (tid, boundary T in CLOCK_MONOTONIC ns, parity of the closing
+   window). Accounts [ts, T] to the closing window and moves ts to T.
    Returns 0 when it accounted, 1 when there was nothing to cut. */
 int cut_open(struct bpf_raw_tracepoint_args *ctx) {
     u32 tid = ctx->args[0];
-    u64 boundary = ctx->args[1];
+    u64 cut = ctx->args[1];
+    u32 parity = ctx->args[2];
     struct start_t *p = start.lookup(&tid);
     if (!p)
         return 1;
     u64 ts = p->ts;
-    if (ts == 0 || ts >= boundary)
+    if (ts == 0 || ts >= cut)
         return 1;
     /* Fails when the thread switched in (ts became 0) or out again (a new ts) since the read. */
-    if (__sync_val_compare_and_swap(&p->ts, ts, boundary) != ts)
+    if (__sync_val_compare_and_swap(&p->ts, ts, cut) != ts)
         return 1;
-    add_ns(p->tgid, tid, p->kstack, p->ustack, boundary - ts);
+    add_ns(parity, p->tgid, tid, p->kstack, p->ustack, cut - ts);
     return 0;
 }
 """
@@ -184,7 +220,11 @@ BPF_NOEXIST = 1
 # /proc/PID/task/TID/stat states of a thread that is not on a CPU nor runnable.
 BLOCKED_STATES = frozenset("SDITt")
 BPF_PROG_TEST_RUN = 10
+BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_SYSCALL_NR = {"x86_64": 321, "aarch64": 280}
+# struct bpf_prog_info (linux/bpf.h): recursion_misses follows run_time_ns and run_cnt.
+RECURSION_MISSES_OFFSET = 208
+PROG_INFO_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -251,6 +291,18 @@ class RawTracepointRunner:
         return attr.retval
 
 
+def prog_recursion_misses(prog_fd: int, machine: str | None = None) -> int:
+    """bpf_prog_info.recursion_misses (kernel >= 5.12): runs skipped, counted even without bpf_stats."""
+    machine = machine or platform.machine()
+    info = (ctypes.c_uint8 * PROG_INFO_SIZE)()
+    attr = (ctypes.c_uint64 * 2)(prog_fd | (PROG_INFO_SIZE << 32), ctypes.addressof(info))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(BPF_SYSCALL_NR[machine], BPF_OBJ_GET_INFO_BY_FD, attr, ctypes.sizeof(attr)) != 0:
+        err = ctypes.get_errno()
+        raise ProbeUnavailable(f"BPF_OBJ_GET_INFO_BY_FD on program fd {prog_fd} failed: {os.strerror(err)}")
+    return int.from_bytes(bytes(info[RECURSION_MISSES_OFFSET:RECURSION_MISSES_OFFSET + 8]), "little")
+
+
 class OffCpuProbe:
     name = "offcpu"
 
@@ -258,17 +310,22 @@ class OffCpuProbe:
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         self.config = config or OffCpuConfig()
         self._proc = proc_root
-        # Must be CLOCK_MONOTONIC: boundaries are compared with bpf_ktime_get_ns() in the kernel.
+        # Must be CLOCK_MONOTONIC: seeded records are compared with bpf_ktime_get_ns() in the kernel.
         self._clock = clock
         self._bpf: Any = None
         self._runner: RawTracepointRunner | None = None
+        self._flipper: RawTracepointRunner | None = None
+        # Boundaries of the window the last read() returned (CLOCK_MONOTONIC ns, set in the kernel).
+        self.window_start_ns: int | None = None
+        self.window_end_ns: int | None = None
         self._targets: set[int] = set()
         self._state = "stopped"
         self._reason: str | None = None
         # Cumulative counter values already handed out, per map key.
-        self._seen_threads: dict[tuple[int, int], int] = {}
-        self._seen_stacks: dict[tuple[int, int, int], int] = {}
-        self._seen_hist: dict[tuple[int, int], int] = {}
+        self._parity = 0
+        self._seen_threads: dict[tuple[int, int, int], int] = {}
+        self._seen_stacks: dict[tuple[int, int, int, int], int] = {}
+        self._seen_hist: dict[tuple[int, int, int], int] = {}
         self._folded: dict[tuple[int, int, int], str] = {}
 
     def start(self, targets: Iterable[int]) -> None:
@@ -278,9 +335,11 @@ class OffCpuProbe:
             require_tracepoints(TRACEPOINTS)
             self._bpf = load_bpf(render(self.config))
             bcc_mod = type(self._bpf)
-            cut = self._bpf.load_func(b"cut_open", bcc_mod.RAW_TRACEPOINT)
-            self._runner = RawTracepointRunner(cut.fd)
-            self._runner.run(0, 0)  # fail at start, not at the first read, where test runs are missing
+            self._runner = RawTracepointRunner(self._bpf.load_func(b"cut_open", bcc_mod.RAW_TRACEPOINT).fd)
+            self._flipper = RawTracepointRunner(self._bpf.load_func(b"flip_window", bcc_mod.RAW_TRACEPOINT).fd)
+            self._runner.run(0, 0, 0)  # fail at start, not at the first read, where test runs are missing
+            self._flipper.run(self._parity)
+            self.window_end_ns = self._bpf[b"boundary"][0].value & ~1
         except ProbeUnavailable as exc:
             self._state, self._reason = "failed", str(exc)
             self.stop(keep_reason=True)
@@ -306,24 +365,27 @@ class OffCpuProbe:
     def read(self) -> dict[int, OffCpuReading]:
         if self._bpf is None or self._runner is None:
             raise RuntimeError("offcpu probe is not running; call start() first")
-        boundary = self._clock()
+        closing, self._parity = self._parity, self._parity ^ 1
+        self._flipper.run(self._parity)
+        cut = self._bpf[b"boundary"][0].value & ~1
+        self.window_start_ns, self.window_end_ns = self.window_end_ns, cut
         start = self._bpf[b"start"]
         for key in list(start.keys()):
-            self._runner.run(key.value, boundary)
+            self._runner.run(key.value, cut, closing)
         for tgid in [t for t in self._targets if not (self._proc / str(t)).exists()]:
             self._drop_target(tgid)
             self._targets.discard(tgid)
         readings = {tgid: OffCpuReading() for tgid in self._targets}
-        self._read_threads(readings)
-        self._read_hist(readings)
-        self._read_stacks(readings)
+        self._read_threads(readings, closing)
+        self._read_hist(readings, closing)
+        self._read_stacks(readings, closing)
         return readings
 
     def stop(self, keep_reason: bool = False) -> None:
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None
-        self._runner = None
+        self._runner = self._flipper = None
         if not keep_reason:
             self._state, self._reason = "stopped", None
 
@@ -332,13 +394,17 @@ class OffCpuProbe:
         if self._bpf is not None:
             counts = [v.value for v in self._bpf[b"failures"].values()]
             failed, lost = counts[0] + counts[1], counts[2] + counts[3]
+            # Runs the kernel skipped because another tracing program was active on that CPU.
+            lost += prog_recursion_misses(self._bpf.funcs[b"tracepoint__sched__sched_switch"].fd)
         return ProbeHealth(name=self.name, state=self._state, reason=self._reason, targets=len(self._targets),
                            lost_events=lost, failed_stacks=failed)
 
-    def _read_threads(self, readings: dict[int, OffCpuReading]) -> None:
+    def _read_threads(self, readings: dict[int, OffCpuReading], parity: int) -> None:
         table = self._bpf[b"thread_ns"]
         for key, value in table.items():
-            ident = (key.tgid, key.tid)
+            if key.parity != parity:
+                continue
+            ident = (key.tgid, key.tid, key.parity)
             delta = value.value - self._seen_threads.get(ident, 0)
             self._seen_threads[ident] = value.value
             if key.tgid in readings and delta:
@@ -354,10 +420,12 @@ class OffCpuProbe:
             if rec.tgid not in self._targets or not (self._proc / str(rec.tgid) / "task" / str(key.value)).exists():
                 del stale[key]
 
-    def _read_hist(self, readings: dict[int, OffCpuReading]) -> None:
+    def _read_hist(self, readings: dict[int, OffCpuReading], parity: int) -> None:
         slots: dict[int, dict[int, int]] = {}
         for key, value in self._bpf[b"hist"].items():
-            ident = (key.tgid, key.slot)
+            if key.parity != parity:
+                continue
+            ident = (key.tgid, key.slot, key.parity)
             delta = value.value - self._seen_hist.get(ident, 0)
             self._seen_hist[ident] = value.value
             if key.tgid in readings and delta:
@@ -365,15 +433,17 @@ class OffCpuProbe:
         for tgid, by_slot in slots.items():
             readings[tgid].histogram = Log2Histogram.from_slots(by_slot, unit="us")
 
-    def _read_stacks(self, readings: dict[int, OffCpuReading]) -> None:
+    def _read_stacks(self, readings: dict[int, OffCpuReading], parity: int) -> None:
         per_target: dict[int, dict[str, int]] = {}
         for key, value in self._bpf[b"stack_ns"].items():
-            ident = (key.tgid, key.kstack, key.ustack)
+            if key.parity != parity:
+                continue
+            ident = (key.tgid, key.kstack, key.ustack, key.parity)
             delta = value.value - self._seen_stacks.get(ident, 0)
             self._seen_stacks[ident] = value.value
             if key.tgid not in readings or delta <= 0:
                 continue
-            folded = self._fold(*ident)
+            folded = self._fold(key.tgid, key.kstack, key.ustack)
             stacks = per_target.setdefault(key.tgid, {})
             stacks[folded] = stacks.get(folded, 0) + delta
         for tgid, stacks in per_target.items():
@@ -423,7 +493,7 @@ class OffCpuProbe:
         for name, seen in ((b"thread_ns", self._seen_threads), (b"stack_ns", self._seen_stacks),
                            (b"hist", self._seen_hist)):
             table = self._bpf[name]
-            for k in [k for k in table.keys() if k.tgid == tgid]:
+            for k in [k for k in table if k.tgid == tgid]:
                 del table[k]
             for ident in [i for i in seen if i[0] == tgid]:
                 del seen[ident]
@@ -448,7 +518,7 @@ def _blocked_threads(task_dir: Path) -> list[int]:
 
 
 def _insert_if_absent(table: Any, key: Any, leaf: Any) -> None:
-    from bcc.libbcc import lib  # noqa: PLC0415 - bcc is imported only once a probe loads
+    from bcc.libbcc import lib
 
     # EEXIST is the expected outcome when the kernel wrote a real record first.
     lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import select
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -91,20 +90,6 @@ def test_config_rejects_bad_values_quoting_them() -> None:
         OffCpuConfig(max_threads=-4)
 
 
-class RecordingClock:
-    """CLOCK_MONOTONIC, remembering each boundary and calling a hook at the same instant."""
-
-    def __init__(self, hook: Callable[[], None] | None = None) -> None:
-        self.ticks: list[int] = []
-        self.hook = hook
-
-    def __call__(self) -> int:
-        if self.hook:
-            self.hook()
-        self.ticks.append(time.monotonic_ns())
-        return self.ticks[-1]
-
-
 def _spawn(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
@@ -122,21 +107,21 @@ def _nanosleep_us(stacks: dict[str, int]) -> int:
 @pytest.mark.bpf
 def test_known_sleeps_within_3_percent_across_windows(require_bpf, cc) -> None:
     child = _spawn([str(cc(SLEEPER_C, "sleeper"))])
-    clock = RecordingClock()
-    probe = OffCpuProbe(clock=clock)
+    probe = OffCpuProbe()
+    lengths_us = []
     try:
         probe.start([child.pid])
-        clock.ticks.clear()
-        probe.read()  # opens the first window: ticks[0]
+        probe.read()
         child.stdin.write("g")
         child.stdin.flush()
         windows = []
         deadline = time.monotonic() + 20
-        while child.stdout.readable() and time.monotonic() < deadline:
-            time.sleep(0.25)
+        done = False
+        while not done and time.monotonic() < deadline:
+            # The child prints after its last sleep returned, so a read after that has it all.
+            done = bool(select.select([child.stdout], [], [], 0.25)[0])
             windows.append(probe.read()[child.pid])
-            if len(windows) > 10 and _nanosleep_us(windows[-1].stacks) == 0:
-                break
+            lengths_us.append((probe.window_end_ns - probe.window_start_ns) / 1000)
         truth_ns = int(child.stdout.readline())
         child.stdin.write("x")
         child.stdin.flush()
@@ -148,12 +133,16 @@ def test_known_sleeps_within_3_percent_across_windows(require_bpf, cc) -> None:
     measured_us = sum(_nanosleep_us(w.stacks) for w in windows)
     assert measured_us == pytest.approx(truth_ns / 1000, rel=0.03), (measured_us, truth_ns)
     # The 1.2 s sleep spans several 0.25 s windows: each shows (nearly) its whole length asleep.
-    lengths_us = [(b - a) / 1000 for a, b in zip(clock.ticks, clock.ticks[1:])]
     full = [i for i, w in enumerate(windows) if _nanosleep_us(w.stacks) > 0.97 * lengths_us[i]]
     assert len(full) >= 3, [(_nanosleep_us(w.stacks), round(n)) for w, n in zip(windows, lengths_us)]
     assert max(max(w.histogram.counts or [0]) for w in windows) > 0
-    # 20 sleeps of 50 ms land in the [32, 64) ms bucket: slot 15 in microseconds.
-    assert sum(w.histogram.counts[15] for w in windows if len(w.histogram.counts) > 15) >= 20
+    # 20 sleeps of 50 ms: slot 15 ([32, 64) ms), or 16 when a loaded CPU delays the wakeup > 14 ms.
+    hist = [0] * 32
+    for w in windows:
+        for slot, count in enumerate(w.histogram.counts):
+            hist[slot] += count
+    assert hist[15] + hist[16] >= 20, hist
+    assert hist[20] >= 1, hist  # the 1.2 s sleep: [1.05, 2.1) s
     assert health.state == "running" and health.failed_stacks == 0 and health.lost_events == 0
 
 
@@ -170,56 +159,58 @@ def _steal_ns() -> int:
 def test_off_plus_on_cpu_equals_wall_per_thread_and_window(require_bpf, python_exe) -> None:
     """on (schedstat) + off (probe) = wall, per thread and 0.3 s window, within a stated budget.
 
-    Budget below wall: 1% + 5 ms + the VM's steal time in that window and the next (+10 ms per
-    /proc/stat tick). When the hypervisor stops a vCPU while a target thread runs, the guest
-    clock advances but CONFIG_PARAVIRT_TIME_ACCOUNTING leaves steal out of the thread's on-CPU
-    sum, and no switch happens, so that stretch is in neither number. Budget above wall: 1% +
-    5 ms, from schedstat's sum for a running thread being brought up to date only at ticks
-    (CONFIG_HZ=250) and switches, and from switch-ins that land while read() runs. Measured on
-    this VM: most (thread, window) pairs match to 0.1 ms; misses of 5-30 ms coincide with steal.
+    Over wall (double counting) the budget is tight: 1% + 5 ms + the gaps between sampling
+    schedstat and the kernel taking each boundary inside read() (the test process can be
+    descheduled in between on this loaded 2-CPU VM). The 5 ms: schedstat's sum for a running
+    thread is brought up to date only at ticks (CONFIG_HZ=250) and switches.
+    Under wall it also allows the VM's steal time of the window and the next as /proc/stat shows
+    it, plus 20 ms: when the hypervisor stops a vCPU while a target thread runs, the guest clock
+    advances but CONFIG_PARAVIRT_TIME_ACCOUNTING leaves it out of the thread's on-CPU sum and no
+    switch happens, so that stretch is in neither number; /proc/stat books steal late (capped
+    per tick) and in 10 ms units, so it cannot be subtracted exactly.
+    Measured here (15 windows x 2 busy threads, repeated): most pairs match to 0.1 ms; 1 pair in
+    8 missed 2-14 ms, always under wall; the BPF program had 0 recursion misses meanwhile.
+    Hence also: the median pair within 1 ms, and all misses together under 2% of thread-time.
     """
     child = _spawn([python_exe, "-c", MIXED_CHILD])
     assert child.stdout.readline().strip() == "ready"
     tids = sorted(int(p.name) for p in Path(f"/proc/{child.pid}/task").iterdir())
-    on_cpu: list[dict[int, int]] = []
-    steal: list[int] = []
-
-    def sample() -> None:
-        on_cpu.append({t: _schedstat_ns(child.pid, t) for t in tids})
-        steal.append(_steal_ns())
-
-    clock = RecordingClock(hook=sample)
-    probe = OffCpuProbe(clock=clock)
+    samples: list[tuple[int, dict[int, int], int]] = []  # (time, on-CPU ns per tid, steal ns)
+    bounds: list[int] = []
+    probe = OffCpuProbe()
     try:
         probe.start([child.pid])
         probe.read()  # the first read loads kallsyms (~0.7 s); keep that out of the windows
-        on_cpu.clear()
-        steal.clear()
-        clock.ticks.clear()
-        probe.read()
         windows = []
-        for _ in range(6):
-            time.sleep(0.3)
+        for i in range(7):
+            if i:
+                time.sleep(0.3)
+            on = {t: _schedstat_ns(child.pid, t) for t in tids}
+            samples.append((time.monotonic_ns(), on, _steal_ns()))
             windows.append(probe.read()[child.pid])
+            bounds.append(probe.window_end_ns)
     finally:
         probe.stop()
         _finish(child)
 
     assert len(tids) == 3
     misses = []
-    for i, reading in enumerate(windows):
-        wall = clock.ticks[i + 1] - clock.ticks[i]
-        stolen = steal[min(i + 2, len(steal) - 1)] - steal[i]
+    for i in range(1, len(windows)):
+        reading = windows[i]
+        wall = bounds[i] - bounds[i - 1]
+        gaps = (bounds[i] - samples[i][0]) + (bounds[i - 1] - samples[i - 1][0])
+        stolen = samples[min(i + 1, len(samples) - 1)][2] - samples[i - 1][2]
         for tid in tids:
-            on = on_cpu[i + 1][tid] - on_cpu[i][tid]
+            on = samples[i][1][tid] - samples[i - 1][1][tid]
             off = reading.by_thread.get(tid, 0.0) * 1e9
             miss = wall - on - off
             misses.append(abs(miss))
-            assert -(0.01 * wall + 5e6) <= miss <= 0.01 * wall + 5e6 + stolen + (10e6 if stolen else 0), \
-                (i, tid, on, off, wall, stolen)
+            budget = 0.01 * wall + 5e6 + gaps
+            assert -budget <= miss <= budget + stolen + 20e6, (i, tid, on, off, wall, gaps, stolen)
     assert sorted(misses)[len(misses) // 2] < 1e6, misses  # the median pair is exact to 1 ms
+    assert sum(misses) < 0.02 * (bounds[-1] - bounds[0]) * len(tids), misses
     # The spinning threads are on-CPU a real share of the time, so the check is not trivial.
-    assert on_cpu[-1][tids[1]] - on_cpu[0][tids[1]] > 0.1 * (clock.ticks[-1] - clock.ticks[0])
+    assert samples[-1][1][tids[1]] - samples[0][1][tids[1]] > 0.1 * (bounds[-1] - bounds[0])
 
 
 @pytest.mark.bpf
