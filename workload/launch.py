@@ -1,0 +1,59 @@
+"""Start `python -m workload serve` as a child process and wait for its URL (benchmarks, demos)."""
+
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+URL_PATTERN = re.compile(r" at (http://[\d.]+:\d+)")
+
+
+class LaunchError(RuntimeError):
+    """The server exited or stayed silent before printing its URL."""
+
+
+@dataclass
+class Launched:
+    proc: subprocess.Popen
+    url: str
+    token: str
+
+
+@contextmanager
+def launched_server(*flags: str, token: str = "bench-token", timeout_s: float = 90.0) -> Iterator[Launched]:
+    proc = subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", "0", "--admin-token", token,
+                             *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = _await_url(proc, timeout_s)
+        yield Launched(proc, url, token)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def _await_url(proc: subprocess.Popen, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    seen: list[str] = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if not ready:
+            continue
+        line = proc.stdout.readline()
+        seen.append(line)
+        match = URL_PATTERN.search(line)
+        if match:
+            # Keep draining the log so a full pipe never stalls the server.
+            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            return match.group(1)
+    raise LaunchError(f"server printed no URL within {timeout_s}s (exit {proc.poll()}): {''.join(seen)[-500:]!r}")
