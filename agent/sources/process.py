@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import psutil
 
@@ -41,22 +41,21 @@ class ProcessSource:
             self._prev = self._counters()
 
     def read(self) -> ProcessReading:
-        with self._translate():
-            with self._proc.oneshot():
-                if self._proc.create_time() != self._created:
-                    raise psutil.NoSuchProcess(self.pid, msg="pid was reused by another process")
-                if self._proc.status() == psutil.STATUS_ZOMBIE:
-                    # psutil still answers for an exited, unreaped process: its figures are all stale.
-                    raise psutil.ZombieProcess(self.pid, msg="exited (zombie, not yet reaped)")
-                now = self._counters()
-                reading = ProcessReading(
-                    cpu_seconds=max(0.0, now.cpu_seconds - self._prev.cpu_seconds),
-                    rss_bytes=self._proc.memory_info().rss,
-                    threads=self._proc.num_threads(),
-                    voluntary_ctx_switches=now.voluntary - self._prev.voluntary,
-                    involuntary_ctx_switches=now.involuntary - self._prev.involuntary,
-                    fds=self._proc.num_fds(),
-                )
+        with self._translate(), self._proc.oneshot():
+            if self._proc.create_time() != self._created:
+                raise psutil.NoSuchProcess(self.pid, msg="pid was reused by another process")
+            if self._proc.status() == psutil.STATUS_ZOMBIE:
+                # psutil still answers for an exited, unreaped process: its figures are all stale.
+                raise psutil.ZombieProcess(self.pid, msg="exited (zombie, not yet reaped)")
+            now = self._counters()
+            reading = ProcessReading(
+                cpu_seconds=max(0.0, now.cpu_seconds - self._prev.cpu_seconds),
+                rss_bytes=self._proc.memory_info().rss,
+                threads=self._proc.num_threads(),
+                voluntary_ctx_switches=now.voluntary - self._prev.voluntary,
+                involuntary_ctx_switches=now.involuntary - self._prev.involuntary,
+                fds=self._proc.num_fds(),
+            )
         self._prev = now
         self._last_error = None
         return reading

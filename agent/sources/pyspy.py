@@ -14,9 +14,10 @@ import tempfile
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agent.sources.errors import SourceUnavailable
 from agent.sources.folded import parse_folded, parse_summary, split_idle
