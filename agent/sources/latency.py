@@ -96,6 +96,45 @@ def histogram_delta(prev: HistogramSnapshot | None, cur: HistogramSnapshot) -> t
     return total, total_sum, resets
 
 
+Series = dict[tuple, float]
+
+
+def parse_counters(text: str, names: tuple[str, ...]) -> dict[str, Series]:
+    """Values of each counter in `names` per label set; ReadingError if one is absent or text is bad."""
+    found: dict[str, Series] = {n: {} for n in names}
+    seen: set[str] = set()
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name in found:
+                seen.add(family.name)  # declared without series yet (no request so far): zero, not missing
+            for s in family.samples:
+                # A counter declared as `x` is exposed as `x_total` by OpenMetrics-style clients.
+                name = s.name[:-len("_total")] if s.name.endswith("_total") and s.name not in found else s.name
+                if name in found:
+                    seen.add(name)
+                    found[name][tuple(sorted(s.labels.items()))] = s.value
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ReadingError(f"malformed Prometheus text while looking for {', '.join(names)}: {exc}") from exc
+    if missing := [n for n in names if n not in seen]:
+        raise ReadingError(f"counter {missing[0]!r} not found at the endpoint")
+    return found
+
+
+def counter_delta(prev: Series | None, cur: Series) -> tuple[float, int]:
+    """Increase of a counter summed over label sets; a series that went down was reset (as rate())."""
+    total, resets = 0.0, 0
+    for key, value in cur.items():
+        before = prev.get(key) if prev else None
+        if before is None:
+            total += value
+        elif value < before:
+            resets += 1
+            total += value
+        else:
+            total += value - before
+    return total, resets
+
+
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
     """PromQL's histogram_quantile over cumulative buckets {upper bound: count}; None when empty."""
     if not 0.0 <= q <= 1.0:
@@ -125,26 +164,41 @@ def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
 
 
 class LatencySource:
-    """Scrapes `url` each read() and returns the latency histogram's delta since the previous read."""
+    """Scrapes `url` each read() and returns the request latency's delta since the previous read.
+
+    kind "histogram": `metric` is a histogram family; p50/p95/p99 come from the bucket deltas.
+    kind "counter": `metric` is a cumulative request-duration counter and `count_metric` the
+    completed-request counter (Triton's shape); only requests, rate and `last_mean_seconds`
+    are derivable, so the quantiles stay None. `unit_seconds` converts the metric's unit.
+    """
 
     name = "latency"
 
-    def __init__(self, url: str, metric: str, timeout: float = 2.0, fetch: Fetch = http_fetch,
+    def __init__(self, url: str, metric: str, timeout: float = 2.0, kind: str = "histogram",
+                 count_metric: str | None = None, unit_seconds: float = 1.0, fetch: Fetch = http_fetch,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"latency url must be http(s)://..., got {url!r}")
-        if not metric or metric.endswith(("_bucket", "_sum", "_count")):
+        if kind not in ("histogram", "counter"):
+            raise ValueError(f"latency kind must be 'histogram' or 'counter', got {kind!r}")
+        if not metric or (kind == "histogram" and metric.endswith(("_bucket", "_sum", "_count"))):
             raise ValueError(f"metric must be the histogram's base name (without _bucket), got {metric!r}")
+        if kind == "counter" and not count_metric:
+            raise ValueError(f"a counter latency metric needs count_metric (requests), got {count_metric!r}")
         if not 0 < timeout <= 60:
             raise ValueError(f"timeout must be within (0, 60] seconds, got {timeout!r}")
-        self.url, self.metric, self.timeout = url, metric, timeout
+        if not unit_seconds > 0:
+            raise ValueError(f"unit_seconds must be positive, got {unit_seconds!r}")
+        self.url, self.metric, self.timeout, self.kind = url, metric, timeout, kind
+        self.count_metric, self.unit_seconds = count_metric, unit_seconds
         self._fetch, self._clock = fetch, clock
-        self._prev: HistogramSnapshot | None = None
+        self._prev: HistogramSnapshot | dict[str, Series] | None = None
         self._prev_at: float | None = None
         self._errors = 0
         self._last_error: str | None = None
         self._scrapes = 0
         self._resets = 0
+        self.last_mean_seconds: float | None = None
 
     def prime(self) -> None:
         """Take the baseline scrape now, so the first read() already has a delta."""
@@ -156,16 +210,24 @@ class LatencySource:
         Raises ReadingError (counted in health) when the endpoint or the metric fails; the
         baseline is kept, so the next good scrape covers the missed interval too.
         """
-        first = self._prev is None
         prev, prev_at = self._prev, self._prev_at
         cur, now = self._scrape()
-        if first or prev_at is None:
+        if prev is None or prev_at is None:
             return LatencyReading()
-        buckets, _, resets = histogram_delta(prev, cur)
-        self._resets += resets
-        requests = buckets.get(math.inf, 0.0)
         elapsed = now - prev_at
-        p50, p95, p99 = (histogram_quantile(q, buckets) if buckets else None for q in QUANTILES)
+        if isinstance(cur, HistogramSnapshot):
+            assert isinstance(prev, HistogramSnapshot)
+            buckets, total_sum, resets = histogram_delta(prev, cur)
+            requests = buckets.get(math.inf, 0.0)
+            p50, p95, p99 = (self._seconds(histogram_quantile(q, buckets)) if buckets else None for q in QUANTILES)
+        else:
+            assert isinstance(prev, dict) and self.count_metric is not None
+            total_sum, r1 = counter_delta(prev[self.metric], cur[self.metric])
+            requests, r2 = counter_delta(prev[self.count_metric], cur[self.count_metric])
+            resets = r1 + r2
+            p50 = p95 = p99 = None
+        self._resets += resets
+        self.last_mean_seconds = self._seconds(total_sum / requests) if requests > 0 else None
         return LatencyReading(p50_seconds=p50, p95_seconds=p95, p99_seconds=p99, requests=requests,
                               request_rate=requests / elapsed if elapsed > 0 else 0.0)
 
@@ -175,13 +237,22 @@ class LatencySource:
     def health(self) -> SourceHealth:
         state = "error" if self._last_error else "ok"
         return SourceHealth(name=self.name, state=state, reason=self._last_error, errors=self._errors,
-                            detail={"url": self.url, "metric": self.metric, "scrapes": self._scrapes,
-                                    "counter_resets": self._resets})
+                            detail={"url": self.url, "metric": self.metric, "kind": self.kind,
+                                    "scrapes": self._scrapes, "counter_resets": self._resets,
+                                    "mean_seconds": self.last_mean_seconds})
 
-    def _scrape(self) -> tuple[HistogramSnapshot, float]:
+    def _seconds(self, value: float | None) -> float | None:
+        return None if value is None else value * self.unit_seconds
+
+    def _scrape(self) -> tuple[HistogramSnapshot | dict[str, Series], float]:
         try:
             text = self._fetch(self.url, self.timeout)
-            snap = parse_histogram(text, self.metric)
+            snap: HistogramSnapshot | dict[str, Series]
+            if self.kind == "histogram":
+                snap = parse_histogram(text, self.metric)
+            else:
+                assert self.count_metric is not None
+                snap = parse_counters(text, (self.metric, self.count_metric))
         except ReadingError as exc:
             self._errors += 1
             self._last_error = str(exc)

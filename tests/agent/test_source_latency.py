@@ -10,13 +10,14 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from agent.sources.errors import ReadingError
 from agent.sources.latency import LatencySource, histogram_quantile
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-METRIC = "test_request_latency_seconds"
+# A colon, as in vLLM's names (the bundled workload exports those).
+METRIC = "test:request_latency_seconds"
 
 
 def free_port() -> int:
@@ -36,6 +37,9 @@ class Server:
     def start(self) -> None:
         self.registry = CollectorRegistry()
         self.hist = Histogram(METRIC, "request latency", ["route"], buckets=BUCKETS, registry=self.registry)
+        # Triton's shape: cumulative duration in microseconds plus a request counter, per model.
+        self.duration_us = Counter("nv_inference_request_duration_us", "duration", ["model"], registry=self.registry)
+        self.success = Counter("nv_inference_request_success", "requests", ["model"], registry=self.registry)
         self._httpd, self._thread = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
 
     def stop(self) -> None:
@@ -146,7 +150,7 @@ def test_unreachable_server_is_a_counted_reading_error() -> None:
 
 def test_missing_metric_names_it_and_recovers(server: Server) -> None:
     src = LatencySource(server.url, "no_such_latency_seconds")
-    with pytest.raises(ReadingError, match="'no_such_latency_seconds' not found.*test_request_latency_seconds"):
+    with pytest.raises(ReadingError, match="'no_such_latency_seconds' not found.*test:request_latency_seconds"):
         src.read()
     assert src.health().errors == 1
     good = LatencySource(server.url, METRIC)
@@ -209,8 +213,62 @@ def test_histogram_quantile_edges() -> None:
 
 
 @pytest.mark.parametrize("kw, bad", [({"url": "ftp://x"}, "ftp://x"), ({"metric": "lat_bucket"}, "lat_bucket"),
-                                     ({"timeout": 0}, "0")])
+                                     ({"timeout": 0}, "0"), ({"kind": "summary"}, "summary"),
+                                     ({"kind": "counter"}, "None"), ({"unit_seconds": -1}, "-1")])
 def test_bad_arguments_quote_the_value(kw, bad) -> None:
     args = {"url": "http://127.0.0.1:1/metrics", "metric": "lat", "timeout": 1.0} | kw
     with pytest.raises(ValueError, match=bad):
         LatencySource(**args)
+
+
+def triton_source(server: Server, clock=None) -> LatencySource:
+    kw = {"clock": clock} if clock else {}
+    return LatencySource(server.url, "nv_inference_request_duration_us", kind="counter",
+                         count_metric="nv_inference_request_success", unit_seconds=1e-6, **kw)
+
+
+def test_counter_kind_gives_requests_rate_and_mean(server: Server) -> None:
+    clock = FakeClock()
+    src = triton_source(server, clock)
+    server.duration_us.labels(model="a").inc(1_000_000)
+    server.success.labels(model="a").inc(10)
+    src.prime()
+    durations_us = [20_000, 40_000, 60_000, 80_000]
+    for i, d in enumerate(durations_us):
+        model = "ab"[i % 2]
+        server.duration_us.labels(model=model).inc(d)
+        server.success.labels(model=model).inc()
+    clock.now += 2.0
+    reading = src.read()
+    assert reading.requests == 4 and reading.request_rate == pytest.approx(2.0)
+    assert reading.p50_seconds is None and reading.p99_seconds is None
+    assert src.last_mean_seconds == pytest.approx(np.mean(durations_us) * 1e-6)
+
+
+def test_counter_kind_reset(server: Server) -> None:
+    src = triton_source(server)
+    server.duration_us.labels(model="a").inc(5_000_000)
+    server.success.labels(model="a").inc(100)
+    src.prime()
+    server.restart()
+    server.duration_us.labels(model="a").inc(30_000)
+    server.success.labels(model="a").inc(3)
+    reading = src.read()
+    assert reading.requests == 3
+    assert src.last_mean_seconds == pytest.approx(0.01)
+    assert src.health().detail["counter_resets"] == 2
+
+
+def test_counter_kind_missing_counter_is_a_reading_error(server: Server) -> None:
+    src = LatencySource(server.url, "nv_inference_request_duration_us", kind="counter",
+                        count_metric="nv_no_such_counter")
+    server.duration_us.labels(model="a").inc(1)
+    with pytest.raises(ReadingError, match="nv_no_such_counter"):
+        src.read()
+
+
+def test_counter_kind_declared_but_unused_counts_zero(server: Server) -> None:
+    src = triton_source(server)
+    src.prime()
+    reading = src.read()
+    assert reading.requests == 0 and src.last_mean_seconds is None
