@@ -55,8 +55,9 @@ struct lat_key_t {
     u32 idx;
     u32 bucket;
 };
-// LRU: a thread that exits inside a syscall (exit_group) never reaches sys_exit.
-BPF_TABLE("lru_hash", u32, struct start_t, start, START_ENTRIES);
+// One entry per target thread, rewritten in place (ts = 0: no syscall open): an update plus a
+// delete per syscall cost ~2x more. read() prunes the entries of threads that died.
+BPF_HASH(start, u32, struct start_t, START_ENTRIES);
 BPF_PERCPU_HASH(latency, struct lat_key_t, u64, LATENCY_ENTRIES);
 
 static inline void count_lost(void)
@@ -83,9 +84,16 @@ RAW_TRACEPOINT_PROBE(sys_enter)
         (*count)++;
 #ifdef LATENCY
     u32 tid = pid_tgid;
-    struct start_t s = {.ts = bpf_ktime_get_ns(), .tgid = tgid, .idx = idx};
-    if (start.update(&tid, &s))
-        count_lost();
+    struct start_t *s = start.lookup(&tid);
+    if (s) {
+        s->ts = bpf_ktime_get_ns();
+        s->tgid = tgid;
+        s->idx = idx;
+    } else {
+        struct start_t fresh = {.ts = bpf_ktime_get_ns(), .tgid = tgid, .idx = idx};
+        if (start.update(&tid, &fresh))
+            count_lost();
+    }
 #endif
     return 0;
 }
@@ -97,16 +105,14 @@ RAW_TRACEPOINT_PROBE(sys_exit)
     u32 tid = pid_tgid;
     // Only targets' threads have a start entry: this lookup is the target filter.
     struct start_t *s = start.lookup(&tid);
-    if (!s)
+    if (!s || !s->ts)
         return 0;
     u64 delta = bpf_ktime_get_ns() - s->ts;
+    s->ts = 0;
+    if (s->tgid != (u32)(pid_tgid >> 32))
+        return 0;  // a reused tid: the entry belonged to a thread that died in a syscall
     // bpf_log2l() is floor(log2)+1 (bcc's print convention); Log2Histogram's slot i is [2^i, 2^(i+1)).
     struct lat_key_t key = {.idx = s->idx, .bucket = bpf_log2l(delta) - 1};
-    u32 tgid = pid_tgid >> 32;
-    u32 owner = s->tgid;
-    start.delete(&tid);
-    if (owner != tgid)
-        return 0;  // a reused tid: the entry belonged to a thread that died in a syscall
     u64 *n = latency.lookup(&key);
     if (n) {
         (*n)++;
@@ -280,6 +286,8 @@ class SyscallsProbe:
             raise ProbeUnavailable("syscalls probe is not started")
         for tgid in [t for t, _ in self._slots.items() if not (self._proc_root / str(t)).exists()]:
             self._drop(tgid)
+        if self.config.latency:
+            self._prune_start()
         counts = self._read_counts()
         latency = self._read_latency() if self.config.latency else {}
         readings: dict[int, SyscallReading] = {}
@@ -311,6 +319,16 @@ class SyscallsProbe:
             pass  # never inserted (a failed add): nothing to detach
         self._slots.remove(tgid)
         self._health.targets = len(self._slots)
+
+    def _prune_start(self) -> None:
+        start = self._bpf[b"start"]
+        for key, _ in list(start.items_lookup_batch()):
+            tid = int(key)
+            if not (self._proc_root / str(tid)).exists():
+                try:
+                    del start[start.Key(tid)]
+                except KeyError:
+                    pass  # gone already: nothing to prune
 
     def _read_counts(self) -> list[int]:
         counts = [0] * (self.config.max_targets * SYSCALL_SLOTS)

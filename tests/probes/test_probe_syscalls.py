@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import subprocess
@@ -326,3 +327,16 @@ def test_reading_is_a_log2_histogram_per_top_syscall(require_bpf, cc, children, 
     reading = probe.read()[child.pid]
     assert list(reading.latency) == ["getppid"]  # top 1 by count: 6000 getppid vs 3000 getcpu
     assert isinstance(reading.latency["getppid"], Log2Histogram)
+
+
+@pytest.mark.bpf
+def test_latency_mode_forgets_threads_that_died_in_a_syscall(require_bpf, cc, children, probe_factory):
+    child = children(cc(CHILD_C, "sysmix7"), 1_000, 1, 3)  # 3 threads that end in exit(2), which never returns
+    probe = probe_factory(SyscallsConfig(latency=True))
+    probe.start([child.pid])
+    child.go()
+    probe.read()
+    live = {int(t) for t in os.listdir(f"/proc/{child.pid}/task")}
+    tracked = {int(k) for k, _ in probe._bpf[b"start"].items_lookup_batch()}
+    assert len(live) == 1
+    assert tracked <= live, tracked - live

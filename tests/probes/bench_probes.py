@@ -1,0 +1,321 @@
+"""Probe overhead benchmark: a getppid loop and a pipe ping-pong, A/B interleaved: no probe vs ours vs bcc's tools.
+
+Run as root from the repository root (a few minutes; see docs/bench_probes.md):
+
+    .venv/bin/python tests/probes/bench_probes.py --rounds 8 --json /tmp/bench_probes.json
+
+Every round runs, for each condition in a shuffled order, one *pair*: the micro-workloads with
+no probe and with the condition, in a random order within the pair. The cost of a condition
+is the per-pair difference (probe - none), so that slow drifts of a shared host cancel; the
+report gives the median and the spread (p25..p75 and min..max) over pairs.
+
+Workloads (both pinned to one CPU, so the ping-pong is pure context switches):
+  getppid   N calls of syscall(SYS_getppid); ns per call; 1 syscall per op.
+  pingpong  N round trips of one byte over two pipes between two processes; ns per round
+            trip; 4 syscalls (write+read on each side), 2 context switches and 2 wakeups per op.
+Each run is timed in chunks (2,000 calls, 100 round trips) and reports its median chunk:
+chunks in which another task of the shared host took the CPU fall out of the median.
+
+Not collected by pytest (the name does not start with test_).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from probes.runqlat import RunqlatProbe
+from probes.syscalls import SyscallsConfig, SyscallsProbe
+
+WORKLOAD_C = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argv[1];
+    long n = atol(argv[2]);
+    cpu_set_t set;
+    int a[2], b[2];
+    pid_t child = 0;
+    char c = 'x';
+    CPU_ZERO(&set);
+    CPU_SET(atoi(argv[3]), &set);
+    if (sched_setaffinity(0, sizeof set, &set))
+        return 3;
+    int pingpong = strcmp(mode, "pingpong") == 0;
+    if (pingpong) {
+        if (pipe(a) || pipe(b))
+            return 4;
+        child = fork();
+        if (child == 0) {
+            for (long i = 0; i < n; i++) {
+                if (read(a[0], &c, 1) != 1 || write(b[1], &c, 1) != 1)
+                    _exit(5);
+            }
+            _exit(0);
+        }
+    }
+    printf("ready %d %d\n", getpid(), (int)child);
+    fflush(stdout);
+    if (read(0, &c, 1) != 1)
+        return 1;
+    // Timed in chunks; the median chunk ignores the ones another task preempted on a shared host.
+    long chunk = atol(argv[4]), chunks = n / chunk;
+    double *per_op = calloc(chunks, sizeof *per_op);
+    for (long k = 0; k < chunks; k++) {
+        long t0 = now_ns();
+        if (pingpong) {
+            for (long i = 0; i < chunk; i++) {
+                if (write(a[1], &c, 1) != 1 || read(b[0], &c, 1) != 1)
+                    return 6;
+            }
+        } else {
+            for (long i = 0; i < chunk; i++)
+                syscall(SYS_getppid);
+        }
+        per_op[k] = (double)(now_ns() - t0) / chunk;
+    }
+    qsort(per_op, chunks, sizeof *per_op, cmp_double);
+    printf("%.3f\n", per_op[chunks / 2]);
+    fflush(stdout);
+    if (child)
+        waitpid(child, NULL, 0);
+    return 0;
+}
+"""
+
+WORKLOADS = ("getppid", "pingpong")
+# Events per op for "ns added per event": syscalls for the syscall probes, context switches for runqlat.
+EVENTS_PER_OP = {
+    ("getppid", "syscall"): 1, ("pingpong", "syscall"): 4,
+    ("getppid", "sched"): None, ("pingpong", "sched"): 2,
+}
+
+
+@dataclass
+class Condition:
+    name: str
+    kind: str  # "syscall" or "sched": which events it pays per
+    attach: Callable[[list[int]], Callable[[], None]]  # pids of the workload -> detach
+
+
+@dataclass
+class Result:
+    condition: str
+    workload: str
+    none_ns: list[float] = field(default_factory=list)
+    probe_ns: list[float] = field(default_factory=list)
+
+
+class Workload:
+    """One micro-workload process (two for pingpong), stopped at 'ready' until go()."""
+
+    def __init__(self, binary: Path, mode: str, n: int, chunk: int, cpu: int) -> None:
+        if n % chunk:
+            raise ValueError(f"{mode}: {n} ops is not a multiple of the chunk size {chunk}")
+        self.proc = subprocess.Popen([str(binary), mode, str(n), str(cpu), str(chunk)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        words = _line(self.proc, 30).split()
+        if words[0] != "ready":
+            raise RuntimeError(f"workload {mode} said {words!r} instead of 'ready'")
+        self.pids = [int(w) for w in words[1:] if int(w) > 0]
+
+    def go(self) -> float:
+        self.proc.stdin.write("g")
+        self.proc.stdin.flush()
+        ns = float(_line(self.proc, 120))
+        if self.proc.wait(timeout=30) != 0:
+            raise RuntimeError(f"workload exited with {self.proc.returncode}")
+        return ns
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _line(proc: subprocess.Popen, timeout: float) -> str:
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        raise RuntimeError(f"process {proc.pid} said nothing within {timeout}s")
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"process {proc.pid} closed its output (exit {proc.poll()})")
+    return line.strip()
+
+
+def _ours(factory: Callable[[], object], target: bool) -> Callable[[list[int]], Callable[[], None]]:
+    def attach(pids: list[int]) -> Callable[[], None]:
+        probe = factory()
+        # Non-target: the probe watches this (idle) harness, so the workload only pays the filter.
+        probe.start(pids if target else [os.getpid()])
+        return probe.stop
+
+    return attach
+
+
+def _bcc_tool(argv: list[str], ready_text: str) -> Callable[[list[int]], Callable[[], None]]:
+    def attach(pids: list[int]) -> Callable[[], None]:
+        tool = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 60
+        # The tools print their banner after BPF() has loaded and attached every program.
+        while ready_text not in _line(tool, max(1.0, deadline - time.monotonic())):
+            pass
+
+        def detach() -> None:
+            tool.send_signal(signal.SIGINT)
+            try:
+                tool.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                tool.kill()
+                tool.communicate()
+
+        return detach
+
+    return attach
+
+
+def conditions() -> list[Condition]:
+    return [
+        Condition("ours syscalls count (target)", "syscall", _ours(lambda: SyscallsProbe(), True)),
+        Condition("ours syscalls count (non-target)", "syscall", _ours(lambda: SyscallsProbe(), False)),
+        Condition("ours syscalls +latency (target)", "syscall",
+                  _ours(lambda: SyscallsProbe(SyscallsConfig(latency=True)), True)),
+        Condition("ours syscalls +latency (non-target)", "syscall",
+                  _ours(lambda: SyscallsProbe(SyscallsConfig(latency=True)), False)),
+        Condition("syscount-bpfcc (all pids)", "syscall", _bcc_tool(["syscount-bpfcc"], "Tracing syscalls")),
+        Condition("ours runqlat (target)", "sched", _ours(lambda: RunqlatProbe(), True)),
+        Condition("ours runqlat (non-target)", "sched", _ours(lambda: RunqlatProbe(), False)),
+        Condition("runqlat-bpfcc (all pids)", "sched", _bcc_tool(["runqlat-bpfcc"], "Tracing run queue latency")),
+    ]
+
+
+def run_trial(binary: Path, args: argparse.Namespace, attach: Callable[[list[int]], Callable[[], None]] | None
+              ) -> dict[str, float]:
+    """Both workloads under one attachment of the condition (None = no probe); ns per op by workload."""
+    sizes = {"getppid": (args.calls, args.chunk_calls), "pingpong": (args.round_trips, args.chunk_round_trips)}
+    loads = {w: Workload(binary, w, *sizes[w], args.cpu) for w in WORKLOADS}
+    detach = None
+    try:
+        if attach is not None:
+            detach = attach([pid for w in loads.values() for pid in w.pids])
+        return {w: loads[w].go() for w in WORKLOADS}
+    finally:
+        if detach is not None:
+            detach()
+        for w in loads.values():
+            w.kill()
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
+    return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "min": min(values), "max": max(values)}
+
+
+def report(results: dict[tuple[str, str], Result], kinds: dict[str, str]) -> tuple[str, dict]:
+    lines = [
+        "| condition | workload | none ns/op (median) | with probe ns/op (median) | added ns/op: median [p25..p75] (min..max) | ratio | added ns per event |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    summary: dict[str, dict] = {}
+    for (cond, workload), r in results.items():
+        deltas = [p - n for p, n in zip(r.probe_ns, r.none_ns)]
+        d = summarize(deltas)
+        none_med, probe_med = statistics.median(r.none_ns), statistics.median(r.probe_ns)
+        per = EVENTS_PER_OP[(workload, kinds[cond])]
+        per_event = f"{d['median'] / per:.0f} ({'syscall' if kinds[cond] == 'syscall' else 'switch'})" if per else "n/a"
+        lines.append(f"| {cond} | {workload} | {none_med:.0f} | {probe_med:.0f} | {d['median']:.0f} "
+                     f"[{d['p25']:.0f}..{d['p75']:.0f}] ({d['min']:.0f}..{d['max']:.0f}) | "
+                     f"{probe_med / none_med:.2f} | {per_event} |")
+        summary[f"{cond} / {workload}"] = {"added_ns": d, "none_median_ns": none_med, "probe_median_ns": probe_med,
+                                           "ratio": probe_med / none_med, "pairs": len(deltas)}
+    return "\n".join(lines), summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8, help="pairs per condition")
+    parser.add_argument("--calls", type=int, default=1_000_000, help="getppid calls per run")
+    parser.add_argument("--round-trips", type=int, default=30_000, help="ping-pong round trips per run")
+    parser.add_argument("--chunk-calls", type=int, default=2_000, help="getppid calls per timed chunk")
+    parser.add_argument("--chunk-round-trips", type=int, default=100, help="round trips per timed chunk")
+    parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)), help="CPU the workloads run on")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--only", action="append", default=[], help="run only conditions containing this text")
+    parser.add_argument("--json", type=Path, help="write raw samples and the summary here")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        parser.error("needs root: it loads BPF programs")
+    rng = random.Random(args.seed)
+    conds = [c for c in conditions() if not args.only or any(o in c.name for o in args.only)]
+    kinds = {c.name: c.kind for c in conds}
+    results = {(c.name, w): Result(c.name, w) for c in conds for w in WORKLOADS}
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = Path(tmp) / "micro"
+        subprocess.run(["gcc", "-O2", "-o", str(binary), "-x", "c", "-"], input=WORKLOAD_C, text=True, check=True)
+        run_trial(binary, args, None)  # warm-up: page cache, CPU frequency
+        for rnd in range(args.rounds):
+            for cond in rng.sample(conds, len(conds)):
+                order = [None, cond.attach] if rng.random() < 0.5 else [cond.attach, None]
+                pair = {id(a): run_trial(binary, args, a) for a in order}
+                none, probe = pair[id(None)], pair[id(cond.attach)]
+                for w in WORKLOADS:
+                    results[(cond.name, w)].none_ns.append(none[w])
+                    results[(cond.name, w)].probe_ns.append(probe[w])
+            print(f"round {rnd + 1}/{args.rounds} done at {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+    table, summary = report(results, kinds)
+    header = (f"rounds={args.rounds} calls={args.calls} round_trips={args.round_trips} cpu={args.cpu} "
+              f"seed={args.seed} took={time.monotonic() - started:.0f}s "
+              f"loadavg before={load_before[0]:.2f} after={os.getloadavg()[0]:.2f}")
+    print(header)
+    print(table)
+    ours, theirs = (summary.get(f"{n} / getppid") for n in ("ours syscalls count (target)", "syscount-bpfcc (all pids)"))
+    if ours and theirs:
+        verdict = ours["added_ns"]["median"] <= 0.5 * theirs["added_ns"]["median"]
+        print(f"\ngoal (ours count-only adds <= half of syscount-bpfcc per getppid): "
+              f"{ours['added_ns']['median']:.0f} ns vs {theirs['added_ns']['median']:.0f} ns -> "
+              f"{'MET' if verdict else 'NOT MET'}")
+    if args.json:
+        args.json.write_text(json.dumps({"header": header, "summary": summary,
+                                         "samples": [asdict(r) for r in results.values()]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
