@@ -1,0 +1,348 @@
+"""Python GC pauses per target, measured from outside the process with uprobes or USDT.
+
+Traces, per target, in the target's own CPython image (its libpython, or the executable when
+Python is linked statically; found through /proc/PID/maps by probes.libpython):
+- USDT python:gc__start / python:gc__done when the interpreter was built with them (plain
+  uprobes at the probe sites; the kernel raises the sites' semaphores via ref_ctr_offset), else
+- a uprobe + uretprobe on the function each collection runs exactly once (gc_collect_main on
+  3.10-3.13, collect and its compiler clones before).
+The entry records the time per thread; the return adds one collection, its pause, a per-window
+maximum and a log2 histogram in microseconds. Targets without either raise Unsupported.
+
+Overhead: a uprobe costs a trap (~1-3 us here) per hit and collections are rare (about one per
+700 net allocations of container objects in generation 0), so it is small next to the pause.
+
+Caveats: the pause is the collector's own time; gc.callbacks run outside it. Uprobes are placed
+per target pid, so adding a target attaches the already loaded functions again (no recompile).
+Collections run during interpreter shutdown are counted too (they call the same function).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.window import GcReading, Log2Histogram
+from probes.base import ProbeHealth, import_bcc, load_bpf
+from probes.errors import AccessDenied, ProbeUnavailable, TargetGone, Unsupported
+from probes.libpython import USDT_PROVIDER, PythonImage, find_python_image
+
+BPF_TEXT = r"""
+#include <uapi/linux/ptrace.h>
+
+struct totals_t { u64 count; u64 total_ns; };
+/* parity: the window's, flipped by user space at each read, so the closing window's maximum can
+   be read and reset while the next one already records. All-u32 keys: no padding. */
+struct max_key_t { u32 tgid; u32 parity; };
+struct hist_key_t { u32 tgid; u32 slot; };
+
+BPF_HASH(targets, u32, u8, MAX_TARGETS);
+BPF_HASH(start, u32, u64, MAX_THREADS);
+BPF_HASH(totals, u32, struct totals_t, MAX_TARGETS);
+BPF_HASH(maxima, struct max_key_t, u64, MAX_TARGETS * 2);
+BPF_HASH(hist, struct hist_key_t, u64, MAX_TARGETS * 64);
+BPF_ARRAY(window, u64, 1);
+/* 0: a return without a recorded entry (attached mid-collection), 1: a map was full */
+BPF_ARRAY(failures, u64, 2);
+
+static inline void count_failure(int which) {
+    u64 *c = failures.lookup(&which);
+    if (c)
+        __sync_fetch_and_add(c, 1);
+}
+
+static inline u32 log2_slot(u64 v) {
+    u32 r = 0;
+    if (v >> 32) { v >>= 32; r += 32; }
+    if (v >> 16) { v >>= 16; r += 16; }
+    if (v >> 8) { v >>= 8; r += 8; }
+    if (v >> 4) { v >>= 4; r += 4; }
+    if (v >> 2) { v >>= 2; r += 2; }
+    if (v >> 1) { r += 1; }
+    return r;
+}
+
+int gc_start(struct pt_regs *ctx) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!targets.lookup(&tgid))
+        return 0;
+    u32 tid = id;
+    u64 now = bpf_ktime_get_ns();
+    if (start.update(&tid, &now))
+        count_failure(1);
+    return 0;
+}
+
+int gc_done(struct pt_regs *ctx) {
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if (!targets.lookup(&tgid))
+        return 0;
+    u32 tid = id;
+    u64 *begin = start.lookup(&tid);
+    if (!begin) {
+        count_failure(0);
+        return 0;
+    }
+    u64 pause = bpf_ktime_get_ns() - *begin;
+    start.delete(&tid);
+
+    struct totals_t zero_totals = {};
+    struct totals_t *t = totals.lookup_or_try_init(&tgid, &zero_totals);
+    if (t) {
+        __sync_fetch_and_add(&t->count, 1);
+        __sync_fetch_and_add(&t->total_ns, pause);
+    } else {
+        count_failure(1);
+    }
+
+    int zero_idx = 0;
+    u64 *parity = window.lookup(&zero_idx);
+    u64 zero = 0;
+    struct max_key_t mk = {.tgid = tgid, .parity = parity ? (*parity & 1) : 0};
+    u64 *m = maxima.lookup_or_try_init(&mk, &zero);
+    /* The GIL serialises collections within a process: no compare-and-swap loop needed. */
+    if (m && *m < pause)
+        *m = pause;
+
+    struct hist_key_t hk = {.tgid = tgid, .slot = log2_slot(pause / 1000)};
+    u64 *h = hist.lookup_or_try_init(&hk, &zero);
+    if (h)
+        __sync_fetch_and_add(h, 1);
+    else
+        count_failure(1);
+    return 0;
+}
+"""
+
+
+@dataclass(frozen=True)
+class GcPauseConfig:
+    max_targets: int = 64
+    max_threads: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_targets", "max_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"GcPauseConfig.{name} must be a positive int, got {value!r}")
+
+
+def render(config: GcPauseConfig) -> str:
+    defines = [f"#define MAX_TARGETS {config.max_targets}", f"#define MAX_THREADS {config.max_threads}"]
+    return "\n".join(defines) + "\n" + BPF_TEXT
+
+
+@dataclass
+class _Attachment:
+    """How one target is traced: what detach() must undo."""
+
+    image: PythonImage
+    method: str                 # "usdt" | "uprobe"
+    # bcc's uprobe event names: detaching by name needs no symbol lookup in a file that may be gone.
+    events: list[bytes]
+    # USDT sites attached here rather than through bcc: (event name, perf event fd).
+    usdt_events: list[tuple[bytes, int]]
+
+
+class GcPauseProbe:
+    name = "gcpause"
+
+    def __init__(self, config: GcPauseConfig | None = None, proc_root: Path = Path("/proc"),
+                 locate: Callable[[int, Path], PythonImage] = find_python_image) -> None:
+        self.config = config or GcPauseConfig()
+        self._proc = proc_root
+        self._locate = locate
+        self._bpf: Any = None
+        self._attached: dict[int, _Attachment] = {}
+        # Targets asked for that cannot be traced, with the reason (shown in health).
+        self.unsupported: dict[int, str] = {}
+        self._parity = 0
+        self._seen_totals: dict[int, tuple[int, int]] = {}
+        self._seen_hist: dict[tuple[int, int], int] = {}
+        self._state = "stopped"
+        self._reason: str | None = None
+
+    def start(self, targets: Iterable[int]) -> None:
+        if self._bpf is not None:
+            raise RuntimeError("gcpause probe already started; use set_targets() to change targets")
+        wanted = [int(t) for t in targets]
+        try:
+            self._bpf = load_bpf(render(self.config))
+        except ProbeUnavailable as exc:
+            self._state, self._reason = "failed", str(exc)
+            raise
+        self._state = "running"
+        try:
+            self.set_targets(wanted)
+        except Unsupported as exc:
+            if wanted and not self._attached:
+                self.stop()
+                self._state, self._reason = "unsupported", str(exc)
+            raise
+
+    def set_targets(self, targets: Iterable[int]) -> None:
+        """Attach to new targets, detach from dropped ones; raises Unsupported naming every new
+        target that cannot be traced, after attaching all the others."""
+        wanted = {int(t) for t in targets}
+        if len(wanted) > self.config.max_targets:
+            raise ValueError(f"{len(wanted)} targets exceed GcPauseConfig.max_targets={self.config.max_targets}")
+        if self._bpf is None:
+            raise RuntimeError("gcpause probe is not running; call start() first")
+        for tgid in set(self._attached) - wanted:
+            self._detach(tgid)
+        self.unsupported = {t: r for t, r in self.unsupported.items() if t in wanted}
+        failures = []
+        for tgid in sorted(wanted - set(self._attached) - set(self.unsupported)):
+            try:
+                self._attach(tgid)
+            except (Unsupported, AccessDenied) as exc:
+                self.unsupported[tgid] = str(exc)
+                failures.append(str(exc))
+            except TargetGone:
+                continue  # exited before we got to it: nothing to trace, not an error
+        self._reason = "; ".join(f"unsupported: {r}" for r in self.unsupported.values()) or None
+        if failures:
+            raise Unsupported("; ".join(failures))
+
+    def read(self) -> dict[int, GcReading]:
+        if self._bpf is None:
+            raise RuntimeError("gcpause probe is not running; call start() first")
+        closing, self._parity = self._parity, self._parity ^ 1
+        window = self._bpf[b"window"]
+        window[window.Key(0)] = window.Leaf(self._parity)
+        for tgid in [t for t in self._attached if not (self._proc / str(t)).exists()]:
+            self._detach(tgid)
+        readings = {tgid: GcReading() for tgid in self._attached}
+        for key, value in self._bpf[b"totals"].items():
+            tgid = key.value
+            count, total = self._seen_totals.get(tgid, (0, 0))
+            self._seen_totals[tgid] = (value.count, value.total_ns)
+            if tgid in readings:
+                readings[tgid].collections = value.count - count
+                readings[tgid].pause_seconds = (value.total_ns - total) / 1e9
+        maxima = self._bpf[b"maxima"]
+        for key, value in list(maxima.items()):
+            if key.parity != closing:
+                continue
+            if key.tgid in readings:
+                readings[key.tgid].max_pause_seconds = value.value / 1e9
+            # Reset for this parity's next turn; a return that read the old parity just before
+            # the flip may still write it, which then shows in that later window.
+            del maxima[key]
+        slots: dict[int, dict[int, int]] = {}
+        for key, value in self._bpf[b"hist"].items():
+            seen = self._seen_hist.get((key.tgid, key.slot), 0)
+            self._seen_hist[(key.tgid, key.slot)] = value.value
+            if key.tgid in readings and value.value > seen:
+                slots.setdefault(key.tgid, {})[key.slot] = value.value - seen
+        for tgid, by_slot in slots.items():
+            readings[tgid].histogram = Log2Histogram.from_slots(by_slot, unit="us")
+        return readings
+
+    def stop(self) -> None:
+        if self._bpf is not None:
+            for tgid in list(self._attached):
+                self._detach(tgid)
+            self._bpf.cleanup()
+            self._bpf = None
+        self._attached.clear()
+        if self._state == "running":
+            self._state, self._reason = "stopped", None
+
+    def health(self) -> ProbeHealth:
+        lost = 0
+        if self._bpf is not None:
+            lost = sum(v.value for v in self._bpf[b"failures"].values())
+        return ProbeHealth(name=self.name, state=self._state, reason=self._reason,
+                           targets=len(self._attached), lost_events=lost, failed_stacks=0)
+
+    def method(self, tgid: int) -> str | None:
+        """"usdt" or "uprobe": how a target is traced; None when it is not."""
+        attachment = self._attached.get(tgid)
+        return attachment.method if attachment else None
+
+    def _attach(self, tgid: int) -> None:
+        image = self._locate(tgid, self._proc)
+        targets = self._bpf[b"targets"]
+        targets[targets.Key(tgid)] = targets.Leaf(1)
+        before = set(self._bpf.uprobe_fds)
+        usdt_events: list[tuple[bytes, int]] = []
+        try:
+            if image.has_gc_usdt:
+                method = "usdt"
+                self._attach_usdt(image, usdt_events)
+            else:
+                method = "uprobe"
+                self._attach_uprobes(image)
+        except Exception as exc:  # bcc raises bare Exception when an attach fails
+            for event in set(self._bpf.uprobe_fds) - before:
+                self._bpf.detach_uprobe_event(event)
+            _detach_usdt(usdt_events)
+            del targets[targets.Key(tgid)]
+            if not (self._proc / str(tgid)).exists():
+                raise TargetGone(f"process {tgid} exited while attaching") from exc
+            raise Unsupported(f"pid {tgid}: attaching to {image.path} failed: {exc}") from exc
+        events = sorted(set(self._bpf.uprobe_fds) - before)
+        self._attached[tgid] = _Attachment(image=image, method=method, events=events, usdt_events=usdt_events)
+
+    def _attach_usdt(self, image: PythonImage, events: list[tuple[bytes, int]]) -> None:
+        """Plain uprobes at the probe sites, with the kernel raising each site's semaphore.
+
+        Not bcc.USDT: that compiles argument readers into the program (a reload per target),
+        and its per-pid context closes a file descriptor twice (it closed our perf event fd here).
+        """
+        bcc = import_bcc()
+        attach = _attach_uprobe_with_ref_ctr(bcc)
+        functions = {"gc__start": b"gc_start", "gc__done": b"gc_done"}
+        for probe in image.usdt_probes:
+            fn = self._bpf.load_func(functions[probe.name], bcc.BPF.KPROBE)
+            event = f"infersight_gc_{image.pid}_{probe.pc_offset:x}".encode()
+            fd = attach(fn.fd, 0, event, str(image.host_path).encode(), probe.pc_offset, image.pid,
+                        probe.semaphore_offset)
+            if fd < 0:
+                raise Unsupported(f"pid {image.pid}: uprobe at USDT {USDT_PROVIDER}:{probe.name} "
+                                  f"({image.path}+{probe.pc_offset:#x}) failed: error {fd}")
+            events.append((event, fd))
+
+    def _attach_uprobes(self, image: PythonImage) -> None:
+        path = str(image.host_path).encode()
+        for sym in image.gc_symbols:
+            self._bpf.attach_uprobe(name=path, sym=sym.encode(), fn_name=b"gc_start", pid=image.pid)
+            self._bpf.attach_uretprobe(name=path, sym=sym.encode(), fn_name=b"gc_done", pid=image.pid)
+
+    def _detach(self, tgid: int) -> None:
+        attachment = self._attached.pop(tgid)
+        targets = self._bpf[b"targets"]
+        if targets.Key(tgid) in targets:
+            del targets[targets.Key(tgid)]
+        for event in attachment.events:
+            self._bpf.detach_uprobe_event(event)
+        _detach_usdt(attachment.usdt_events)
+        self._seen_totals.pop(tgid, None)
+        self._seen_hist = {k: v for k, v in self._seen_hist.items() if k[0] != tgid}
+        for name in (b"totals", b"hist", b"maxima"):
+            table = self._bpf[name]
+            for key in [k for k in table if (k.value if name == b"totals" else k.tgid) == tgid]:
+                del table[key]
+
+
+def _attach_uprobe_with_ref_ctr(bcc: Any) -> Callable[..., int]:
+    """libbcc's bpf_attach_uprobe with its last argument, ref_ctr_offset, which bcc's Python
+    binding leaves out: the kernel then raises the USDT semaphore in the target (Linux >= 4.20)."""
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+                             ctypes.c_ulonglong, ctypes.c_int, ctypes.c_uint32)
+    return proto(("bpf_attach_uprobe", bcc.libbcc.lib))
+
+
+def _detach_usdt(events: list[tuple[bytes, int]]) -> None:
+    from bcc.libbcc import lib
+
+    for event, fd in events:
+        lib.bpf_close_perf_event_fd(fd)
+        lib.bpf_detach_uprobe(event)
+    events.clear()
