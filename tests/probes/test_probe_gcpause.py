@@ -1,0 +1,255 @@
+"""Tests for probes/gcpause.py and probes/libpython.py against real interpreters and their own gc.callbacks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from probes.errors import TargetGone, Unsupported
+from probes.gcpause import GcPauseConfig, GcPauseProbe, render
+from probes.libpython import find_python_image, read_elf_symbols
+
+PYENV = Path("/root/.pyenv/versions")
+DEBIAN_PYTHON = Path("/usr/bin/python3.11")
+
+# Counts and times its own collections with gc.callbacks: the ground truth. Automatic collection
+# is off while the callback is not installed, so no collection escapes the child's count.
+# Version-agnostic (3.6+): no f-strings with '=', no walrus.
+GC_CHILD = r"""
+import gc, sys, time
+gc.disable()
+print("ready")
+sys.stdout.flush()
+state = {"n": 0, "total": 0.0, "t0": 0.0}
+def cb(phase, info):
+    if phase == "start":
+        state["t0"] = time.perf_counter()
+    else:
+        state["n"] += 1
+        state["total"] += time.perf_counter() - state["t0"]
+for line in sys.stdin:
+    gc.callbacks.append(cb)
+    gc.enable()
+    keep = [[i] for i in range(200000)]   # a big heap: full collections take milliseconds
+    for _ in range(30):
+        gc.collect()
+    for _ in range(100000):               # allocation-driven generation 0/1 collections
+        a = [[]]
+        a[0].append(a)
+    del keep
+    gc.disable()
+    gc.callbacks.remove(cb)
+    print(state["n"], repr(state["total"]))
+    sys.stdout.flush()
+    state["n"], state["total"] = 0, 0.0
+"""
+
+
+def _spawn_gc_child(python: str) -> subprocess.Popen:
+    child = subprocess.Popen([python, "-c", GC_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    return child
+
+
+def _round(child: subprocess.Popen) -> tuple[int, float]:
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    count, seconds = child.stdout.readline().split()
+    return int(count), float(seconds)
+
+
+def _finish(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.kill()
+    child.wait(timeout=10)
+
+
+def test_render_and_config() -> None:
+    text = render(GcPauseConfig(max_targets=5, max_threads=7))
+    assert text.startswith("#define MAX_TARGETS 5\n#define MAX_THREADS 7\n")
+    assert "int gc_start(struct pt_regs *ctx)" in text and "int gc_done(struct pt_regs *ctx)" in text
+    with pytest.raises(ValueError, match="max_threads.*0"):
+        GcPauseConfig(max_threads=0)
+
+
+def test_finds_this_venvs_shared_libpython_and_its_gc_symbol(python_exe) -> None:
+    child = _spawn_gc_child(python_exe)
+    try:
+        image = find_python_image(child.pid)
+    finally:
+        _finish(child)
+    assert image.shared
+    assert image.version == (3, 11)
+    assert image.path.endswith("/libpython3.11.so.1.0")
+    assert image.gc_symbols == ("gc_collect_main",)
+    assert not image.has_gc_usdt
+    assert image.host_path == Path(f"/proc/{child.pid}/root{image.path}")
+
+
+def test_reads_usdt_notes_and_semaphores_of_debians_static_python() -> None:
+    if not DEBIAN_PYTHON.exists():
+        pytest.skip(f"{DEBIAN_PYTHON} is not installed (Debian's python3.11 package)")
+    symbols = read_elf_symbols(DEBIAN_PYTHON)
+    probes = {p.name: p for p in symbols.usdt if p.provider == "python"}
+    # Cross-checked with `readelf -n /usr/bin/python3.11`: Location 0x4287f3, Semaphore 0xa8426e.
+    assert {"gc__start", "gc__done", "function__entry"} <= set(probes)
+    start = probes["gc__start"]
+    assert start.semaphore and start.semaphore_offset and start.pc_offset
+    assert "Py_Initialize" in symbols.functions
+    assert "gc_collect_main" not in symbols.functions  # stripped: the USDT path is the only way
+
+
+def test_not_python_and_gone_targets_are_domain_errors() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        time.sleep(0.05)
+        with pytest.raises(Unsupported, match=r"not a Python interpreter.*Py_Initialize"):
+            find_python_image(child.pid)
+    finally:
+        _finish(child)
+    with pytest.raises(TargetGone, match=str(child.pid)):
+        find_python_image(child.pid)
+
+
+def test_stripped_libpython_is_unsupported_with_the_reason(tmp_path) -> None:
+    """A fixture /proc tree whose process maps a stripped copy of this machine's libpython."""
+    if shutil.which("strip") is None:
+        pytest.fail("strip (binutils) is missing; 'make setup' installs gcc, which brings it")
+    lib = PYENV / "3.11.7/lib/libpython3.11.so.1.0"
+    root = tmp_path / "root"
+    (root / "lib").mkdir(parents=True)
+    subprocess.run(["strip", "-o", str(root / "lib/libpython3.11.so.1.0"), str(lib)], check=True)
+    proc = tmp_path / "proc" / "4242"
+    proc.mkdir(parents=True)
+    (proc / "maps").write_text("7f0000000000-7f0000100000 r-xp 00000000 fe:01 42 /lib/libpython3.11.so.1.0\n")
+    (proc / "root").symlink_to(root)
+    (proc / "exe").symlink_to("/usr/bin/python3.11")
+    with pytest.raises(Unsupported, match=r"CPython 3\.11.*neither USDT.*gc_collect_main.*stripped"):
+        find_python_image(4242, proc_root=tmp_path / "proc")
+    (proc / "maps").write_text("7f0000000000-7f0000100000 r-xp 00000000 fe:01 42 "
+                               "/lib/libpython3.11.so.1.0 (deleted)\n")
+    with pytest.raises(Unsupported, match="replaced on disk"):
+        find_python_image(4242, proc_root=tmp_path / "proc")
+
+
+def _assert_matches_child(probe: GcPauseProbe, pid: int, count: int, seconds: float) -> None:
+    reading = probe.read()[pid]
+    assert reading.collections == count  # exactly
+    assert reading.pause_seconds == pytest.approx(seconds, rel=0.10)
+    assert reading.histogram.total() == count
+    assert 0 < reading.max_pause_seconds <= reading.pause_seconds
+
+
+@pytest.mark.bpf
+def test_shared_libpython_counts_exactly_what_gc_callbacks_count(require_bpf, python_exe) -> None:
+    child = _spawn_gc_child(python_exe)
+    probe = GcPauseProbe()
+    try:
+        probe.start([child.pid])
+        assert probe.method(child.pid) == "uprobe"
+        probe.read()
+        for _ in range(2):  # two windows: counters restart per window
+            count, seconds = _round(child)
+            assert count > 100  # the allocation loop really drove collections
+            _assert_matches_child(probe, child.pid, count, seconds)
+        health = probe.health()
+    finally:
+        probe.stop()
+        _finish(child)
+    assert health.state == "running" and health.lost_events == 0 and health.targets == 1
+
+
+@pytest.mark.bpf
+def test_static_python_through_usdt_counts_exactly(require_bpf) -> None:
+    if not DEBIAN_PYTHON.exists():
+        pytest.skip(f"{DEBIAN_PYTHON} is not installed (Debian's python3.11 package)")
+    ldd = subprocess.run(["ldd", str(DEBIAN_PYTHON)], capture_output=True, text=True, check=True).stdout
+    assert "libpython" not in ldd, f"{DEBIAN_PYTHON} is expected to be statically linked: {ldd}"
+    child = _spawn_gc_child(str(DEBIAN_PYTHON))
+    probe = GcPauseProbe()
+    try:
+        probe.start([child.pid])
+        assert probe.method(child.pid) == "usdt"
+        probe.read()
+        count, seconds = _round(child)
+        _assert_matches_child(probe, child.pid, count, seconds)
+    finally:
+        probe.stop()
+        _finish(child)
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("version", ["3.8.18", "3.12.1", "3.13.0"])
+def test_other_cpython_versions_count_exactly(require_bpf, version) -> None:
+    """3.8 runs its collector in two compiler clones (collect.constprop.0/1); 3.12 and 3.13 in gc_collect_main."""
+    python = PYENV / version / "bin" / f"python{version.rsplit('.', 1)[0]}"
+    if not python.exists():
+        pytest.skip(f"{python} is not installed on this machine (pyenv)")
+    child = _spawn_gc_child(str(python))
+    probe = GcPauseProbe()
+    try:
+        probe.start([child.pid])
+        probe.read()
+        count, seconds = _round(child)
+        _assert_matches_child(probe, child.pid, count, seconds)
+    finally:
+        probe.stop()
+        _finish(child)
+
+
+@pytest.mark.bpf
+def test_target_that_is_not_python_is_unsupported(require_bpf) -> None:
+    child = subprocess.Popen(["sleep", "100"])
+    probe = GcPauseProbe()
+    try:
+        time.sleep(0.05)
+        with pytest.raises(Unsupported, match=rf"pid {child.pid} \(.*sleep\) is not a Python interpreter"):
+            probe.start([child.pid])
+        health = probe.health()
+    finally:
+        probe.stop()
+        _finish(child)
+    assert health.state == "unsupported"
+    assert "not a Python interpreter" in health.reason
+
+
+@pytest.mark.bpf
+def test_targets_added_and_removed_without_reload(require_bpf, python_exe) -> None:
+    first, second = _spawn_gc_child(python_exe), _spawn_gc_child(python_exe)
+    sleeper = subprocess.Popen(["sleep", "100"])
+    probe = GcPauseProbe()
+    try:
+        probe.start([first.pid])
+        loaded = probe._bpf
+        with pytest.raises(Unsupported, match=str(sleeper.pid)):
+            probe.set_targets([first.pid, second.pid, sleeper.pid])
+        assert probe.health().state == "running" and probe.health().targets == 2
+        probe.read()
+        counts = {pid: _round(child) for pid, child in ((first.pid, first), (second.pid, second))}
+        readings = probe.read()
+        assert {pid: r.collections for pid, r in readings.items()} == {pid: c for pid, (c, _) in counts.items()}
+        probe.set_targets([second.pid])
+        _round(first)  # collects, but is no longer a target
+        count, _ = _round(second)
+        readings = probe.read()
+        assert set(readings) == {second.pid} and readings[second.pid].collections == count
+        _finish(second)
+        assert probe.read() == {}  # an exited target is dropped, not an error
+        assert probe._bpf is loaded
+    finally:
+        probe.stop()
+        for child in (first, second, sleeper):
+            _finish(child)
+    assert probe.health().state == "stopped"
+    probe.stop()  # idempotent
+
+
+def test_no_root_needed_to_locate(python_exe) -> None:
+    """Locating the image works for any user who may read the target's /proc files."""
+    assert find_python_image(os.getpid()).version == sys.version_info[:2]
