@@ -346,3 +346,42 @@ def _detach_usdt(events: list[tuple[bytes, int]]) -> None:
         lib.bpf_close_perf_event_fd(fd)
         lib.bpf_detach_uprobe(event)
     events.clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m probes.gcpause --pid PID [--interval S] [--count N] [--print-c]: one JSON line per window."""
+    import argparse
+    import json
+    import time
+    from dataclasses import asdict
+
+    parser = argparse.ArgumentParser(prog="python -m probes.gcpause", description=main.__doc__)
+    parser.add_argument("--pid", type=int, action="append", default=[], help="target tgid (repeatable)")
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--count", type=int, default=0, help="windows to print; 0 = until interrupted")
+    parser.add_argument("--print-c", action="store_true", help="print the rendered BPF C and exit")
+    args = parser.parse_args(argv)
+    if args.print_c:
+        print(render(GcPauseConfig()))
+        return 0
+    if not args.pid:
+        parser.error("--pid is required")
+    probe = GcPauseProbe()
+    probe.start(args.pid)
+    try:
+        n = 0
+        while not args.count or n < args.count:
+            time.sleep(args.interval)
+            for tgid, reading in probe.read().items():
+                print(json.dumps({"pid": tgid, "gc": asdict(reading)}), flush=True)
+            n += 1
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how the user ends an open-ended run
+    finally:
+        print(json.dumps({"health": probe.health().to_dict()}), flush=True)
+        probe.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

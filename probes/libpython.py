@@ -28,6 +28,7 @@ _PYTHON_MARKER = "Py_Initialize"
 
 SHT_SYMTAB, SHT_NOTE, SHT_DYNSYM = 2, 7, 11
 STT_FUNC = 2
+SHN_UNDEF = 0
 NT_STAPSDT = 3
 
 
@@ -167,8 +168,9 @@ def _parse_elf(f) -> ElfSymbols:
             strings = read(sh_link)
             f.seek(sh[4])
             data = f.read(sh[5])
-            for name_off, info, _, _, _, _ in struct.iter_unpack("<IBBHQQ", data[: len(data) // 24 * 24]):
-                if info & 0xF == STT_FUNC and name_off:
+            for name_off, info, _, shndx, _, _ in struct.iter_unpack("<IBBHQQ", data[: len(data) // 24 * 24]):
+                # Undefined (imported) functions are named in .dynsym too: only definitions count.
+                if info & 0xF == STT_FUNC and name_off and shndx != SHN_UNDEF:
                     functions.add(strings[name_off:strings.index(b"\0", name_off)].decode(errors="replace"))
         elif sh_type == SHT_NOTE:
             f.seek(sh[4])

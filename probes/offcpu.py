@@ -345,6 +345,7 @@ class OffCpuProbe:
             self.stop(keep_reason=True)
             raise
         self._state, self._reason = "running", None
+        self._targets = set()  # targets given before start() are not in the kernel's map yet
         self.set_targets(targets)
 
     def set_targets(self, targets: Iterable[int]) -> None:
@@ -522,3 +523,43 @@ def _insert_if_absent(table: Any, key: Any, leaf: Any) -> None:
 
     # EEXIST is the expected outcome when the kernel wrote a real record first.
     lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m probes.offcpu --pid PID [--interval S] [--count N] [--print-c]: one JSON line per window."""
+    import argparse
+    import json
+    from dataclasses import asdict
+
+    parser = argparse.ArgumentParser(prog="python -m probes.offcpu", description=main.__doc__)
+    parser.add_argument("--pid", type=int, action="append", default=[], help="target tgid (repeatable)")
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--count", type=int, default=0, help="windows to print; 0 = until interrupted")
+    parser.add_argument("--user-stacks", action="store_true")
+    parser.add_argument("--print-c", action="store_true", help="print the rendered BPF C and exit")
+    args = parser.parse_args(argv)
+    config = OffCpuConfig(user_stacks=args.user_stacks)
+    if args.print_c:
+        print(render(config))
+        return 0
+    if not args.pid:
+        parser.error("--pid is required")
+    probe = OffCpuProbe(config)
+    probe.start(args.pid)
+    try:
+        n = 0
+        while not args.count or n < args.count:
+            time.sleep(args.interval)
+            for tgid, reading in probe.read().items():
+                print(json.dumps({"pid": tgid, "offcpu": asdict(reading)}), flush=True)
+            n += 1
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how the user ends an open-ended run
+    finally:
+        print(json.dumps({"health": probe.health().to_dict()}), flush=True)
+        probe.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
