@@ -85,6 +85,11 @@ def test_render_defines_limits_and_user_stacks_switch() -> None:
     assert "kprobe" not in text.lower()
 
 
+def test_render_stack_switches() -> None:
+    assert "#define KERNEL_STACKS 1" in render(OffCpuConfig())
+    assert "#define KERNEL_STACKS" not in render(OffCpuConfig(kernel_stacks=False))
+
+
 def test_config_rejects_bad_values_quoting_them() -> None:
     with pytest.raises(ValueError, match="max_threads.*-4"):
         OffCpuConfig(max_threads=-4)
@@ -286,3 +291,25 @@ def test_failed_stack_ids_are_counted(require_bpf, python_exe) -> None:
         _finish(child)
     assert failed > 0
     assert any(s.startswith("[kernel stack failed: -17]") for s in stacks), stacks
+
+
+@pytest.mark.bpf
+def test_user_stacks_are_symbolised_before_the_kernel_part(require_bpf, cc) -> None:
+    child = _spawn([str(cc(SLEEPER_C, "sleeper_u"))])
+    probe = OffCpuProbe(OffCpuConfig(user_stacks=True))
+    try:
+        probe.start([child.pid])
+        child.stdin.write("g")
+        child.stdin.flush()
+        time.sleep(0.6)
+        stacks = probe.read()[child.pid].stacks
+        failed = probe.health().failed_stacks
+    finally:
+        probe.stop()
+        _finish(child)
+    sleeps = [s for s in stacks if s.endswith("do_nanosleep;schedule;__schedule")]
+    assert sleeps, stacks
+    user, kernel = sleeps[0].split(";-;")
+    assert "nanosleep" in user  # libc's wrapper: the user stack's leaf frame, walked from its IP
+    assert kernel.startswith("entry_SYSCALL_64")
+    assert failed == 0
