@@ -22,9 +22,10 @@ word and is still running on another vCPU while read() runs (a hypervisor stall)
 increment late; it is not lost, it shows two windows later.
 
 Overhead: two hash lookups per context switch host-wide, plus a kernel stack walk per target
-switch-out (the dominant cost; OffCpuConfig(kernel_stacks=False) drops it, user stacks add a
-second walk, hence off by default). Measured on a pipe ping-pong (see the report): about +0.9 us
-per round trip host-wide and +3 us when the ping-pong is the target, on a loaded 2-vCPU VM.
+switch-out (OffCpuConfig(kernel_stacks=False) drops it; user stacks add a second walk, hence off
+by default). Pipe ping-pong, 30 interleaved triples on a 2-vCPU VM at load 8: bare 5.8 us per
+round trip, +0.9 us with the program attached and no target, +3.0 us with the ping-pong's parent
+as target; the spread (2.8-13 us bare) hides the difference kernel_stacks=False makes.
 
 Caveats: a thread already blocked when it becomes a target gets a record opened by user space
 (stack "[blocked since before tracing]", see _seed_blocked). User stacks of CPython stop at libc (no frame pointers); Python-level "where" comes from
@@ -239,7 +240,7 @@ class OffCpuConfig:
     max_threads: int = 16384
     max_stack_keys: int = 16384
     stack_slots: int = 16384
-    kernel_stacks: bool = True   # the stack walk is most of the per-switch cost (docs in report)
+    kernel_stacks: bool = True
     user_stacks: bool = False
     top_stacks: int = 20
 
