@@ -31,8 +31,8 @@ class FaultTuning:
     gc_cycles_per_step: int = 4000
     lock_hold_s: float = 0.040
     lock_period_s: float = 0.060
-    syscalls_per_step: int = 3000
-    netloss_percent: int = 30
+    syscalls_per_step: int = 10000
+    netloss_percent: int = 10
     cpuhog_per_cpu: int = 2
 
 

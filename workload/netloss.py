@@ -41,7 +41,7 @@ def ruleset(port: int, percent: int) -> str:
 class Netloss:
     """Install or remove the loss table for one port."""
 
-    def __init__(self, port: int, percent: int = 30, runner: Runner = run_nft) -> None:
+    def __init__(self, port: int, percent: int = 10, runner: Runner = run_nft) -> None:
         ruleset(port, percent)  # validates both now, not at the first switch-on
         self.port = port
         self.percent = percent
