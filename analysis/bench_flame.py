@@ -79,11 +79,13 @@ def child(task: str, n_stacks: int, traced: bool) -> dict:
     base, cur = make_profiles(n_stacks)
     rss_input = _maxrss_mib()
     out: dict = {"task": task, "traced": traced, "stacks": len(base.stacks), "samples": base.total()}
-    if task == "svg":
+    if task == "parse":
         text = format_folded(base)
-        out["parse_s"], out["parse_peak_mib"], parsed = _measure(lambda: parse_folded(text, limits=LIMITS), traced)
+        del cur
+        rss_input = _maxrss_mib()
+        out["render_s"], out["peak_mib"], parsed = _measure(lambda: parse_folded(text, limits=LIMITS), traced)
         assert parsed.total() == base.total()
-        del text, parsed
+    elif task == "svg":
         out["render_s"], out["peak_mib"], svg = _measure(lambda: render_svg(base, title="bench"), traced)
         out["svg_bytes"] = len(svg.encode())
         out["frames_drawn"] = svg.count("<g><title>")
@@ -101,7 +103,7 @@ def child(task: str, n_stacks: int, traced: bool) -> dict:
         out["speedscope_s"], _, doc = _measure(lambda: json.dumps(to_speedscope(base, "bench")), traced)
         out["speedscope_bytes"] = len(doc.encode())
     else:
-        raise ValueError(f"unknown task {task!r}; expected svg, diff or exports")
+        raise ValueError(f"unknown task {task!r}; expected parse, svg, diff or exports")
     out["rss_input_mib"] = rss_input
     out["rss_peak_mib"] = _maxrss_mib()
     return out
@@ -127,17 +129,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--stacks", type=int, default=100_000)
-    ap.add_argument("--child", choices=("svg", "diff", "exports"))
+    ap.add_argument("--child", choices=("parse", "svg", "diff", "exports"))
     ap.add_argument("--traced", action="store_true", help="measure the Python heap peak (slower)")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.stacks, args.traced)))
         return
-    timed: dict[str, list[dict]] = {"svg": [], "diff": []}
+    tasks = ("parse", "svg", "diff")
+    timed: dict[str, list[dict]] = {task: [] for task in tasks}
     for i in range(args.runs):
-        for task in (("svg", "diff") if i % 2 == 0 else ("diff", "svg")):
+        # Rotate the order so no task always runs first (or last) after a quiet spell on a shared machine.
+        for task in tasks[i % 3:] + tasks[:i % 3]:
             timed[task].append(_spawn(task, args.stacks, traced=False))
-    traced = {task: _spawn(task, args.stacks, traced=True) for task in ("svg", "diff")}
+    traced = {task: _spawn(task, args.stacks, traced=True) for task in tasks}
     exports = _spawn("exports", args.stacks, traced=False)
     first = timed["svg"][0]
     print(f"{first['stacks']:,} distinct stacks, {first['samples']:,} samples; {args.runs} runs per row, "
@@ -145,14 +149,14 @@ def main() -> None:
     print("| step | CPU s | wall s | Python heap peak MiB | process max RSS MiB (input alone) | SVG bytes "
           "| frames drawn |")
     print("|---|---|---|---|---|---|---|")
-    svg_runs = timed["svg"]
-    print(f"| parse_folded ({first['stacks']:,} lines) | {_times(svg_runs, 'parse_s')} | "
-          f"{traced['svg']['parse_peak_mib']:.0f} | | | |")
-    for task, label in (("svg", "render_svg"), ("diff", "diff + render_diff_svg")):
+    labels = {"parse": f"parse_folded ({first['stacks']:,} lines)", "svg": "render_svg",
+              "diff": "diff + render_diff_svg"}
+    for task in tasks:
         runs = timed[task]
-        print(f"| {label} | {_times(runs, 'render_s')} | {traced[task]['peak_mib']:.0f} | "
-              f"{_summary([r['rss_peak_mib'] for r in runs])} ({statistics.median(r['rss_input_mib'] for r in runs):.0f}) | "
-              f"{runs[0]['svg_bytes']:,} | {runs[0]['frames_drawn']:,} |")
+        rss_input = statistics.median(r["rss_input_mib"] for r in runs)
+        drawn = f"{runs[0]['svg_bytes']:,} | {runs[0]['frames_drawn']:,}" if "svg_bytes" in runs[0] else " | "
+        print(f"| {labels[task]} | {_times(runs, 'render_s')} | {traced[task]['peak_mib']:.0f} | "
+              f"{_summary([r['rss_peak_mib'] for r in runs])} ({rss_input:.0f}) | {drawn} |")
     print(f"exports, one run, CPU s: format_folded {exports['folded_s']['cpu']:.2f} ({exports['folded_bytes']:,} B), "
           f"to_pprof {exports['pprof_s']['cpu']:.2f} ({exports['pprof_bytes']:,} B gzipped), "
           f"to_speedscope+json.dumps {exports['speedscope_s']['cpu']:.2f} ({exports['speedscope_bytes']:,} B)")

@@ -142,10 +142,11 @@ class Profile:
         return name
 
     @classmethod
-    def from_folded_dict(cls, folded: Mapping[str, int], unit: str = "samples",
+    def from_folded_dict(cls, folded: Mapping[str, int], unit: str = "samples", *,
+                         start: float | None = None, end: float | None = None,
                          limits: Limits = DEFAULT_LIMITS) -> Profile:
         """From the Window's form: 'root;child;leaf' -> count (py-spy and the off-CPU probe)."""
-        prof = cls(unit=unit, limits=limits)
+        prof = cls(unit=unit, start=start, end=end, limits=limits)
         for line, count in folded.items():
             prof.add(line.split(";"), count)
         return prof

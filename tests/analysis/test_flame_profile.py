@@ -30,9 +30,10 @@ def test_add_rejects_counts_that_are_not_non_negative_ints(bad):
 
 def test_from_folded_dict_reads_the_window_form():
     prof = Profile.from_folded_dict({"MainThread;run (a.py:1);work (a.py:9)": 5, "MainThread;idle": 2},
-                                    unit="samples")
+                                    unit="samples", start=10.0, end=20.0)
     assert prof.stacks[("MainThread", "run (a.py:1)", "work (a.py:9)")] == 5
     assert prof.total() == 7
+    assert (prof.start, prof.end) == (10.0, 20.0)
 
 
 def test_merge_over_windows_adds_counts_and_widens_the_time_range():
