@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .layout import Frame, layout
 from .profile import Profile, Stack
@@ -33,13 +34,15 @@ class Mover:
 
 @dataclass
 class DiffProfile:
+    """Two profiles lined up stack by stack, and every function's share in each."""
+
     baseline: Profile
     current: Profile
     # Union of both profiles' stacks, sorted: (stack, current count, baseline rescaled to the current total).
     stacks: list[tuple[Stack, int, float]] = field(default_factory=list)
-    movers_by_self: list[Mover] = field(default_factory=list)
+    functions: list[Mover] = field(default_factory=list)
 
-    def movers(self, top: int = 15, by: str = "self") -> list[Mover]:
+    def movers(self, top: int = 15, by: Literal["self", "total"] = "self") -> list[Mover]:
         """The functions whose share moved most; `by` 'self' (time in the function) or 'total' (with callees)."""
         if by == "self":
             key = lambda m: (-abs(m.self_delta), m.name)
@@ -47,7 +50,7 @@ class DiffProfile:
             key = lambda m: (-abs(m.total_delta), m.name)
         else:
             raise ValueError(f"movers can be ranked by 'self' or 'total', got {by!r}")
-        return sorted(self.movers_by_self, key=key)[:top]
+        return sorted(self.functions, key=key)[:top]
 
 
 def _shares(profile: Profile) -> tuple[dict[str, float], dict[str, float]]:
@@ -80,7 +83,7 @@ def diff(baseline: Profile, current: Profile) -> DiffProfile:
     names = set(b_incl) | set(c_incl)
     movers = [Mover(n, b_self.get(n, 0.0), c_self.get(n, 0.0), b_incl.get(n, 0.0), c_incl.get(n, 0.0))
               for n in names]
-    return DiffProfile(baseline=baseline, current=current, stacks=stacks, movers_by_self=movers)
+    return DiffProfile(baseline=baseline, current=current, stacks=stacks, functions=movers)
 
 
 def diff_color(delta: float, max_abs: float) -> str:

@@ -39,6 +39,8 @@ class Style:
             raise ValueError(f"min_width must be within [0, width] px, got {self.min_width!r}")
         if self.max_frames < 1:
             raise ValueError(f"max_frames must be >= 1, got {self.max_frames!r}")
+        if not 0 <= self.panel_width <= self.width - 100:
+            raise ValueError(f"panel_width must leave at least 100 px of graph, got {self.panel_width!r}")
         if not 8 <= self.frame_height <= 100:
             raise ValueError(f"frame_height must be within [8, 100] px, got {self.frame_height!r}")
 
@@ -176,7 +178,8 @@ def truncation_note(profile: Profile, elided: int) -> str | None:
 def render_svg(profile: Profile, title: str = "Flame Graph", *, subtitle: str | None = None,
                palette: str = "hot", style: Style = Style()) -> str:
     """A profile as a standalone interactive SVG flame graph."""
-    palette_color("x", palette)
+    if palette not in PALETTES:
+        raise ValueError(f"unknown palette {palette!r}; expected one of {PALETTES}")
     lay = layout([(s, c, 0.0) for s, c in profile.sorted_items()],
                  min_count=_min_count(profile.total(), style), max_frames=style.max_frames)
     note = truncation_note(profile, lay.elided)

@@ -147,11 +147,15 @@ def test_colours_are_stable_per_name_and_kernel_frames_differ():
     assert palette_color("do_idle_[k]").startswith("rgb(2")
     with pytest.raises(ValueError, match="'neon'"):
         palette_color("x", "neon")
+    with pytest.raises(ValueError, match="'neon'"):
+        render_svg(Profile({("a",): 1}), palette="neon")
 
 
 def test_style_rejects_bad_geometry():
     with pytest.raises(ValueError, match="width.*50"):
         Style(width=50)
+    with pytest.raises(ValueError, match="panel_width.*1150"):
+        Style(width=1200, panel_width=1150)
 
 
 def test_empty_profile_renders_an_empty_graph():
