@@ -60,6 +60,9 @@ class _Segment:
     launched_at: float
     runs: list[_Run] = field(default_factory=list)
 
+    def done(self) -> bool:
+        return all(r.proc.poll() is not None for r in self.runs)
+
     @property
     def attached_at(self) -> float | None:
         times = [r.attached_at for r in self.runs]
@@ -81,6 +84,7 @@ class PySpySampler:
     """
 
     name = "pyspy"
+    MAX_PENDING = 2
 
     def __init__(self, pid: int, rate_hz: int = 49, nonblocking: bool = True, segment_seconds: int = 1,
                  runner: Runner = subprocess.Popen, pyspy_path: str | None = None,
@@ -123,6 +127,10 @@ class PySpySampler:
                                        "pyspy_sample_errors": 0, "backoff_seconds": 0.0, "last_attach_seconds": None}
         self._errors = 0
         self._last_error: str | None = None
+        self._ticks = 0
+        self._started_at: float | None = None
+        self._last_read_at: float | None = None
+        self._stats["last_effective_rate_hz"] = None
         if autostart:
             self.start()
 
@@ -138,6 +146,7 @@ class PySpySampler:
         if not os.access(self._pyspy, os.X_OK):
             self._terminal = SourceUnavailable(f"py-spy path {self._pyspy!r} is not an executable file")
             return
+        self._started_at = self._clock()
         self._workdir = Path(tempfile.mkdtemp(prefix=f"infersight-pyspy-{self.pid}-"))
         self._thread = threading.Thread(target=self._supervise, name=f"pyspy-{self.pid}", daemon=True)
         self._thread.start()
@@ -150,6 +159,12 @@ class PySpySampler:
                 raise type(self._terminal)(str(self._terminal))
             active, idle = self._active, self._idle
             self._active, self._idle = Counter(), Counter()
+            now = self._clock()
+            # Ticks actually merged per wall second since the last read: below rate_hz when py-spy
+            # lagged (a starved CPU stretches a recording) or segments were lost or gapped.
+            since = now - (self._last_read_at if self._last_read_at is not None else self._started_at or now)
+            self._stats["last_effective_rate_hz"] = round(self._ticks / since, 2) if since > 0 else None
+            self._ticks, self._last_read_at = 0, now
         return StackReading(active=dict(active), idle=dict(idle), rate_hz=float(self.rate_hz))
 
     def close(self) -> None:
@@ -182,26 +197,38 @@ class PySpySampler:
 
     def _supervise(self) -> None:
         failures = 0
-        previous: _Segment | None = None
+        # Segments still recording (or still exiting), oldest first. They are settled as they
+        # finish, never waited for on schedule: on a starved CPU py-spy falls behind and a
+        # "1 s" recording can take seconds, which must not stall the next launch.
+        pending: deque[_Segment] = deque()
+
+        def settle(block: bool) -> None:
+            nonlocal failures
+            while pending and (block or pending[0].done()):
+                failures = 0 if self._finish(pending.popleft()) else failures + 1
+                block = False
+
         try:
             while not self._stop.is_set():
                 if failures:
                     self._pause(min(self._backoff_initial * 2 ** (failures - 1), self._backoff_max))
                     if self._stop.is_set():
                         break
+                if len(pending) >= self.MAX_PENDING:
+                    settle(block=True)  # backpressure: more recorders would only slow py-spy further
+                    continue
                 try:
                     current = self._launch()
                 except SegmentFailed as exc:
                     self._record_error(str(exc), restart=True)
                     failures += 1
                     continue
-                if previous is not None:
-                    failures = 0 if self._finish(previous) else failures + 1
-                    previous = None
+                attached = self._await_attach(current)
+                settle(block=False)
                 if self._terminal is not None:
                     self._abandon(current)
                     return
-                if not self._await_attach(current):
+                if not attached:
                     failure = self._abandon(current)
                     if self._stop.is_set() or self._target_state(failure):
                         return
@@ -209,11 +236,13 @@ class PySpySampler:
                     failures += 1
                     continue
                 self._account_gap(current)
+                pending.append(current)
                 wake = current.attached_at + self.segment_seconds - max(self._attach_recent)  # type: ignore[operator]
-                self._stop.wait(max(0.0, wake - self._clock()))
-                previous = current
-            if previous is not None:
-                self._finish(previous)
+                while not self._stop.is_set() and self._clock() < wake:
+                    self._stop.wait(min(0.1, max(0.0, wake - self._clock())))
+                    settle(block=False)
+            while pending:
+                settle(block=True)
         finally:
             self._kill_live()
 
@@ -298,6 +327,8 @@ class PySpySampler:
             self._active.update(counts["active"])
             self._idle.update(idle)
             self._stats["segments"] += 1
+            # py-spy takes rate*duration - 1 ticks per recording (observed with 0.4.3).
+            self._ticks += self.rate_hz * self.segment_seconds - 1
             self._stats["pyspy_sample_errors"] += sum(sample_errors.values())
         return True
 
