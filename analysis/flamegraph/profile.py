@@ -52,8 +52,9 @@ class Truncation:
         self.dropped_samples += other.dropped_samples
 
 
-# ';' and line breaks cannot travel in folded text; the rest are not legal XML 1.0 characters.
-_UNSAFE = re.compile(r"[;\x00-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+# ';' and line breaks cannot travel in folded text (C1 controls and U+2028/9 break lines for
+# readers using Unicode line rules, e.g. Python's splitlines); the rest are not legal XML 1.0.
+_UNSAFE = re.compile(r"[;\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]")
 
 
 # flamegraph.pl reads a trailing " <number>" before the count as a differential column.

@@ -1,5 +1,6 @@
 """Folded text: parse/format round trips, and flamegraph.pl's own line rules (run in Perl) read our output."""
 
+import random
 import shutil
 import subprocess
 
@@ -47,7 +48,7 @@ def _perl_read(text: str) -> tuple[int, int, dict[tuple[str, ...], int]]:
         pytest.fail("perl is missing (Debian's perl-base is essential); cannot run flamegraph.pl's reader")
     out = subprocess.run([perl, "-e", PERL_READER], input=text.encode(), capture_output=True,
                          check=True, timeout=30).stdout.decode()
-    lines = out.splitlines()
+    lines = out.rstrip("\n").split("\n")
     ignored = int(lines[0].split()[1])
     diff_lines = int(lines[1].split()[1])
     stacks = {}
@@ -127,3 +128,24 @@ def test_diff_folded_normalises_the_baseline_to_the_current_total():
     before, after = parse_diff_folded(format_diff_folded(base, cur))
     assert before.total() == after.total() == 80
     assert before.stacks == {("m", "a"): 20, ("m", "b"): 60}
+
+
+def _random_profile(seed: int) -> Profile:
+    """Names from an alphabet of the characters that break formats: separators, markup, controls, digits."""
+    rng = random.Random(seed)
+    alphabet = list("ab ;<>&\"'\n\t\r\\]]>0123456789.()") + ["\x00", "\x7f", "\u2028", "\x85", "é", "✓", "\ud800"]
+    prof = Profile()
+    for _ in range(rng.randint(1, 40)):
+        stack = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(rng.randint(1, 8))]
+        prof.add(stack, rng.randint(1, 1000))
+    return prof
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_hostile_profiles_round_trip_and_read_the_same_in_perl(seed):
+    prof = _random_profile(seed)
+    text = format_folded(prof)
+    assert parse_folded(text).stacks == prof.stacks
+    ignored, diff_lines, stacks = _perl_read(text)
+    assert (ignored, diff_lines) == (0, 0)
+    assert stacks == prof.stacks

@@ -67,6 +67,7 @@ def test_clean_frame_escapes_what_folded_text_and_xml_cannot_carry():
     assert clean_frame("a;b")[0] == "a\\x3bb"
     assert clean_frame("line\nbreak\r")[0] == "line\\x0abreak\\x0d"
     assert clean_frame("nul\x00")[0] == "nul\\x00"
+    assert clean_frame("nel\x85 ls\u2028")[0] == "nel\\x85 ls\\u2028"
     assert clean_frame("lone \ud800 surrogate")[0] == "lone \\ud800 surrogate"
     assert clean_frame("")[0] == UNKNOWN
     # flamegraph.pl would read a trailing " 12" as a second count column.

@@ -2,6 +2,7 @@
 
 import html
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -54,7 +55,7 @@ def _stacks_from_svg(svg: str) -> dict[tuple[str, ...], int]:
         if f["depth"] == 0:
             f["path"] = ()
             continue
-        parents = [p for p in by_depth[f["depth"] - 1] if p["x"] - 0.01 <= f["x"] and f["x"] + f["w"] <= p["x"] + p["w"] + 0.01]
+        parents = [p for p in by_depth[f["depth"] - 1] if p["x"] - 0.02 <= f["x"] and f["x"] + f["w"] <= p["x"] + p["w"] + 0.02]
         assert len(parents) == 1, f
         f["parent"] = parents[0]
         parents[0]["children"] += f["count"]
@@ -221,3 +222,22 @@ def test_zoom_search_and_details_work_in_headless_chromium(tmp_path):
     assert result["details"] == "serve (server.py:40) (157 samples, 78.50%)"
     assert result["unzoomed_width"] == pytest.approx(1180 * 157 / 200, abs=0.01)
     assert result["hostile_label"].startswith("<script>")
+
+
+def _random_profile(seed: int) -> Profile:
+    """Names from an alphabet of the characters that break formats: separators, markup, controls, digits."""
+    rng = random.Random(seed)
+    alphabet = list("ab ;<>&\"'\n\t\r\\]]>0123456789.()") + ["\x00", "\x7f", "\u2028", "\x85", "é", "✓", "\ud800"]
+    prof = Profile()
+    for _ in range(rng.randint(1, 40)):
+        stack = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(rng.randint(1, 8))]
+        prof.add(stack, rng.randint(1, 1000))
+    return prof
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_hostile_profiles_read_back_from_the_svg(seed):
+    prof = _random_profile(seed)
+    svg = render_svg(prof, style=Style(min_width=0))
+    assert svg.count("<script") == 1
+    assert _stacks_from_svg(svg) == prof.stacks
