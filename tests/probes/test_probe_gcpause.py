@@ -171,17 +171,29 @@ def test_static_python_through_usdt_counts_exactly(require_bpf) -> None:
         pytest.skip(f"{DEBIAN_PYTHON} is not installed (Debian's python3.11 package)")
     ldd = subprocess.run(["ldd", str(DEBIAN_PYTHON)], capture_output=True, text=True, check=True).stdout
     assert "libpython" not in ldd, f"{DEBIAN_PYTHON} is expected to be statically linked: {ldd}"
+    semaphore = next(p.semaphore for p in read_elf_symbols(DEBIAN_PYTHON).usdt if p.name == "gc__start")
     child = _spawn_gc_child(str(DEBIAN_PYTHON))
     probe = GcPauseProbe()
     try:
+        # A non-PIE executable: the link-time address is the address in the process.
+        assert _read_u16(child.pid, semaphore) == 0
         probe.start([child.pid])
         assert probe.method(child.pid) == "usdt"
+        assert _read_u16(child.pid, semaphore) == 1  # raised by the kernel (uprobe ref_ctr_offset)
         probe.read()
         count, seconds = _round(child)
         _assert_matches_child(probe, child.pid, count, seconds)
+        probe.stop()
+        assert _read_u16(child.pid, semaphore) == 0  # and lowered again on detach
     finally:
         probe.stop()
         _finish(child)
+
+
+def _read_u16(pid: int, address: int) -> int:
+    with open(f"/proc/{pid}/mem", "rb") as mem:
+        mem.seek(address)
+        return int.from_bytes(mem.read(2), "little")
 
 
 @pytest.mark.bpf
