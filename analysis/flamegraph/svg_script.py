@@ -4,7 +4,7 @@
 # through the DOM (<title> text), so the script needs no escaping of its own.
 SCRIPT = r"""
 "use strict";
-var details, searchbtn, unzoombtn, matchedtxt, svg, frames, searching = null, fontsize, fontwidth, xpad;
+var details, searchbtn, unzoombtn, matchedtxt, svg, fgframes, searching = null, fontsize, fontwidth, xpad;
 function init(evt) {
   svg = document.documentElement;
   details = document.getElementById("details").firstChild;
@@ -14,7 +14,7 @@ function init(evt) {
   fontsize = parseFloat(svg.getAttribute("data-fontsize"));
   fontwidth = parseFloat(svg.getAttribute("data-fontwidth"));
   xpad = parseFloat(svg.getAttribute("data-xpad"));
-  frames = [];
+  fgframes = [];
   var gs = document.getElementById("frames").getElementsByTagName("g");
   for (var i = 0; i < gs.length; i++) {
     var g = gs[i], r = g.getElementsByTagName("rect")[0], t = g.getElementsByTagName("text")[0];
@@ -23,7 +23,7 @@ function init(evt) {
              x: parseFloat(r.getAttribute("x")), w: parseFloat(r.getAttribute("width")),
              y: parseFloat(r.getAttribute("y")), fill: r.getAttribute("fill")};
     g.fgframe = f;
-    frames.push(f);
+    fgframes.push(f);
   }
   document.getElementById("frames").addEventListener("click", function (e) {
     var g = find_group(e.target);
@@ -74,8 +74,8 @@ function zoom(target) {
   var width = parseFloat(svg.getAttribute("width")) - 2 * xpad - parseFloat(svg.getAttribute("data-panel"));
   var scale = width / target.w;
   unzoombtn.classList.remove("hide");
-  for (var i = 0; i < frames.length; i++) {
-    var f = frames[i];
+  for (var i = 0; i < fgframes.length; i++) {
+    var f = fgframes[i];
     var inside = f.x >= target.x - 0.0001 && f.x + f.w <= target.x + target.w + 0.0001;
     if (f.y > target.y && f.x <= target.x + 0.0001 && f.x + f.w >= target.x + target.w - 0.0001) {
       f.g.classList.remove("hide");
@@ -96,8 +96,8 @@ function zoom(target) {
 }
 function unzoom() {
   unzoombtn.classList.add("hide");
-  for (var i = 0; i < frames.length; i++) {
-    var f = frames[i];
+  for (var i = 0; i < fgframes.length; i++) {
+    var f = fgframes[i];
     f.g.classList.remove("hide", "parent");
     f.rect.setAttribute("x", f.x);
     f.rect.setAttribute("width", f.w);
@@ -111,7 +111,7 @@ function search_prompt() {
 }
 function reset_search() {
   searching = null;
-  for (var i = 0; i < frames.length; i++) { frames[i].rect.setAttribute("fill", frames[i].fill); }
+  for (var i = 0; i < fgframes.length; i++) { fgframes[i].rect.setAttribute("fill", fgframes[i].fill); }
   matchedtxt.classList.add("hide");
   searchbtn.classList.remove("show");
 }
@@ -121,8 +121,8 @@ function search(term) {
   reset_search();
   searching = term;
   var spans = [];
-  for (var i = 0; i < frames.length; i++) {
-    var f = frames[i];
+  for (var i = 0; i < fgframes.length; i++) {
+    var f = fgframes[i];
     if (re.test(f.name)) {
       f.rect.setAttribute("fill", "rgb(230,0,230)");
       spans.push([f.x, f.x + f.w]);

@@ -1,5 +1,10 @@
 """Differential flame graphs: normalised by totals, red growth / blue shrinkage, movers against ground truth."""
 
+import html
+import json
+import re
+import shutil
+import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -120,3 +125,42 @@ def test_diff_folded_and_diff_profile_agree():
 def test_empty_inputs_render():
     ET.fromstring(render_diff_svg(diff(Profile(), Profile())).encode())
     ET.fromstring(render_diff_svg(diff(Profile({("a",): 3}), Profile())).encode())
+
+
+DIFF_HARNESS = r"""
+window.addEventListener("load", function () { setTimeout(function () {
+  var out = {};
+  try {
+    var a = fgframes.filter(function (f) { return f.name === "a"; })[0];
+    a.rect.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+    out.zoom_width = parseFloat(a.rect.getAttribute("width"));
+    unzoom();
+    search("^b$");
+    out.matched = document.getElementById("matched").textContent;
+  } catch (e) { out.error = String(e); }
+  var t = document.createElementNS("http://www.w3.org/2000/svg", "text");
+  t.setAttribute("id", "harness-result");
+  t.textContent = JSON.stringify(out);
+  document.documentElement.appendChild(t);
+}, 0); });
+"""
+
+
+def test_diff_svg_zooms_within_the_graph_not_the_panel_in_headless_chromium(tmp_path):
+    browser = shutil.which("chromium")
+    if browser is None:
+        pytest.fail("chromium is missing; 'make setup' installs Debian's chromium for browser tests")
+    d = diff(Profile({("main", "a"): 500, ("main", "b"): 500}), Profile({("main", "a"): 2400, ("main", "b"): 600}))
+    svg = render_diff_svg(d)
+    path = tmp_path / "diff.svg"
+    path.write_text(svg.replace("</svg>\n", f"<script><![CDATA[{DIFF_HARNESS}]]></script></svg>\n"))
+    proc = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'chrome'}",
+         "--virtual-time-budget=5000", "--dump-dom", path.as_uri()],
+        check=False, capture_output=True, text=True, timeout=120)
+    found = re.search(r'<text id="harness-result">(.*?)</text>', proc.stdout)
+    assert found, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(html.unescape(found.group(1)))
+    assert "error" not in result, result
+    assert result["zoom_width"] == pytest.approx(1600 - 20 - 420)
+    assert result["matched"] == "Matched: 20.0%"

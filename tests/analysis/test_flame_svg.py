@@ -171,16 +171,16 @@ HARNESS = r"""
 window.addEventListener("load", function () { setTimeout(function () {
   var out = {};
   try {
-    out.inited = frames.length;
+    out.inited = fgframes.length;
     var target = null;
-    for (var i = 0; i < frames.length; i++) { if (frames[i].name === "serve (server.py:40)") { target = frames[i]; } }
+    for (var i = 0; i < fgframes.length; i++) { if (fgframes[i].name === "serve (server.py:40)") { target = fgframes[i]; } }
     target.rect.dispatchEvent(new MouseEvent("click", {bubbles: true}));
     out.zoom_width = parseFloat(target.rect.getAttribute("width"));
     out.hidden = [];
     out.parents = [];
-    for (var j = 0; j < frames.length; j++) {
-      if (frames[j].g.classList.contains("hide")) { out.hidden.push(frames[j].name); }
-      if (frames[j].g.classList.contains("parent")) { out.parents.push(frames[j].name); }
+    for (var j = 0; j < fgframes.length; j++) {
+      if (fgframes[j].g.classList.contains("hide")) { out.hidden.push(fgframes[j].name); }
+      if (fgframes[j].g.classList.contains("parent")) { out.parents.push(fgframes[j].name); }
     }
     search("^(forward|do_idle)");
     out.matched = document.getElementById("matched").textContent;
@@ -188,7 +188,7 @@ window.addEventListener("load", function () { setTimeout(function () {
     out.details = document.getElementById("details").textContent;
     unzoom();
     out.unzoomed_width = parseFloat(target.rect.getAttribute("width"));
-    out.hostile_label = frames.filter(function (f) { return f.name.indexOf("alert") >= 0; })[0].text.textContent;
+    out.hostile_label = fgframes.filter(function (f) { return f.name.indexOf("alert") >= 0; })[0].text.textContent;
   } catch (e) { out.error = String(e); }
   var t = document.createElementNS("http://www.w3.org/2000/svg", "text");
   t.setAttribute("id", "harness-result");
