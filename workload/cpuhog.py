@@ -1,19 +1,20 @@
 """Competing busy processes pinned to the server's CPUs; they die with the server."""
 
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 
-PR_SET_PDEATHSIG = 1
-BUSY_LOOP = "while True:\n    pass\n"
-
-
-def _die_with_parent() -> None:
-    # Runs in the child before exec: SIGKILL it if the server dies without cleaning up.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+# The child asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG = 1), then checks
+# the parent is still the one that spawned it, closing the race where the server died first.
+# Done in the child rather than in a preexec_fn, which is unsafe in a threaded server.
+HOG_CODE = """
+import ctypes, os, signal, sys
+ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(0)
+while True:
+    pass
+"""
 
 
 class CpuHog:
@@ -31,7 +32,7 @@ class CpuHog:
         if self.processes:
             return
         for _ in range(self.per_cpu * len(self.cpus)):
-            proc = subprocess.Popen([self.python, "-c", BUSY_LOOP], preexec_fn=_die_with_parent,
+            proc = subprocess.Popen([self.python, "-c", HOG_CODE, str(os.getpid())],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
             os.sched_setaffinity(proc.pid, self.cpus)
             self.processes.append(proc)

@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from workload import tokenizer
 from workload.client import ClientError, admin_call, complete, debug, set_fault
 from workload.config import preset
 from workload.engine import Engine, generate
-from workload import tokenizer
 
 pytestmark = pytest.mark.workload
 
@@ -51,7 +51,7 @@ def metrics_text(url: str) -> str:
 
 def sample(text: str, name: str) -> float:
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if line.startswith((name + "{", name + " ")):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"metric {name!r} not found")
 
