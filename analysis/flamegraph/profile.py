@@ -103,6 +103,8 @@ class Profile:
         """Add count samples of one stack; limits apply here, so every exporter sees the same names."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"sample count must be a non-negative int, got {count!r}")
+        if isinstance(stack, str):
+            raise TypeError(f"a stack is a sequence of frame names, not one string: {stack[:80]!r}; split it on ';'")
         if count == 0:
             return
         key = self._bounded(tuple(stack))

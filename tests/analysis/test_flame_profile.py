@@ -28,6 +28,11 @@ def test_add_rejects_counts_that_are_not_non_negative_ints(bad):
         Profile().add(["a"], bad)
 
 
+def test_a_string_is_not_taken_for_a_stack_of_characters():
+    with pytest.raises(TypeError, match="'main;work'"):
+        Profile().add("main;work", 1)
+
+
 def test_from_folded_dict_reads_the_window_form():
     prof = Profile.from_folded_dict({"MainThread;run (a.py:1);work (a.py:9)": 5, "MainThread;idle": 2},
                                     unit="samples", start=10.0, end=20.0)
