@@ -70,7 +70,8 @@ def make_target_sources(target: Target, config: Config, pyspy: bool = True) -> S
 
 
 def _latency_source(spec) -> LatencySource:
-    source = LatencySource(spec.url, spec.metric, timeout=spec.timeout_seconds)
+    source = LatencySource(spec.url, spec.metric, timeout=spec.timeout_seconds, kind=spec.kind,
+                           count_metric=spec.count_metric, unit_seconds=spec.unit_seconds)
     try:
         source.prime()  # the baseline scrape, so the first window already has a delta
     except ProbeError as exc:
