@@ -91,8 +91,8 @@ class Profile:
     end: float | None = None
     limits: Limits = DEFAULT_LIMITS
     truncation: Truncation = field(default_factory=Truncation)
-    _frames: set[str] = field(default_factory=set, repr=False, compare=False)
-    _clean: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    _frames: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
+    _clean: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         raw, self.stacks = self.stacks, {}
