@@ -323,3 +323,41 @@ def test_user_stacks_are_symbolised_before_the_kernel_part(require_bpf, cc) -> N
     assert "nanosleep" in user  # libc's wrapper: the user stack's leaf frame, walked from its IP
     assert kernel.startswith("entry_SYSCALL_64")
     assert failed == 0
+
+
+@pytest.mark.bpf
+def test_rapid_windows_neither_lose_nor_double_count(require_bpf, python_exe) -> None:
+    """150 windows of ~5 ms while threads switch every few ms: the cuts race the switch-ins all
+    the time. Summed over the run, off + on must still equal wall per thread (budget as in the
+    per-window test: 1% + 5 ms + the sampling gaps, plus steal and 20 ms below wall)."""
+    child = _spawn([python_exe, "-c", MIXED_CHILD])
+    assert child.stdout.readline().strip() == "ready"
+    tids = sorted(int(p.name) for p in Path(f"/proc/{child.pid}/task").iterdir())
+    probe = OffCpuProbe()
+    off = dict.fromkeys(tids, 0.0)
+    try:
+        probe.start([child.pid])
+        probe.read()
+        sampled_before, on_before, steal_before = time.monotonic_ns(), \
+            {t: _schedstat_ns(child.pid, t) for t in tids}, _steal_ns()
+        probe.read()
+        first = probe.window_end_ns
+        for i in range(151):
+            if i == 150:
+                sampled_after, on_after = time.monotonic_ns(), {t: _schedstat_ns(child.pid, t) for t in tids}
+            else:
+                time.sleep(0.005)
+            for tid, seconds in probe.read()[child.pid].by_thread.items():
+                off[tid] += seconds
+        last = probe.window_end_ns
+        stolen = _steal_ns() - steal_before
+    finally:
+        probe.stop()
+        _finish(child)
+    wall = last - first
+    gaps = (first - sampled_before) + (last - sampled_after)
+    for tid in tids:
+        on = on_after[tid] - on_before[tid]
+        miss = wall - on - off[tid] * 1e9
+        budget = 0.01 * wall + 5e6 + gaps
+        assert -budget <= miss <= budget + stolen + 20e6, (tid, on, off[tid], wall, gaps, stolen)
