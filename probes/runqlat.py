@@ -128,8 +128,8 @@ TRACEPOINT_PROBE(sched, sched_switch)
             }
             if ((state & STATE_MASK) == 0)
                 enqueue_preempted(prev, s);
-            else
-                start.delete(&prev);  // asleep: a wakeup seen while it ran must not count
+            else if (start.lookup(&prev))
+                start.delete(&prev);  // asleep: a wakeup seen while it ran must not count (rare: lookup first, delete locks)
         }
     }
 

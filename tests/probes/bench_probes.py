@@ -2,19 +2,23 @@
 
 Run as root from the repository root (a few minutes; see docs/bench_probes.md):
 
-    .venv/bin/python tests/probes/bench_probes.py --rounds 8 --json /tmp/bench_probes.json
+    .venv/bin/python tests/probes/bench_probes.py --rounds 12 --json /tmp/bench_probes.json
 
-Every round runs, for each condition in a shuffled order, one *pair*: the micro-workloads with
-no probe and with the condition, in a random order within the pair. The cost of a condition
-is the per-pair difference (probe - none), so that slow drifts of a shared host cancel; the
-report gives the median and the spread (p25..p75 and min..max) over pairs.
+Every round runs, for each condition in a shuffled order, one *pair* of blocks: the
+micro-workloads with no probe and with the condition (attached once: our probe class
+started, or bcc's tool launched as a subprocess and waited for until it has attached), in a
+random order within the pair. A block is `--runs` runs of each workload; it counts its
+median run. The cost of a condition is the per-pair difference (probe - none), so that slow
+drifts of a shared host cancel; the report gives the median and the spread (p25..p75 and
+min..max) over pairs.
 
 Workloads (both pinned to one CPU, so the ping-pong is pure context switches):
   getppid   N calls of syscall(SYS_getppid); ns per call; 1 syscall per op.
   pingpong  N round trips of one byte over two pipes between two processes; ns per round
             trip; 4 syscalls (write+read on each side), 2 context switches and 2 wakeups per op.
-Each run is timed in chunks (2,000 calls, 100 round trips) and reports its median chunk:
-chunks in which another task of the shared host took the CPU fall out of the median.
+Each run is timed in chunks (2,000 calls, 100 round trips) and reports a low quantile of
+its chunks (p10 by default): chunks in which another task took the CPU, or loaded its
+hyperthread sibling, fall out; what remains is the cost of the code path itself.
 
 Not collected by pytest (the name does not start with test_).
 """
@@ -63,14 +67,17 @@ static int cmp_double(const void *x, const void *y)
     return (a > b) - (a < b);
 }
 
+// argv: mode ops-per-run cpu ops-per-chunk percentile. Prints "ready PID CHILD", then one
+// line per 'g' read on stdin: the given percentile of the run's per-chunk ns per op.
 int main(int argc, char **argv)
 {
     const char *mode = argv[1];
-    long n = atol(argv[2]);
+    long n = atol(argv[2]), chunk = atol(argv[4]), pct = atol(argv[5]), chunks = n / chunk;
     cpu_set_t set;
     int a[2], b[2];
     pid_t child = 0;
     char c = 'x';
+    double *per_op = calloc(chunks, sizeof *per_op);
     CPU_ZERO(&set);
     CPU_SET(atoi(argv[3]), &set);
     if (sched_setaffinity(0, sizeof set, &set))
@@ -81,38 +88,40 @@ int main(int argc, char **argv)
             return 4;
         child = fork();
         if (child == 0) {
-            for (long i = 0; i < n; i++) {
-                if (read(a[0], &c, 1) != 1 || write(b[1], &c, 1) != 1)
+            close(a[1]);
+            while (read(a[0], &c, 1) == 1) {
+                if (write(b[1], &c, 1) != 1)
                     _exit(5);
             }
             _exit(0);
         }
+        close(a[0]);
     }
     printf("ready %d %d\n", getpid(), (int)child);
     fflush(stdout);
-    if (read(0, &c, 1) != 1)
-        return 1;
-    // Timed in chunks; the median chunk ignores the ones another task preempted on a shared host.
-    long chunk = atol(argv[4]), chunks = n / chunk;
-    double *per_op = calloc(chunks, sizeof *per_op);
-    for (long k = 0; k < chunks; k++) {
-        long t0 = now_ns();
-        if (pingpong) {
-            for (long i = 0; i < chunk; i++) {
-                if (write(a[1], &c, 1) != 1 || read(b[0], &c, 1) != 1)
-                    return 6;
+    while (read(0, &c, 1) == 1 && c == 'g') {
+        // Timed in chunks; a low percentile drops the ones another task disturbed.
+        for (long k = 0; k < chunks; k++) {
+            long t0 = now_ns();
+            if (pingpong) {
+                for (long i = 0; i < chunk; i++) {
+                    if (write(a[1], &c, 1) != 1 || read(b[0], &c, 1) != 1)
+                        return 6;
+                }
+            } else {
+                for (long i = 0; i < chunk; i++)
+                    syscall(SYS_getppid);
             }
-        } else {
-            for (long i = 0; i < chunk; i++)
-                syscall(SYS_getppid);
+            per_op[k] = (double)(now_ns() - t0) / chunk;
         }
-        per_op[k] = (double)(now_ns() - t0) / chunk;
+        qsort(per_op, chunks, sizeof *per_op, cmp_double);
+        printf("%.3f\n", per_op[chunks * pct / 100]);
+        fflush(stdout);
     }
-    qsort(per_op, chunks, sizeof *per_op, cmp_double);
-    printf("%.3f\n", per_op[chunks / 2]);
-    fflush(stdout);
-    if (child)
+    if (child) {
+        close(a[1]);
         waitpid(child, NULL, 0);
+    }
     return 0;
 }
 """
@@ -143,10 +152,11 @@ class Result:
 class Workload:
     """One micro-workload process (two for pingpong), stopped at 'ready' until go()."""
 
-    def __init__(self, binary: Path, mode: str, n: int, chunk: int, cpu: int) -> None:
+    def __init__(self, binary: Path, mode: str, n: int, chunk: int, cpu: int, quantile: int = 10) -> None:
         if n % chunk:
             raise ValueError(f"{mode}: {n} ops is not a multiple of the chunk size {chunk}")
-        self.proc = subprocess.Popen([str(binary), mode, str(n), str(cpu), str(chunk)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([str(binary), mode, str(n), str(cpu), str(chunk), str(quantile)],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         words = _line(self.proc, 30).split()
         if words[0] != "ready":
@@ -156,10 +166,7 @@ class Workload:
     def go(self) -> float:
         self.proc.stdin.write("g")
         self.proc.stdin.flush()
-        ns = float(_line(self.proc, 120))
-        if self.proc.wait(timeout=30) != 0:
-            raise RuntimeError(f"workload exited with {self.proc.returncode}")
-        return ns
+        return float(_line(self.proc, 120))
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -224,16 +231,23 @@ def conditions() -> list[Condition]:
     ]
 
 
-def run_trial(binary: Path, args: argparse.Namespace, attach: Callable[[list[int]], Callable[[], None]] | None
+def run_block(binary: Path, args: argparse.Namespace, attach: Callable[[list[int]], Callable[[], None]] | None
               ) -> dict[str, float]:
-    """Both workloads under one attachment of the condition (None = no probe); ns per op by workload."""
+    """`args.runs` runs of each workload under one attachment of the condition (None = no probe).
+
+    Returns the median run per workload, in ns per op.
+    """
     sizes = {"getppid": (args.calls, args.chunk_calls), "pingpong": (args.round_trips, args.chunk_round_trips)}
-    loads = {w: Workload(binary, w, *sizes[w], args.cpu) for w in WORKLOADS}
+    loads = {w: Workload(binary, w, *sizes[w], args.cpu, args.chunk_quantile) for w in WORKLOADS}
     detach = None
     try:
         if attach is not None:
             detach = attach([pid for w in loads.values() for pid in w.pids])
-        return {w: loads[w].go() for w in WORKLOADS}
+        runs: dict[str, list[float]] = {w: [] for w in WORKLOADS}
+        for _ in range(args.runs):
+            for w in WORKLOADS:
+                runs[w].append(loads[w].go())
+        return {w: statistics.median(v) for w, v in runs.items()}
     finally:
         if detach is not None:
             detach()
@@ -268,11 +282,13 @@ def report(results: dict[tuple[str, str], Result], kinds: dict[str, str]) -> tup
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8, help="pairs per condition")
-    parser.add_argument("--calls", type=int, default=1_000_000, help="getppid calls per run")
-    parser.add_argument("--round-trips", type=int, default=30_000, help="ping-pong round trips per run")
+    parser.add_argument("--rounds", type=int, default=12, help="pairs per condition")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each workload per attachment (block)")
+    parser.add_argument("--calls", type=int, default=200_000, help="getppid calls per run")
+    parser.add_argument("--round-trips", type=int, default=5_000, help="ping-pong round trips per run")
     parser.add_argument("--chunk-calls", type=int, default=2_000, help="getppid calls per timed chunk")
     parser.add_argument("--chunk-round-trips", type=int, default=100, help="round trips per timed chunk")
+    parser.add_argument("--chunk-quantile", type=int, default=10, help="percentile of chunk times a run reports")
     parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)), help="CPU the workloads run on")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", action="append", default=[], help="run only conditions containing this text")
@@ -289,18 +305,19 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         binary = Path(tmp) / "micro"
         subprocess.run(["gcc", "-O2", "-o", str(binary), "-x", "c", "-"], input=WORKLOAD_C, text=True, check=True)
-        run_trial(binary, args, None)  # warm-up: page cache, CPU frequency
+        run_block(binary, args, None)  # warm-up: page cache, CPU frequency
         for rnd in range(args.rounds):
             for cond in rng.sample(conds, len(conds)):
                 order = [None, cond.attach] if rng.random() < 0.5 else [cond.attach, None]
-                pair = {id(a): run_trial(binary, args, a) for a in order}
+                pair = {id(a): run_block(binary, args, a) for a in order}
                 none, probe = pair[id(None)], pair[id(cond.attach)]
                 for w in WORKLOADS:
                     results[(cond.name, w)].none_ns.append(none[w])
                     results[(cond.name, w)].probe_ns.append(probe[w])
             print(f"round {rnd + 1}/{args.rounds} done at {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
     table, summary = report(results, kinds)
-    header = (f"rounds={args.rounds} calls={args.calls} round_trips={args.round_trips} cpu={args.cpu} "
+    header = (f"rounds={args.rounds} runs={args.runs} calls={args.calls} round_trips={args.round_trips} cpu={args.cpu} "
+              f"chunk_quantile=p{args.chunk_quantile} "
               f"seed={args.seed} took={time.monotonic() - started:.0f}s "
               f"loadavg before={load_before[0]:.2f} after={os.getloadavg()[0]:.2f}")
     print(header)
