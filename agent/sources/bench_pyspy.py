@@ -88,12 +88,14 @@ def bench_workload(rate: int, reps: int = 2, seconds: int = 4) -> dict:
             for segment in (1, 2, 5):
                 cpu0, t0 = children_cpu(), time.monotonic()
                 sampler = PySpySampler(server.pid, rate_hz=rate, segment_seconds=segment)
-                time.sleep(10)
+                time.sleep(12)
+                sampler.read()
                 sampler.close()
                 h = sampler.health().detail
                 out["sampler_cpu_cores"][f"{segment}s segments"] = {
                     "cores": round((children_cpu() - cpu0) / (time.monotonic() - t0), 3),
-                    "segments": h["segments"], "gap_s": h["gap_seconds"], "overlap_s": h["overlap_seconds"]}
+                    "segments": h["segments"], "gap_s": h["gap_seconds"], "overlap_s": h["overlap_seconds"],
+                    "effective_rate_hz": h["last_effective_rate_hz"], "restarts": h["restarts"]}
     finally:
         for proc in (load, server):
             if proc is not None:
@@ -125,7 +127,7 @@ def main() -> None:
         return
     target = subprocess.Popen([sys.executable, "-c", TARGET], stdout=subprocess.PIPE, text=True)
     rng = random.Random(1)
-    wall, percpu, cpu_per_s, attach, gap_frac, overlap_frac = [], [], [], [], [], []
+    wall, percpu, cpu_per_s, attach, gap_frac, overlap_frac, effective = [], [], [], [], [], [], []
     try:
         run_phase(target, 1.0)
         for _ in range(args.pairs):
@@ -140,6 +142,7 @@ def main() -> None:
                 sampler = PySpySampler(target.pid, rate_hz=args.rate)
                 t0 = time.monotonic()
                 rates[mode] = run_phase(target, args.phase)
+                sampler.read()
                 sampler.close()
                 elapsed = time.monotonic() - t0
                 h = sampler.health().detail
@@ -147,6 +150,7 @@ def main() -> None:
                 attach.append(h["last_attach_seconds"] or float("nan"))
                 gap_frac.append(h["gap_seconds"] / max(h["segments"], 1))
                 overlap_frac.append(h["overlap_seconds"] / max(h["segments"], 1))
+                effective.append(h["last_effective_rate_hz"] or 0.0)
             wall.append(rates["on"][0] / rates["off"][0])
             percpu.append(rates["on"][1] / rates["off"][1])
     finally:
@@ -162,7 +166,8 @@ def main() -> None:
                       "pyspy_cpu_cores": summary(cpu_per_s),
                       "attach_seconds": summary(attach),
                       "gap_seconds_per_1s_segment": summary(gap_frac),
-                      "overlap_seconds_per_1s_segment": summary(overlap_frac)}, indent=1))
+                      "overlap_seconds_per_1s_segment": summary(overlap_frac),
+                      "effective_rate_hz": summary(effective)}, indent=1))
 
 
 if __name__ == "__main__":

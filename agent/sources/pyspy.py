@@ -124,7 +124,8 @@ class PySpySampler:
         self._attach_recent: deque[float] = deque([0.05], maxlen=5)
         self._last_end: float | None = None
         self._stats: dict[str, Any] = {"segments": 0, "restarts": 0, "gap_seconds": 0.0, "overlap_seconds": 0.0,
-                                       "pyspy_sample_errors": 0, "backoff_seconds": 0.0, "last_attach_seconds": None}
+                                       "lost_seconds": 0, "pyspy_sample_errors": 0, "backoff_seconds": 0.0,
+                                       "last_attach_seconds": None}
         self._errors = 0
         self._last_error: str | None = None
         self._ticks = 0
@@ -241,8 +242,9 @@ class PySpySampler:
                 while not self._stop.is_set() and self._clock() < wake:
                     self._stop.wait(min(0.1, max(0.0, wake - self._clock())))
                     settle(block=False)
-            while pending:
-                settle(block=True)
+            # Stopping: the recordings still running are cut short and dropped, not waited for.
+            for segment in pending:
+                self._abandon(segment)
         finally:
             self._kill_live()
 
@@ -314,10 +316,11 @@ class PySpySampler:
                 sample_errors[run.kind] = summary[1] if summary else 0
                 counts[run.kind] = parse_folded(run.output.read_text()) if run.output.exists() else Counter()
         except (SegmentFailed, ValueError, OSError) as exc:
-            self._kill(segment)
+            self._abandon(segment)  # reaps the sibling recorder too: no zombie until close()
+            with self._lock:
+                self._stats["lost_seconds"] += self.segment_seconds
             if not self._target_state(str(exc)):
                 self._record_error(f"py-spy segment lost: {exc}", restart=True)
-            self._last_end = None
             return False
         finally:
             for run in segment.runs:

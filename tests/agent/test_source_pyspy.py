@@ -128,6 +128,8 @@ def test_killed_pyspy_is_restarted_and_counted(require_root, target, sampler_fac
     health = sampler.health()
     assert health.errors >= 1
     assert "signal 9" in (health.reason or ""), health
+    assert health.detail["lost_seconds"] >= 1
+    assert not psutil.pid_exists(victim), "the killed recorder was not reaped"
     sampler.read()
     done = health.detail["segments"]
     wait_for(lambda: sampler.health().detail["segments"] >= done + 2, 30, "segments after the restart")
