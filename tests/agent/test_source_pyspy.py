@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -173,6 +175,9 @@ def test_agent_killed_with_sigkill_takes_pyspy_along(require_root, target, tmp_p
             return True
 
     wait_for(lambda: all(gone(p) for p in pids), 10, f"py-spy children {pids} to die with their parent")
+    # A SIGKILLed agent cannot remove its scratch folder; do it for it.
+    for leftover in Path(tempfile.gettempdir()).glob(f"infersight-pyspy-{target.pid}-*"):
+        shutil.rmtree(leftover)
 
 
 def test_vanished_target_raises_target_gone(require_root, target, sampler_factory) -> None:
