@@ -86,9 +86,12 @@ class CollectionLoop:
         for t in targets:
             self._watch(t, now)
         self._probes.start([t.pid for t in targets])
-        # Compiling the probes takes seconds: the first window starts once they are attached.
+        # Compiling the probes takes seconds, and each counted from its own attach: read once and drop
+        # it, so every source's first window starts at the same moment.
         attached = self._wall()
+        self._probes.read()
         for watched in self._watched.values():
+            watched.sources.read()
             watched.window_start = attached
         self._publish_health()
         self._started = True
@@ -122,6 +125,8 @@ class CollectionLoop:
             raise RuntimeError("call start() before tick()")
         report = TickReport()
         began = self._monotonic()
+        # The window ends where the probes' reads begin: the off-CPU probe, read first, cuts its open
+        # intervals right here (its read then spends a while symbolising stacks).
         end = self._wall()
         readings, probe_errors = self._probes.read()
         host, host_errors = self._host_sources() if self._host_sources else ({}, {})
@@ -151,10 +156,14 @@ class CollectionLoop:
                       probe_errors: dict[str, str], host: dict[str, Any], host_errors: dict[str, str]) -> Window:
         t = watched.target
         w = Window(target=t.name, pid=t.pid, start=watched.window_start, end=end)
+        unsupported = self._probes.unsupported(t.pid)
         for probe, per_tgid in readings.items():
             attr, empty = PROBE_FIELDS[probe]
-            setattr(w, attr, per_tgid.get(t.pid) or empty())
+            # Zero events is a reading; a probe that cannot trace this target gives none, with the reason.
+            if probe not in unsupported:
+                setattr(w, attr, per_tgid.get(t.pid) or empty())
         w.errors.update(probe_errors)
+        w.errors.update({probe: f"unsupported: {why}" for probe, why in unsupported.items()})
         source_readings, source_errors = watched.sources.read()
         for attr, reading in {**host, **source_readings}.items():
             setattr(w, attr, reading)
@@ -194,20 +203,23 @@ class CollectionLoop:
         if not self._started:
             self.start()
         deadline = self._monotonic() + self.interval
+        late = False
         while not stop.wait(max(0.0, deadline - self._monotonic())):
             lateness = self._monotonic() - deadline
-            if lateness > self.interval * 0.5:
+            if late or lateness > self.interval * 0.5:
                 self._state.count_late_tick()
-                log.warning("tick started %.2f s late", lateness)
+                log.warning("tick started %.2f s late; its window is that much longer", max(lateness, 0.0))
             try:
                 self.tick()
             except Exception:  # the main loop is the one place that catches broadly: it logs and counts
                 self._state.count_error("loop")
                 log.exception("collection tick failed")
             deadline += self.interval
-            # After a long stall, resume the schedule from now rather than firing a burst of catch-up ticks.
-            if self._monotonic() > deadline:
-                deadline = self._monotonic() + self.interval
+            # A tick that overran its slot: the next one starts now (late, counted) rather than
+            # firing a burst of catch-up ticks.
+            late = self._monotonic() > deadline
+            if late:
+                deadline = self._monotonic()
 
     def close(self) -> None:
         for watched in self._watched.values():

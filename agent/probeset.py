@@ -6,7 +6,7 @@ import logging
 from typing import Any, Callable, Iterable
 
 from probes.base import Probe, ProbeHealth
-from probes.errors import ProbeError
+from probes.errors import ProbeError, Unsupported
 
 log = logging.getLogger("infersight.probes")
 
@@ -51,6 +51,10 @@ PROBE_FACTORIES: dict[str, Callable[[], Probe]] = {
 }
 
 
+# Probes that split intervals still open at read time (off-CPU time belongs to the window it passes in).
+BOUNDARY_FIRST = ("offcpu",)
+
+
 class ProbeSet:
     """Owns the probes; a probe that fails to start or read is reported in its health, never raised."""
 
@@ -63,18 +67,34 @@ class ProbeSet:
         self._factories = factories
         self._running: dict[str, Probe] = {}
         self._failed: dict[str, ProbeHealth] = {}
+        # Probes that could trace none of the targets so far (gcpause with no Python target): retried
+        # whenever the targets change, since the next target may be one they support.
+        self._retry: set[str] = set()
         self.read_errors: dict[str, int] = {}
 
     def start(self, tgids: Iterable[int]) -> None:
         tgids = list(tgids)
         for name in self._enabled:
-            try:
-                probe = self._factories[name]()
-                probe.start(tgids)
-            except (ProbeError, ImportError, OSError) as exc:
-                log.warning("probe %s unavailable: %s", name, exc)
-                self._failed[name] = ProbeHealth(name=name, state="failed", reason=str(exc))
-                continue
+            self._start_one(name, tgids)
+
+    def _start_one(self, name: str, tgids: list[int]) -> None:
+        probe = None
+        try:
+            probe = self._factories[name]()
+            probe.start(tgids)
+        except Unsupported as exc:
+            if probe is not None and probe.health().state == "running":
+                log.info("probe %s cannot trace some targets: %s", name, exc)
+                self._running[name] = probe
+                return
+            log.info("probe %s supports none of the targets: %s", name, exc)
+            self._failed[name] = ProbeHealth(name=name, state="unsupported", reason=str(exc),
+                                             unsupported={pid: str(exc) for pid in tgids})
+            self._retry.add(name)
+        except (ProbeError, ImportError, OSError) as exc:
+            log.warning("probe %s unavailable: %s", name, exc)
+            self._failed[name] = ProbeHealth(name=name, state="failed", reason=str(exc))
+        else:
             self._running[name] = probe
 
     def set_targets(self, tgids: Iterable[int]) -> None:
@@ -82,22 +102,40 @@ class ProbeSet:
         for name, probe in list(self._running.items()):
             try:
                 probe.set_targets(tgids)
+            except Unsupported as exc:
+                log.info("probe %s cannot trace a new target: %s", name, exc)
             except ProbeError as exc:
                 log.warning("probe %s could not change targets: %s", name, exc)
                 self.read_errors[name] = self.read_errors.get(name, 0) + 1
+        for name in sorted(self._retry):
+            self._retry.discard(name)
+            del self._failed[name]
+            self._start_one(name, tgids)
+
+    def unsupported(self, pid: int) -> dict[str, str]:
+        """Probe name -> why it cannot trace `pid` (its window then has no reading from that probe)."""
+        out = {name: h.unsupported[pid] for name, h in self._failed.items() if pid in h.unsupported}
+        for name, probe in self._running.items():
+            reason = probe.health().unsupported.get(pid)
+            if reason:
+                out[name] = reason
+        return out
 
     def read(self) -> tuple[dict[str, dict[int, Any]], dict[str, str]]:
         """Readings per probe per tgid, and the error of each probe that failed this read."""
         readings: dict[str, dict[int, Any]] = {}
         errors: dict[str, str] = {}
-        for name, probe in self._running.items():
+        # Probes whose read cuts time at the moment it starts go first, so their boundary is the window's.
+        order = sorted(self._running.items(), key=lambda item: item[0] not in BOUNDARY_FIRST)
+        for name, probe in order:
             try:
                 readings[name] = probe.read()
             except ProbeError as exc:
                 self.read_errors[name] = self.read_errors.get(name, 0) + 1
                 errors[name] = str(exc)
         for name, health in self._failed.items():
-            errors[name] = f"{health.state}: {health.reason}"
+            if health.state != "unsupported":  # per-target reasons go through unsupported(pid)
+                errors[name] = f"{health.state}: {health.reason}"
         return readings, errors
 
     def host_tcp(self) -> Any | None:

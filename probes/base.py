@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
@@ -21,10 +21,13 @@ class ProbeHealth:
     targets: int = 0
     lost_events: int = 0
     failed_stacks: int = 0
+    # Targets this probe cannot trace (e.g. not a Python process for gcpause): pid -> reason.
+    unsupported: dict[int, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "reason": self.reason, "targets": self.targets,
-                "lost_events": self.lost_events, "failed_stacks": self.failed_stacks}
+                "lost_events": self.lost_events, "failed_stacks": self.failed_stacks,
+                "unsupported": {str(pid): why for pid, why in self.unsupported.items()}}
 
 
 class Probe(Protocol):
@@ -73,7 +76,7 @@ def load_bpf(text: str, cflags: Iterable[str] = ()) -> Any:
         raise NotRoot("loading BPF programs needs root")
     bcc = import_bcc()
     try:
-        bpf = bcc.BPF(text=text, cflags=list(cflags))
+        bpf = bcc.BPF(text=text.encode(), cflags=list(cflags))
     except Exception as exc:  # BCC raises bare Exception for compile and load failures
         raise ProbeUnavailable(f"BPF program failed to load: {exc}") from exc
     release_compiler_memory()

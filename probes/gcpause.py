@@ -259,7 +259,8 @@ class GcPauseProbe:
         if self._bpf is not None:
             lost = sum(v.value for v in self._bpf[b"failures"].values())
         return ProbeHealth(name=self.name, state=self._state, reason=self._reason,
-                           targets=len(self._attached), lost_events=lost, failed_stacks=0)
+                           targets=len(self._attached), lost_events=lost, failed_stacks=0,
+                           unsupported=dict(self.unsupported))
 
     def method(self, tgid: int) -> str | None:
         """"usdt" or "uprobe": how a target is traced; None when it is not."""

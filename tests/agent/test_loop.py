@@ -1,0 +1,169 @@
+"""The collection loop on real processes and real probes: windows, unsupported targets, restarts, failures."""
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from agent.config import Config, ProbesConfig, TargetSpec
+from agent.loop import CollectionLoop
+from agent.probeset import ProbeSet
+from agent.state import AgentState
+from agent.target_sources import make_target_sources
+
+PY_CHILD = "import gc, os, sys, time\nwhile True:\n    gc.collect(); os.getppid(); time.sleep(0.02)\n"
+
+
+def spawn(marker: str, code: str = PY_CHILD) -> subprocess.Popen:
+    # The marker in argv lets a process_regex spec find exactly this test's children.
+    return subprocess.Popen([sys.executable, "-c", code, marker])
+
+
+def stop(*procs):
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def make_loop(specs, probes, sink, interval=1.0):
+    config = Config(interval_seconds=max(1.0, interval), targets=tuple(specs))
+    state = AgentState()
+    loop = CollectionLoop(specs=specs, probes=ProbeSet(probes),
+                          make_sources=lambda t: make_target_sources(t, config, pyspy=False),
+                          state=state, sink=sink, interval=interval)
+    return loop, state
+
+
+@pytest.mark.bpf
+def test_windows_carry_probe_and_process_readings(require_bpf):
+    child = spawn(f"loop-{uuid.uuid4().hex}")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    windows = []
+    specs = [TargetSpec(name="py", pid=child.pid), TargetSpec(name="sleeper", pid=sleeper.pid)]
+    loop, state = make_loop(specs, ["syscalls", "gc", "offcpu"], windows.append)
+    try:
+        time.sleep(0.3)
+        loop.start()
+        time.sleep(1.0)
+        loop.tick()
+        time.sleep(1.0)
+        loop.tick()
+    finally:
+        loop.close()
+        stop(child, sleeper)
+    by_target = {}
+    for w in windows:
+        by_target.setdefault(w.target, []).append(w)
+    py, sl = by_target["py"], by_target["sleeper"]
+    assert len(py) == 2 and len(sl) == 2
+    # Consecutive windows share their boundary: nothing between them is lost or counted twice.
+    assert py[0].end == py[1].start
+    for w in py:
+        assert w.syscalls.counts.get("getppid", 0) > 10
+        assert w.gc.collections > 10
+        # A single-threaded child: off-CPU + on-CPU = the window. psutil reads CPU time a little after the
+        # probes' boundary and in 10 ms ticks; the probe's own tests check conservation exactly.
+        assert w.offcpu.seconds > 0.5
+        assert abs(w.offcpu.seconds + w.process.cpu_seconds - w.duration) < 0.05 + 0.05 * w.duration
+        assert w.process.cpu_seconds >= 0
+        assert "gc" not in w.errors
+    for w in sl:
+        assert w.gc is None, "a probe that cannot trace the target gives no reading, not zeros"
+        assert "unsupported" in w.errors["gc"] and "not a Python interpreter" in w.errors["gc"]
+        assert w.syscalls is not None and w.offcpu.seconds > 0.9 * w.duration
+    health = state.snapshot()["health"]
+    assert health["gc"]["state"] == "running"
+    assert str(sleeper.pid) in health["gc"]["unsupported"]
+
+
+@pytest.mark.bpf
+def test_restarted_target_is_found_again_within_one_window(require_bpf):
+    marker = f"restart-{uuid.uuid4().hex}"
+    first = spawn(marker)
+    windows = []
+    loop, state = make_loop([TargetSpec(name="server", process_regex=marker)], ["syscalls", "gc"], windows.append)
+    second = None
+    try:
+        time.sleep(0.3)
+        loop.start()
+        assert [t.pid for t in loop.watched] == [first.pid]
+        time.sleep(1.0)
+        loop.tick()
+        stop(first)
+        second = spawn(marker)
+        time.sleep(0.5)
+        report = loop.tick()  # the old pid's last window; the new pid is picked up at its end
+        assert report.gone == ["server"] and report.added == ["server"]
+        assert [t.pid for t in loop.watched] == [second.pid]
+        time.sleep(1.0)
+        loop.tick()
+    finally:
+        loop.close()
+        stop(*(p for p in (first, second) if p))
+    pids = [w.pid for w in windows]
+    assert pids == [first.pid, first.pid, second.pid]
+    # The new process's first window starts where the old one's last ended: at most that window is lost.
+    assert windows[2].start == windows[1].end
+    assert windows[2].gc.collections > 10, "probes re-attached to the new pid"
+    assert state.snapshot()["targets"]["server"].pid == second.pid
+
+
+def test_a_failing_store_drops_the_window_and_counts_it():
+    child = spawn(f"sink-{uuid.uuid4().hex}")
+    calls = []
+
+    def sink(w):
+        calls.append(w)
+        if len(calls) == 1:
+            raise OSError("disk full")
+
+    loop, state = make_loop([TargetSpec(name="py", pid=child.pid)], [], sink)
+    try:
+        loop.start()
+        loop.tick()
+        loop.tick()
+    finally:
+        loop.close()
+        stop(child)
+    snap = state.snapshot()
+    assert snap["dropped_windows"] == 1 and snap["errors"]["store"] == 1
+    assert snap["windows_written"] == 1
+
+
+def test_a_stalled_tick_is_counted_late_not_merged():
+    child = spawn(f"late-{uuid.uuid4().hex}")
+    windows = []
+
+    def slow_sink(w):
+        windows.append(w)
+        if len(windows) == 1:
+            time.sleep(0.9)  # the next tick is due 0.5 s into this stall
+
+    loop, state = make_loop([TargetSpec(name="py", pid=child.pid)], [], slow_sink, interval=0.5)
+    stop_event = threading.Event()
+    runner = threading.Thread(target=loop.run, args=(stop_event,))
+    try:
+        runner.start()
+        time.sleep(2.6)
+    finally:
+        stop_event.set()
+        runner.join()
+        loop.close()
+        stop(child)
+    assert state.snapshot()["late_ticks"] >= 1
+    # Every window still ends where the next begins: a late tick is a longer window, counted.
+    for a, b in zip(windows, windows[1:]):
+        assert a.end == b.start
+
+
+def test_missing_target_is_shown_waiting_with_the_reason():
+    loop, state = make_loop([TargetSpec(name="ghost", process_regex=f"nothing-{uuid.uuid4().hex}")], [],
+                            lambda w: None)
+    loop.start()
+    loop.tick()
+    loop.close()
+    ghost = state.snapshot()["targets"]["ghost"]
+    assert ghost.state == "waiting" and "no process matches" in ghost.detail
