@@ -112,6 +112,8 @@ class StackReading:
     active: dict[str, int] = field(default_factory=dict)
     idle: dict[str, int] = field(default_factory=dict)
     rate_hz: float = 0.0
+    # Sampling ticks merged into this window; below rate_hz * duration when py-spy lagged or gapped.
+    samples: int = 0
 
 
 @dataclass
@@ -119,6 +121,7 @@ class LatencyReading:
     p50_seconds: float | None = None
     p95_seconds: float | None = None
     p99_seconds: float | None = None
+    mean_seconds: float | None = None
     requests: float = 0.0
     request_rate: float = 0.0
 

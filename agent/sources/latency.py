@@ -228,7 +228,8 @@ class LatencySource:
             p50 = p95 = p99 = None
         self._resets += resets
         self.last_mean_seconds = self._seconds(total_sum / requests) if requests > 0 else None
-        return LatencyReading(p50_seconds=p50, p95_seconds=p95, p99_seconds=p99, requests=requests,
+        return LatencyReading(p50_seconds=p50, p95_seconds=p95, p99_seconds=p99,
+                              mean_seconds=self.last_mean_seconds, requests=requests,
                               request_rate=requests / elapsed if elapsed > 0 else 0.0)
 
     def close(self) -> None:

@@ -165,8 +165,8 @@ class PySpySampler:
             # lagged (a starved CPU stretches a recording) or segments were lost or gapped.
             since = now - (self._last_read_at if self._last_read_at is not None else self._started_at or now)
             self._stats["last_effective_rate_hz"] = round(self._ticks / since, 2) if since > 0 else None
-            self._ticks, self._last_read_at = 0, now
-        return StackReading(active=dict(active), idle=dict(idle), rate_hz=float(self.rate_hz))
+            ticks, self._ticks, self._last_read_at = self._ticks, 0, now
+        return StackReading(active=dict(active), idle=dict(idle), rate_hz=float(self.rate_hz), samples=ticks)
 
     def close(self) -> None:
         self._stop.set()
