@@ -93,6 +93,35 @@ def _cmd_collect(args: argparse.Namespace) -> int:
                         probes=args.probes, pyspy=not args.no_pyspy, pyspy_rate=args.pyspy_rate)
 
 
+def _cmd_flamegraph(args: argparse.Namespace) -> int:
+    config, code = _load_config(args.config)
+    if config is None:
+        return code
+    from agent import flamegraph_cmd
+    from probes.errors import ProbeError
+
+    if args.duration is not None and (code := _require_root("flamegraph --duration")) is not None:
+        return code
+    try:
+        where = flamegraph_cmd.write(flamegraph_cmd.build(args, config), args.output)
+    except (flamegraph_cmd.UsageError, ValueError) as exc:
+        return _fail(str(exc))
+    except ProbeError as exc:
+        return _fail(f"cannot capture: {exc}", 1)
+    if where != "stdout":
+        print(f"infersight: wrote {where}", file=sys.stderr)
+    return 0
+
+
+def _time_arg(text: str) -> float:
+    from agent.timespec import parse_time
+
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from agent.probeset import PROBE_FACTORIES
 
@@ -124,6 +153,24 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--no-pyspy", action="store_true", help="skip Python stack sampling")
     collect.add_argument("--pyspy-rate", type=_ranged(int, 1, 1000), default=49, help="py-spy samples per second")
     collect.set_defaults(func=_cmd_collect)
+
+    flame = sub.add_parser("flamegraph", help="export a flame graph (live, stored, or a diff of two ranges)")
+    who = flame.add_mutually_exclusive_group(required=True)
+    who.add_argument("--target", help="target name (from the config / the store)")
+    who.add_argument("--pid", type=_ranged(int, 1, 2**22), help="process id")
+    flame.add_argument("--duration", type=_ranged(float, 1, 3600), help="live: sample this many seconds now")
+    flame.add_argument("--from", dest="since", type=_time_arg, help="stored range start: now, -10m, unix s, ISO")
+    flame.add_argument("--to", dest="until", type=_time_arg, help="stored range end (default: now)")
+    flame.add_argument("--baseline-from", type=_time_arg, help="diff: baseline range start")
+    flame.add_argument("--baseline-to", type=_time_arg, help="diff: baseline range end")
+    flame.add_argument("--kind", choices=["active", "idle", "offcpu"], default="active",
+                       help="Python on-CPU (active), Python waiting (idle), or kernel off-CPU stacks")
+    flame.add_argument("--format", choices=["folded", "svg", "speedscope", "pprof", "json"], default="svg",
+                       help="export format (json: a diff's movers)")
+    flame.add_argument("-o", "--output", help="file to write (default: stdout)")
+    flame.add_argument("--config", metavar="FILE", help="agent config (store location, targets)")
+    flame.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
+    flame.set_defaults(func=_cmd_flamegraph)
     return parser
 
 
