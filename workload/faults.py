@@ -28,10 +28,10 @@ class Fault(Protocol):
 class FaultTuning:
     """How hard each fault pushes; defaults give >= 1.5x p99 at the default load (docs/bench_workload.md)."""
 
-    gc_cycles_per_step: int = 4000
+    gc_cycles_per_sequence: int = 4000
     lock_hold_s: float = 0.040
     lock_period_s: float = 0.060
-    syscalls_per_step: int = 10000
+    syscalls_per_sequence: int = 8000  # per running sequence per decode step
     netloss_percent: int = 10
     cpuhog_per_cpu: int = 2
 
@@ -55,14 +55,14 @@ class GcChurn:
         for _ in range(self.cycles_per_step * batch_size):
             a: dict = {}
             b = {"a": a, "pad": [a]}
-            a["b"] = b
+            a["b"] = b  # a cycle: only the cyclic collector can free it
 
 
 class SyscallStorm:
-    """Many one-byte reads of /dev/zero per decode step: each one a read(2) syscall."""
+    """Many one-byte reads of /dev/zero per decode step and sequence: each one a pread64(2) syscall."""
 
-    def __init__(self, per_step: int) -> None:
-        self.per_step = per_step
+    def __init__(self, per_sequence: int) -> None:
+        self.per_sequence = per_sequence
         self.active = False
         self._fd: int | None = None
 
@@ -81,7 +81,7 @@ class SyscallStorm:
         fd = self._fd
         if not self.active or fd is None:
             return
-        for _ in range(self.per_step):
+        for _ in range(self.per_sequence * batch_size):
             os.pread(fd, 1, 0)
 
 
@@ -164,8 +164,8 @@ class FaultSet:
 
 def build_faults(scheduler: Scheduler, port: int, tuning: FaultTuning,
                  on_change: Callable[[str, bool], None]) -> FaultSet:
-    churn = GcChurn(tuning.gc_cycles_per_step)
-    storm = SyscallStorm(tuning.syscalls_per_step)
+    churn = GcChurn(tuning.gc_cycles_per_sequence)
+    storm = SyscallStorm(tuning.syscalls_per_sequence)
     scheduler.step_hooks.extend([churn.hook, storm.hook])
     faults: dict[str, Fault] = {
         "gc": churn,

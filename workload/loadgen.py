@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m workload load")
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--rate", type=float, default=4.0, help="requests per second (Poisson)")
+    group.add_argument("--rate", type=float, default=2.0, help="requests per second (Poisson)")
     group.add_argument("--schedule", help="stepped load RATE:SECONDS,... e.g. 4:30,6:30")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds, with --rate")
     parser.add_argument("--prompt-bytes", type=_range, default=(64, 256), help="N or MIN-MAX, uniform")

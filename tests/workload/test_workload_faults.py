@@ -86,7 +86,7 @@ def test_syscall_fault_adds_reads_per_step(server, fault) -> None:
     off = delta(lambda: proc_io_syscr(server.pid), lambda: burst(server.url))
     fault("syscall", True)
     on = delta(lambda: proc_io_syscr(server.pid), lambda: burst(server.url))
-    assert on - off >= 0.9 * FaultTuning().syscalls_per_step * STEPS, (off, on)
+    assert on - off >= 0.9 * FaultTuning().syscalls_per_sequence * STEPS, (off, on)
 
 
 def off_cpu_seconds(pid: int, tid: int) -> float:
