@@ -53,7 +53,8 @@ class Agent:
         os.makedirs(config.store_dir, mode=0o700, exist_ok=True)
         self.store = Store.open(Path(config.store_dir))
         self.registry = build_registry(self.state)
-        self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry})
+        self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
+                               "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds})
         host, port = config.listen_address
         self.web = WebServer(self.app, host, port)
         self.loop = CollectionLoop(

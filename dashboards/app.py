@@ -10,19 +10,21 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
-    """Build the app. config keys: STATE (the agent's live state), STORE (its store), REGISTRY (prometheus)."""
+    """Build the app. config keys: STATE (the agent's live state), STORE (its store), REGISTRY (prometheus),
+    PYSPY_RATE_HZ and INTERVAL_SECONDS (to label and time profiles)."""
     app = Flask(__name__)
-    app.config.update(STATE=None, STORE=None, REGISTRY=None, JSON_SORT_KEYS=False)
+    app.config.update(STATE=None, STORE=None, REGISTRY=None, PYSPY_RATE_HZ=None, INTERVAL_SECONDS=5.0)
     if config:
         app.config.update(config)
 
-    from dashboards import api, page
+    from dashboards import api, page, profiles_api
 
     # A missing figure reads as a dash, never as Python's "None".
     app.jinja_env.filters["dash"] = lambda v: "–" if v is None else v
 
     app.register_blueprint(page.bp)
     app.register_blueprint(api.bp)
+    app.register_blueprint(profiles_api.bp)
 
     registry: CollectorRegistry | None = app.config["REGISTRY"]
     if registry is not None:

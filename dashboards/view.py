@@ -37,6 +37,7 @@ def window_summary(w: Window) -> dict[str, Any]:
 
 def status(snapshot: dict[str, Any]) -> dict[str, Any]:
     return {
+        "now": round(snapshot["now"]),
         "uptime_seconds": round(snapshot["now"] - snapshot["started"], 1),
         "windows_written": snapshot["windows_written"],
         "late_ticks": snapshot["late_ticks"],

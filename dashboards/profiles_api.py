@@ -1,0 +1,137 @@
+"""Flame graph exports over HTTP, and a pprof pull endpoint in the shape Parca and Pyroscope scrape."""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, abort, current_app, jsonify, request
+
+from agent.profiles import from_store
+from analysis.flamegraph.export import DIFF_FORMATS, FORMATS, PROFILE_KINDS, export, export_diff
+
+bp = Blueprint("profiles", __name__)
+
+MAX_PPROF_SECONDS = 300
+
+
+def _store():
+    store = current_app.config["STORE"]
+    if store is None:
+        abort(503, description="no store is configured")
+    return store
+
+
+def _choice(name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = request.args.get(name, default)
+    if value not in allowed:
+        abort(400, description=f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def _time(name: str, default: float | None = None) -> float | None:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        abort(400, description=f"{name} must be unix seconds, got {raw!r}")
+
+
+def _target(store) -> str:
+    target = request.args.get("target")
+    names = [t.name for t in store.targets()]
+    if target is None:
+        if len(names) == 1:
+            return names[0]
+        abort(400, description=f"name a target with ?target= (stored: {', '.join(names) or 'none yet'})")
+    if target not in names:
+        abort(404, description=f"no stored profiles for target {target!r}")
+    return target
+
+
+def _send(exported, filename: str) -> Response:
+    resp = Response(exported.data, mimetype=exported.mime)
+    if exported.mime == "application/octet-stream":
+        resp.headers["Content-Disposition"] = f'attachment; filename="{filename}.{exported.extension}"'
+    # Frame names come from the target's code: never let a browser sniff an export into HTML.
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    return resp
+
+
+@bp.get("/api/targets")
+def targets():
+    return jsonify([{"name": t.name, "windows": t.windows, "first_start": t.first_start, "last_end": t.last_end}
+                    for t in _store().targets()])
+
+
+@bp.get("/api/flamegraph")
+def flamegraph():
+    store = _store()
+    target = _target(store)
+    kind = _choice("kind", PROFILE_KINDS, "active")
+    fmt = _choice("format", FORMATS, "svg")
+    since, until = _time("from"), _time("to")
+    try:
+        profile = from_store(store, target, since, until, kind)
+    except ValueError as exc:
+        abort(400, description=str(exc))
+    exported = export(profile, fmt, kind=kind, title=f"{target} — {kind}",
+                      rate_hz=current_app.config.get("PYSPY_RATE_HZ"))
+    return _send(exported, f"{target}-{kind}")
+
+
+@bp.get("/api/flamegraph/diff")
+def flamegraph_diff():
+    store = _store()
+    target = _target(store)
+    kind = _choice("kind", PROFILE_KINDS, "active")
+    fmt = _choice("format", DIFF_FORMATS, "svg")
+    try:
+        baseline = from_store(store, target, _time("baseline_from"), _time("baseline_to"), kind)
+        current = from_store(store, target, _time("from"), _time("to"), kind)
+    except ValueError as exc:
+        abort(400, description=str(exc))
+    if baseline.total() == 0 or current.total() == 0:
+        abort(404, description=f"no {kind} samples in the {'baseline' if baseline.total() == 0 else 'current'} range")
+    return _send(export_diff(baseline, current, fmt, title=f"{target} — {kind}: baseline vs current"),
+                 f"{target}-{kind}-diff")
+
+
+@bp.get("/debug/pprof/profile")
+def pprof_profile():
+    """Like Go's net/http/pprof: block for `seconds`, then answer with what was sampled meanwhile.
+
+    The agent samples continuously and stores whole windows, so the answer is the windows that
+    overlap the request's span: up to one window interval more than asked for.
+    """
+    store = _store()
+    target = _target(store)
+    kind = _choice("kind", PROFILE_KINDS, "active")
+    raw = request.args.get("seconds", "30")
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PPROF_SECONDS:
+        abort(400, description=f"seconds must be an integer in 1..{MAX_PPROF_SECONDS}, got {raw!r}")
+    seconds = int(raw)
+    interval = float(current_app.config.get("INTERVAL_SECONDS") or 5.0)
+    sleep = current_app.config.get("SLEEP") or time.sleep
+    clock = current_app.config.get("CLOCK") or time.time
+    start = clock()
+    sleep(seconds)
+    # Wait for the window that covers the end of the span to be stored (at most one interval + slack).
+    deadline = start + seconds + interval + 5.0
+    while clock() < deadline:
+        latest = store.latest(target)
+        if latest is not None and latest.end >= start + seconds:
+            break
+        sleep(0.25)
+    profile = from_store(store, target, start, start + seconds, kind)
+    exported = export(profile, "pprof", kind=kind, title=f"{target} — {kind}",
+                      rate_hz=current_app.config.get("PYSPY_RATE_HZ"))
+    return _send(exported, f"{target}-{kind}")
+
+
+@bp.errorhandler(400)
+@bp.errorhandler(404)
+@bp.errorhandler(503)
+def _json_error(err):
+    return jsonify(error=err.description), err.code
