@@ -223,6 +223,8 @@ int cut_open(struct bpf_raw_tracepoint_args *ctx) {
 NO_STACK = -1
 # Kernel stack id of records opened by user space for threads blocked before they were targets.
 SEEDED_STACK = -1000
+# Distinct /proc stacks given ids below SEEDED_STACK; far from the small -errno values of failed walks.
+MAX_SEEDED_STACKS = 999
 BPF_NOEXIST = 1
 # /proc/PID/task/TID/stat states of a thread that is not on a CPU nor runnable.
 BLOCKED_STATES = frozenset("SDITt")
@@ -337,6 +339,9 @@ class OffCpuProbe:
         self._seen_stacks: dict[tuple[int, int, int, int], int] = {}
         self._seen_hist: dict[tuple[int, int, int], int] = {}
         self._folded: dict[tuple[int, int, int], str] = {}
+        # Synthetic kernel stack ids (SEEDED_STACK - n) for threads already blocked when targeted, whose
+        # stack the kernel never walked: /proc/TID/stack names it instead. Leaf first, like a stack walk.
+        self._seeded_ids: dict[tuple[str, ...], int] = {}
 
     def start(self, targets: Iterable[int]) -> None:
         if self._bpf is not None:
@@ -467,7 +472,9 @@ class OffCpuProbe:
         if ident in self._folded:
             return self._folded[ident]
         table = self._bpf[b"stacks"]
-        if kstack == SEEDED_STACK:
+        if kstack in self._seeded_by_id:
+            kernel = [*self._seeded_by_id[kstack], "[blocked since before tracing]"]
+        elif kstack == SEEDED_STACK:
             kernel = ["[blocked since before tracing]"]
         elif kstack == NO_STACK:
             kernel = ["[kernel stacks off]"]
@@ -493,9 +500,24 @@ class OffCpuProbe:
         """
         start = self._bpf[b"start"]
         now = self._clock()
-        for tid in _blocked_threads(self._proc / str(tgid) / "task"):
-            leaf = start.Leaf(now, now, tgid, SEEDED_STACK, NO_STACK)
+        task_dir = self._proc / str(tgid) / "task"
+        for tid in _blocked_threads(task_dir):
+            leaf = start.Leaf(now, now, tgid, self._seeded_stack_id(task_dir / str(tid) / "stack"), NO_STACK)
             _insert_if_absent(start, start.Key(tid), leaf)
+
+    @property
+    def _seeded_by_id(self) -> dict[int, tuple[str, ...]]:
+        return {sid: frames for frames, sid in self._seeded_ids.items()}
+
+    def _seeded_stack_id(self, stack_file: Path) -> int:
+        frames = _proc_kernel_stack(stack_file)
+        if not frames:
+            return SEEDED_STACK
+        if frames not in self._seeded_ids:
+            if len(self._seeded_ids) >= MAX_SEEDED_STACKS:
+                return SEEDED_STACK
+            self._seeded_ids[frames] = SEEDED_STACK - 1 - len(self._seeded_ids)
+        return self._seeded_ids[frames]
 
     def _drop_target(self, tgid: int) -> None:
         """Forget a target's counters; the kernel side stops counting once it leaves `targets`."""
@@ -511,6 +533,20 @@ class OffCpuProbe:
             for ident in [i for i in seen if i[0] == tgid]:
                 del seen[ident]
         self._folded = {i: f for i, f in self._folded.items() if i[0] != tgid}
+
+
+def _proc_kernel_stack(path: Path) -> tuple[str, ...]:
+    """Function names from /proc/PID/task/TID/stack ('[<0>] futex_wait+0x1b/0x40'), leaf first; () if unreadable."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return ()
+    names = []
+    for line in lines:
+        symbol = line.split("] ", 1)[-1].split("+", 1)[0].strip()
+        if symbol:
+            names.append(symbol)
+    return tuple(names)
 
 
 def _blocked_threads(task_dir: Path) -> list[int]:
