@@ -255,6 +255,100 @@ def run_block(binary: Path, args: argparse.Namespace, attach: Callable[[list[int
             w.kill()
 
 
+class Switch:
+    """One loaded BCC object whose tracepoints are attached and detached without recompiling."""
+
+    def __init__(self, bpf: object) -> None:
+        self.bpf = bpf
+        self.raw = list(bpf.raw_tracepoint_fds)
+        self.classic = list(bpf.tracepoint_fds)
+        self.attached = True
+
+    def set(self, on: bool) -> None:
+        if on == self.attached:
+            return
+        for tp in self.raw:
+            if on:
+                self.bpf.attach_raw_tracepoint(tp=tp, fn_name=b"raw_tracepoint__" + tp)
+            else:
+                self.bpf.detach_raw_tracepoint(tp=tp)
+        for tp in self.classic:
+            if on:
+                self.bpf.attach_tracepoint(tp=tp, fn_name=b"tracepoint__" + tp.replace(b":", b"__"))
+            else:
+                self.bpf.detach_tracepoint(tp=tp)
+        self.attached = on
+
+
+def _tool_text(tool: str) -> str:
+    """The C text bcc's tool itself would load (its --ebpf output), for in-process toggling."""
+    return subprocess.run([tool, "--ebpf"], capture_output=True, text=True, check=True).stdout
+
+
+def toggle_switches(pids: list[int]) -> tuple[dict[str, Switch], list[Callable[[], None]], dict[str, str]]:
+    from probes.base import load_bpf  # noqa: PLC0415 - only this mode loads bcc's tool texts in-process
+
+    switches: dict[str, Switch] = {}
+    cleanups: list[Callable[[], None]] = []
+    kinds: dict[str, str] = {}
+    ours = [("ours syscalls count", "syscall", lambda: SyscallsProbe()),
+            ("ours syscalls +latency", "syscall", lambda: SyscallsProbe(SyscallsConfig(latency=True))),
+            ("ours runqlat", "sched", lambda: RunqlatProbe())]
+    for name, kind, factory in ours:
+        for target in (True, False):
+            probe = factory()
+            probe.start(pids if target else [os.getpid()])
+            cleanups.append(probe.stop)
+            label = f"{name} ({'target' if target else 'non-target'})"
+            # The probe's own loaded program: toggling it leaves maps and targets as start() set them.
+            switches[label], kinds[label] = Switch(probe._bpf), kind
+    for tool, kind in (("syscount-bpfcc", "syscall"), ("runqlat-bpfcc", "sched")):
+        bpf = load_bpf(_tool_text(tool))
+        cleanups.append(bpf.cleanup)
+        label = f"{tool} program (all pids)"
+        switches[label], kinds[label] = Switch(bpf), kind
+    # Floors: what merely having a program on the hook costs (the syscall slow path, the dispatch).
+    for label, text in (("floor: empty raw_tp sys_enter", "RAW_TRACEPOINT_PROBE(sys_enter) { return 0; }"),
+                        ("floor: empty tracepoint sys_exit", "TRACEPOINT_PROBE(raw_syscalls, sys_exit) { return 0; }")):
+        bpf = load_bpf(text)
+        cleanups.append(bpf.cleanup)
+        switches[label], kinds[label] = Switch(bpf), "syscall"
+    for sw in switches.values():
+        sw.set(False)
+    return switches, cleanups, kinds
+
+
+def run_toggle(binary: Path, args: argparse.Namespace, rng: random.Random,
+               results: dict[tuple[str, str], Result]) -> dict[str, str]:
+    """Many short adjacent A/B pairs on long-lived workloads, programs loaded once and toggled."""
+    sizes = {"getppid": (args.calls, args.chunk_calls), "pingpong": (args.round_trips, args.chunk_round_trips)}
+    loads = {w: Workload(binary, w, *sizes[w], args.cpu, args.chunk_quantile) for w in WORKLOADS}
+    cleanups: list[Callable[[], None]] = []
+    try:
+        switches, cleanups, kinds = toggle_switches([pid for w in loads.values() for pid in w.pids])
+        for w in loads.values():
+            w.go()  # warm-up
+        for rnd in range(args.rounds):
+            for name in rng.sample(list(switches), len(switches)):
+                pair: dict[bool, dict[str, float]] = {}
+                for on in rng.sample([False, True], 2):
+                    switches[name].set(on)
+                    pair[on] = {w: loads[w].go() for w in WORKLOADS}
+                    switches[name].set(False)
+                for w in WORKLOADS:
+                    r = results.setdefault((name, w), Result(name, w))
+                    r.none_ns.append(pair[False][w])
+                    r.probe_ns.append(pair[True][w])
+            if (rnd + 1) % 10 == 0:
+                print(f"round {rnd + 1}/{args.rounds}", file=sys.stderr, flush=True)
+        return kinds
+    finally:
+        for cleanup in cleanups:
+            cleanup()
+        for w in loads.values():
+            w.kill()
+
+
 def summarize(values: list[float]) -> dict[str, float]:
     q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
     return {"median": statistics.median(values), "p25": q[0], "p75": q[2], "min": min(values), "max": max(values)}
@@ -280,6 +374,22 @@ def report(results: dict[tuple[str, str], Result], kinds: dict[str, str]) -> tup
     return "\n".join(lines), summary
 
 
+def run_blocks(binary: Path, args: argparse.Namespace, rng: random.Random, conds: list[Condition],
+               results: dict[tuple[str, str], Result], started: float) -> None:
+    """Pairs of blocks: no probe vs the condition attached for a whole block (bcc's tools as subprocesses)."""
+    run_block(binary, args, None)  # warm-up: page cache, CPU frequency
+    for rnd in range(args.rounds):
+        for cond in rng.sample(conds, len(conds)):
+            order = [None, cond.attach] if rng.random() < 0.5 else [cond.attach, None]
+            pair = {id(a): run_block(binary, args, a) for a in order}
+            none, probe = pair[id(None)], pair[id(cond.attach)]
+            for w in WORKLOADS:
+                r = results.setdefault((cond.name, w), Result(cond.name, w))
+                r.none_ns.append(none[w])
+                r.probe_ns.append(probe[w])
+        print(f"round {rnd + 1}/{args.rounds} done at {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12, help="pairs per condition")
@@ -292,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)), help="CPU the workloads run on")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", action="append", default=[], help="run only conditions containing this text")
+    parser.add_argument("--mode", choices=("blocks", "toggle"), default="blocks",
+                        help="blocks: attach per block, bcc's tools as subprocesses; toggle: load every "
+                             "program once (bcc's via the tools' --ebpf text) and flip attachment per run")
     parser.add_argument("--json", type=Path, help="write raw samples and the summary here")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -299,30 +412,25 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     conds = [c for c in conditions() if not args.only or any(o in c.name for o in args.only)]
     kinds = {c.name: c.kind for c in conds}
-    results = {(c.name, w): Result(c.name, w) for c in conds for w in WORKLOADS}
+    results: dict[tuple[str, str], Result] = {}
     load_before = os.getloadavg()
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         binary = Path(tmp) / "micro"
         subprocess.run(["gcc", "-O2", "-o", str(binary), "-x", "c", "-"], input=WORKLOAD_C, text=True, check=True)
-        run_block(binary, args, None)  # warm-up: page cache, CPU frequency
-        for rnd in range(args.rounds):
-            for cond in rng.sample(conds, len(conds)):
-                order = [None, cond.attach] if rng.random() < 0.5 else [cond.attach, None]
-                pair = {id(a): run_block(binary, args, a) for a in order}
-                none, probe = pair[id(None)], pair[id(cond.attach)]
-                for w in WORKLOADS:
-                    results[(cond.name, w)].none_ns.append(none[w])
-                    results[(cond.name, w)].probe_ns.append(probe[w])
-            print(f"round {rnd + 1}/{args.rounds} done at {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+        if args.mode == "toggle":
+            kinds = run_toggle(binary, args, rng, results)
+        else:
+            run_blocks(binary, args, rng, conds, results, started)
     table, summary = report(results, kinds)
-    header = (f"rounds={args.rounds} runs={args.runs} calls={args.calls} round_trips={args.round_trips} cpu={args.cpu} "
+    header = (f"mode={args.mode} rounds={args.rounds} runs={args.runs} calls={args.calls} round_trips={args.round_trips} cpu={args.cpu} "
               f"chunk_quantile=p{args.chunk_quantile} "
               f"seed={args.seed} took={time.monotonic() - started:.0f}s "
               f"loadavg before={load_before[0]:.2f} after={os.getloadavg()[0]:.2f}")
     print(header)
     print(table)
-    ours, theirs = (summary.get(f"{n} / getppid") for n in ("ours syscalls count (target)", "syscount-bpfcc (all pids)"))
+    theirs_name = "syscount-bpfcc program (all pids)" if args.mode == "toggle" else "syscount-bpfcc (all pids)"
+    ours, theirs = (summary.get(f"{n} / getppid") for n in ("ours syscalls count (target)", theirs_name))
     if ours and theirs:
         verdict = ours["added_ns"]["median"] <= 0.5 * theirs["added_ns"]["median"]
         print(f"\ngoal (ours count-only adds <= half of syscount-bpfcc per getppid): "
