@@ -3,7 +3,6 @@
 from dataclasses import dataclass
 from typing import Any
 
-
 ADMIN_TOKEN_ENV = "WORKLOAD_ADMIN_TOKEN"
 
 

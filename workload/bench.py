@@ -83,10 +83,10 @@ def bench_faults(args: argparse.Namespace) -> dict:
 
 
 def faults_markdown(rows: dict, args: argparse.Namespace) -> str:
-    lines = [f"Default load: Poisson {args.rate:g} req/s, prompt 64-256 bytes, max_tokens 16-48, temperature 0.8; "
-             f"{args.pairs} interleaved off/on pairs of {args.seconds:g} s per row.", "",
-             "| change | p99 off (ms) | p99 on (ms) | ratio (pooled) | ratio per pair: median [min-max] "
-             "| requests off/on | errors off/on |",
+    lines = [(f"Default load: Poisson {args.rate:g} req/s, prompt 64-256 bytes, max_tokens 16-48, temperature 0.8; "
+             f"{args.pairs} interleaved off/on pairs of {args.seconds:g} s per row."), "",
+             ("| change | p99 off (ms) | p99 on (ms) | ratio (pooled) | ratio per pair: median [min-max] "
+             "| requests off/on | errors off/on |"),
              "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         lines.append(f"| {name} | {r['p99_off_ms']:.0f} | {r['p99_on_ms']:.0f} | {r['ratio_pooled']:.2f}x | "
@@ -152,8 +152,8 @@ def bench_batch(args: argparse.Namespace) -> list[dict]:
 
 
 def batch_markdown(rows: list[dict], args: argparse.Namespace) -> str:
-    lines = [f"Closed loop: each client sends the next request when the last one ends; prompt 145 bytes, "
-             f"{args.tokens} output tokens, {args.seconds:g} s per cell.", "",
+    lines = [(f"Closed loop: each client sends the next request when the last one ends; prompt 145 bytes, "
+             f"{args.tokens} output tokens, {args.seconds:g} s per cell."), "",
              "| max batch | concurrency | mean batch | tokens/s | p50 (ms) | p99 (ms) | requests | errors |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -193,8 +193,8 @@ def bench_kvcache(args: argparse.Namespace) -> list[dict]:
 
 def kvcache_markdown(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [f"One request at a time, {args.tokens} output tokens, {args.pairs} interleaved on/off pairs per row.", "",
-             "| prompt bytes | median cache on (ms) | median cache off (ms) | latency reduction with cache | "
-             "p99 on/off (ms) | token mismatches |", "|---|---|---|---|---|---|"]
+             ("| prompt bytes | median cache on (ms) | median cache off (ms) | latency reduction with cache | "
+             "p99 on/off (ms) | token mismatches |"), "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['prompt_bytes']} | {r['median_on_ms']:.0f} | {r['median_off_ms']:.0f} | "
                      f"{r['latency_reduction'] * 100:.0f}% | {r['p99_on_ms']:.0f}/{r['p99_off_ms']:.0f} | "

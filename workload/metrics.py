@@ -28,6 +28,7 @@ class ServerMetrics:
     success: Counter
     rejected: Counter
     fault_active: Gauge
+    engine_errors: Counter
     model_name: str
 
     def observe_step(self, batch_size: int, tokens: int) -> None:
@@ -64,10 +65,13 @@ def create_metrics(registry: CollectorRegistry, model_name: str) -> ServerMetric
                          label + ["reason"], registry=registry),
         fault_active=Gauge("workload:fault_active", "1 while the named fault switch is on.", ["fault"],
                            registry=registry),
+        engine_errors=Counter("workload:engine_errors", "Engine iterations that raised; their requests failed.",
+                              label, registry=registry),
         model_name=model_name,
     )
     # Touch every labelled child so each series exists, at zero, from the first scrape.
     for metric in (metrics.e2e, metrics.ttft, metrics.tpot, metrics.prompt_tokens, metrics.generation_tokens,
-                   metrics.running, metrics.waiting, metrics.batch_size, metrics.iteration_tokens):
+                   metrics.running, metrics.waiting, metrics.batch_size, metrics.iteration_tokens,
+                   metrics.engine_errors):
         metric.labels(model_name)
     return metrics

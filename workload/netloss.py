@@ -12,7 +12,7 @@ class NetlossError(RuntimeError):
 
 def run_nft(args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True, timeout=10)
+        return subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True, timeout=10, check=False)
     except FileNotFoundError as exc:
         raise NetlossError("nft is not installed (Debian package 'nftables')") from exc
 

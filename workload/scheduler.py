@@ -127,6 +127,7 @@ class Scheduler:
                 self._iteration()
             except Exception as exc:  # a bad step must fail its requests, not wedge the server
                 log.exception("engine iteration failed")
+                self.metrics.engine_errors.labels(self.metrics.model_name).inc()
                 self._fail_running(f"engine error: {exc}")
 
     def _await_batch_window(self) -> None:
@@ -144,7 +145,7 @@ class Scheduler:
             self.lock_wait_seconds += self.clock() - started
             self._admit()
             self._drop_cancelled()
-            batch = [r for r in self._running]
+            batch = list(self._running)
             if not batch:
                 return
             for hook in self.step_hooks:

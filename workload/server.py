@@ -110,11 +110,14 @@ def _events(submitted: Request) -> Iterator[tuple[str, int | str]]:
 
 def _complete(submitted: Request, completion_id: str, model: str) -> Response:
     tokens: list[int] = []
-    for kind, value in _events(submitted):
-        if kind == "token":
-            tokens.append(int(value))
-        elif kind == "error":
-            return _error(500, str(value), "server_error")
+    try:
+        for kind, value in _events(submitted):
+            if kind == "token":
+                tokens.append(int(value))
+            elif kind == "error":
+                return _error(500, str(value), "server_error")
+    finally:
+        submitted.cancel()  # no-op once finished; frees the slot if we stopped waiting early
     return jsonify({
         "id": completion_id, "object": "text_completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "text": tokenizer.decode(tokens), "logprobs": None, "finish_reason": "length",
