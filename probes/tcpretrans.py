@@ -39,8 +39,11 @@ When ``flows`` is full, new flows are counted in the totals and in ``lost`` (hea
 from __future__ import annotations
 
 import argparse
+import ctypes
+import errno
 import ipaddress
 import os
+import struct
 import sys
 import time
 from collections.abc import Iterable
@@ -92,6 +95,7 @@ struct flow_t {
 
 BPF_HASH(flows, struct flow_t, u64, MAX_FLOWS);
 BPF_PERCPU_ARRAY(totals, u64, N_TOTALS);
+BPF_HASH(errors, int, u64, 64);
 
 static inline void count_total(u32 idx)
 {
@@ -127,6 +131,8 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
 {
 #ifdef HAVE_ERR_FIELD
     int err = args->err;
+    if (err)
+        errors.increment(err);
     // Given up before the packet was built (RetransSegs is not incremented for these).
     if (err == -EBUSY_ || err == -ENOMEM_ || err == -EAGAIN_ || err == -EHOSTUNREACH_ || err == -EINVAL_) {
         count_total(TOTAL_NOT_SENT);
@@ -314,6 +320,29 @@ def owns(endpoints: Iterable[Endpoint], flow: TcpFlow) -> bool:
     return False
 
 
+SYS_BPF = 321  # x86-64
+BPF_OBJ_GET_INFO_BY_FD = 15
+PROG_INFO_SIZE = 232  # struct bpf_prog_info up to recursion_misses (Linux 5.12+) and past it
+RECURSION_MISSES_OFFSET = 208
+
+
+def prog_recursion_misses(prog_fd: int) -> int:
+    """Runs of a BPF program the kernel skipped because a tracing program was already running on that CPU.
+
+    A classic-tracepoint program is skipped when it fires while another kprobe, uprobe or
+    tracepoint program runs on the same CPU (e.g. a retransmit timer in a softirq that
+    interrupted someone's ``sys_enter`` program); the kernel counts each skip here.
+    """
+    info = ctypes.create_string_buffer(PROG_INFO_SIZE)
+    attr = struct.pack("IIQ", prog_fd, PROG_INFO_SIZE, ctypes.addressof(info))
+    attr_buf = ctypes.create_string_buffer(attr, 120)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_BPF, BPF_OBJ_GET_INFO_BY_FD, attr_buf, len(attr_buf)) != 0:
+        err = ctypes.get_errno()
+        raise ProbeUnavailable(f"BPF_OBJ_GET_INFO_BY_FD on fd {prog_fd} failed: {os.strerror(err)}")
+    return struct.unpack_from("Q", info.raw, RECURSION_MISSES_OFFSET)[0]
+
+
 @dataclass
 class _Counters:
     retransmits: int = 0
@@ -335,6 +364,8 @@ class TcpRetransProbe:
         # Attempts of the last window given up before sending / failed in the IP layer (see the docstring).
         self.last_not_sent = 0
         self.last_send_failed = 0
+        # errno name (e.g. "EBUSY") -> retransmit attempts of the last window that ended with it.
+        self.last_errors: dict[str, int] = {}
         self._bpf: Any = None
         self._targets: set[int] = set()
         self._seen: dict[int, set[Endpoint]] = {}
@@ -379,7 +410,9 @@ class TcpRetransProbe:
         self.last_host = TcpReading(retransmits=totals.retransmits - previous.retransmits, flows=flows)
         self.last_not_sent = totals.not_sent - previous.not_sent
         self.last_send_failed = totals.send_failed - previous.send_failed
-        self._health.lost_events = totals.lost
+        self.last_errors = {errno.errorcode.get(-int(k), str(int(k))): int(v)
+                            for k, v in self._bpf[b"errors"].items_lookup_and_delete_batch()}
+        self._health.lost_events = totals.lost + self.missed_runs()
         return self._attribute(flows)
 
     def stop(self) -> None:
@@ -391,6 +424,12 @@ class TcpRetransProbe:
 
     def health(self) -> ProbeHealth:
         return ProbeHealth(**vars(self._health))
+
+    def missed_runs(self) -> int:
+        """Retransmits the kernel did not run our programs for (see prog_recursion_misses), since start."""
+        if self._bpf is None:
+            return 0
+        return sum(prog_recursion_misses(f.fd) for f in self._bpf.funcs.values())
 
     def _resolved_config(self) -> TcpRetransConfig:
         root = self.config.tracefs or tracefs_root()
@@ -459,8 +498,9 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.interval)
             per_target = probe.read()
             host = probe.last_host
-            print(f"host: retransmits={host.retransmits} flows={len(host.flows)} "
-                  f"not_sent={probe.last_not_sent} send_failed={probe.last_send_failed}", flush=True)
+            print(f"host: retransmits={host.retransmits} flows={len(host.flows)} not_sent={probe.last_not_sent} "
+                  f"send_failed={probe.last_send_failed} errors={probe.last_errors} "
+                  f"lost={probe.health().lost_events}", flush=True)
             for f in host.flows[:10]:
                 owners = [str(t) for t, r in per_target.items() if f in r.flows]
                 print(f"  {f.saddr}:{f.sport} -> {f.daddr}:{f.dport} {f.state} {f.retransmits}"
