@@ -139,7 +139,11 @@ def test_client_disconnect_mid_stream_frees_the_slot(server) -> None:
         body = json.dumps({"prompt": "hang up on me", "max_tokens": 400, "stream": True}).encode()
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        assert b"data: " in sock.recv(4096)
+        received = b""
+        while b"data: " not in received:  # headers and the first event may come in separate reads
+            chunk = sock.recv(4096)
+            assert chunk, f"server closed before the first event: {received!r}"
+            received += chunk
         sock.close()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
