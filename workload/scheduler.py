@@ -150,11 +150,14 @@ class Scheduler:
                 return
             for hook in self.step_hooks:
                 hook(len(batch))
-            prefill_tokens = sum(len(r.seq.tokens) for r in batch if r.seq.cache_len != len(r.seq.tokens) - 1)
+            # Tokens the model runs this iteration: whole sequences for those (re)prefilled, one for the rest.
+            full = [len(r.seq.tokens) for r in batch
+                    if not self.engine.use_cache or r.seq.cache_len != len(r.seq.tokens) - 1]
+            iteration_tokens = sum(full) + len(batch) - len(full)
             tokens = self.engine.step([r.seq for r in batch])
             self.steps += 1
         now = self.clock()
-        self.metrics.observe_step(len(batch), prefill_tokens + len(batch) - (1 if prefill_tokens else 0))
+        self.metrics.observe_step(len(batch), iteration_tokens)
         self.metrics.generation_tokens.labels(self.metrics.model_name).inc(len(batch))
         for request, token in zip(batch, tokens):
             if request.first_token_at is None:

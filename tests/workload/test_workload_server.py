@@ -102,6 +102,9 @@ def test_batching_happened_and_metrics_use_vllm_names(server) -> None:
     tokens_in_steps = sample(after, "workload:batch_size_sum") - sample(before, "workload:batch_size_sum")
     assert tokens_in_steps == 6 * 30
     assert steps < 6 * 30, "six concurrent requests never shared a decode step"
+    # Each request is prefilled once (its 9 prompt tokens) and then decoded one token per step.
+    iteration = sample(after, "vllm:iteration_tokens_total_sum") - sample(before, "vllm:iteration_tokens_total_sum")
+    assert iteration == 6 * (len(tokenizer.encode("batch me")) + 29)
     assert sample(after, "vllm:num_requests_running") == 0
     assert sample(after, "vllm:num_requests_waiting") == 0
 
