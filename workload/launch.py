@@ -54,6 +54,11 @@ def _await_url(proc: subprocess.Popen, timeout_s: float) -> str:
         match = URL_PATTERN.search(line)
         if match:
             # Keep draining the log so a full pipe never stalls the server.
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+            threading.Thread(target=_discard_lines, args=(proc,), daemon=True).start()
             return match.group(1)
     raise LaunchError(f"server printed no URL within {timeout_s}s (exit {proc.poll()}): {''.join(seen)[-500:]!r}")
+
+
+def _discard_lines(proc: subprocess.Popen) -> None:
+    for _ in proc.stdout:
+        pass

@@ -6,6 +6,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,8 +58,6 @@ def start_server(tmp: Path, *extra: str, timeout: float = 60.0) -> ServerProcess
 
 def _drain(proc: subprocess.Popen) -> None:
     # Keep reading the server's log so a full pipe never blocks it.
-    import threading
-
     def pump() -> None:
         for _ in proc.stdout:
             pass
