@@ -14,6 +14,8 @@ min..max) over pairs.
 
 Workloads (both pinned to one CPU, so the ping-pong is pure context switches):
   getppid   N calls of syscall(SYS_getppid); ns per call; 1 syscall per op.
+  getppid2  the same, timed while a second target process loops getppid on the other CPU(s):
+            shows what sharing one hash entry across CPUs (syscount) costs next to per-CPU counts.
   pingpong  N round trips of one byte over two pipes between two processes; ns per round
             trip; 4 syscalls (write+read on each side), 2 context switches and 2 wakeups per op.
 Each run is timed in chunks (2,000 calls, 100 round trips) and reports a low quantile of
@@ -49,6 +51,7 @@ WORKLOAD_C = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -82,7 +85,29 @@ int main(int argc, char **argv)
     CPU_SET(atoi(argv[3]), &set);
     if (sched_setaffinity(0, sizeof set, &set))
         return 3;
-    int pingpong = strcmp(mode, "pingpong") == 0;
+    int pingpong = strcmp(mode, "pingpong") == 0, parallel = strcmp(mode, "getppid2") == 0;
+    // getppid2: a second process loops getppid on the other CPUs while this one is timed.
+    volatile int *busy = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (parallel) {
+        if (pipe(a))
+            return 4;
+        child = fork();
+        if (child == 0) {
+            cpu_set_t others;
+            CPU_ZERO(&others);
+            for (int i = 0; i < CPU_SETSIZE; i++)
+                if (i != atoi(argv[3]))
+                    CPU_SET(i, &others);
+            sched_setaffinity(0, sizeof others, &others);
+            close(a[1]);
+            while (read(a[0], &c, 1) == 1) {
+                while (*busy)
+                    syscall(SYS_getppid);
+            }
+            _exit(0);
+        }
+        close(a[0]);
+    }
     if (pingpong) {
         if (pipe(a) || pipe(b))
             return 4;
@@ -100,6 +125,11 @@ int main(int argc, char **argv)
     printf("ready %d %d\n", getpid(), (int)child);
     fflush(stdout);
     while (read(0, &c, 1) == 1 && c == 'g') {
+        if (parallel) {
+            *busy = 1;
+            if (write(a[1], &c, 1) != 1)
+                return 7;
+        }
         // Timed in chunks; a low percentile drops the ones another task disturbed.
         for (long k = 0; k < chunks; k++) {
             long t0 = now_ns();
@@ -114,6 +144,7 @@ int main(int argc, char **argv)
             }
             per_op[k] = (double)(now_ns() - t0) / chunk;
         }
+        *busy = 0;
         qsort(per_op, chunks, sizeof *per_op, cmp_double);
         printf("%.3f\n", per_op[chunks * pct / 100]);
         fflush(stdout);
@@ -126,11 +157,11 @@ int main(int argc, char **argv)
 }
 """
 
-WORKLOADS = ("getppid", "pingpong")
+WORKLOADS = ("getppid", "getppid2", "pingpong")
 # Events per op for "ns added per event": syscalls for the syscall probes, context switches for runqlat.
 EVENTS_PER_OP = {
-    ("getppid", "syscall"): 1, ("pingpong", "syscall"): 4,
-    ("getppid", "sched"): None, ("pingpong", "sched"): 2,
+    ("getppid", "syscall"): 1, ("getppid2", "syscall"): 1, ("pingpong", "syscall"): 4,
+    ("getppid", "sched"): None, ("getppid2", "sched"): None, ("pingpong", "sched"): 2,
 }
 
 
@@ -237,7 +268,8 @@ def run_block(binary: Path, args: argparse.Namespace, attach: Callable[[list[int
 
     Returns the median run per workload, in ns per op.
     """
-    sizes = {"getppid": (args.calls, args.chunk_calls), "pingpong": (args.round_trips, args.chunk_round_trips)}
+    sizes = {"getppid": (args.calls, args.chunk_calls), "getppid2": (args.calls, args.chunk_calls),
+             "pingpong": (args.round_trips, args.chunk_round_trips)}
     loads = {w: Workload(binary, w, *sizes[w], args.cpu, args.chunk_quantile) for w in WORKLOADS}
     detach = None
     try:
@@ -321,7 +353,8 @@ def toggle_switches(pids: list[int]) -> tuple[dict[str, Switch], list[Callable[[
 def run_toggle(binary: Path, args: argparse.Namespace, rng: random.Random,
                results: dict[tuple[str, str], Result]) -> dict[str, str]:
     """Many short adjacent A/B pairs on long-lived workloads, programs loaded once and toggled."""
-    sizes = {"getppid": (args.calls, args.chunk_calls), "pingpong": (args.round_trips, args.chunk_round_trips)}
+    sizes = {"getppid": (args.calls, args.chunk_calls), "getppid2": (args.calls, args.chunk_calls),
+             "pingpong": (args.round_trips, args.chunk_round_trips)}
     loads = {w: Workload(binary, w, *sizes[w], args.cpu, args.chunk_quantile) for w in WORKLOADS}
     cleanups: list[Callable[[], None]] = []
     try:
@@ -401,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-quantile", type=int, default=10, help="percentile of chunk times a run reports")
     parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)), help="CPU the workloads run on")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--only", action="append", default=[], help="run only conditions containing this text")
+    parser.add_argument("--only", action="append", default=[], help="blocks mode: run only conditions containing this text")
     parser.add_argument("--mode", choices=("blocks", "toggle"), default="blocks",
                         help="blocks: attach per block, bcc's tools as subprocesses; toggle: load every "
                              "program once (bcc's via the tools' --ebpf text) and flip attachment per run")
