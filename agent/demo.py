@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from agent import logs
-from agent.config import Config
+from agent.config import Config, LatencySpec, TargetSpec
 from agent.daemon import Agent
 
 log = logging.getLogger("infersight.demo")
@@ -76,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
                                  "--rate", str(args.rate), "--duration", str(args.duration or 10**7),
                                  "--no-progress"], stdout=subprocess.DEVNULL)
         children.append((load, "load"))
-        agent = Agent(Config(store_dir=args.var / "store", listen=args.listen))
+        # The demo watches exactly the server it started (by pidfile), not every bundled server on the host.
+        target = TargetSpec(name="workload", pidfile=(args.var / "workload.pid").resolve(),
+                            latency=LatencySpec.from_preset("workload", url=f"{server_url}/metrics"))
+        agent = Agent(Config(store_dir=(args.var / "store").resolve(), listen=args.listen, targets=(target,)))
         agent.web.start()
         agent.loop.start()
         print(f"""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,25 @@ PROBE_FIELDS: dict[str, tuple[str, Callable[[], Any]]] = {
     "tcp": ("tcp", TcpReading),
     "runqueue": ("runqueue", RunQueueReading),
 }
+
+
+_SECRET_FLAG = re.compile(r"^--?[\w-]*(token|password|passwd|secret|key|credential)[\w-]*$", re.IGNORECASE)
+
+
+def redact_cmdline(argv: tuple[str, ...] | list[str]) -> str:
+    """The command line for display, with the values of secret-looking flags hidden (`--admin-token ***`)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+        elif "=" in arg and _SECRET_FLAG.match(arg.split("=", 1)[0]):
+            out.append(arg.split("=", 1)[0] + "=***")
+        else:
+            out.append(arg)
+            hide_next = bool(_SECRET_FLAG.match(arg))
+    return " ".join(out)
 
 
 class TargetSources(Protocol):
@@ -116,7 +136,7 @@ class CollectionLoop:
         self._gone.discard(t.name)
         self._watched[t.key] = Watched(target=t, sources=self._make_sources(t), window_start=now)
         self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="watching", since=now,
-                                            detail=" ".join(t.cmdline)[:200]))
+                                            detail=redact_cmdline(t.cmdline)[:300]))
         log.info("watching target %s pid %d", t.name, t.pid)
 
     def tick(self) -> TickReport:

@@ -107,8 +107,12 @@ class AgentCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self._state.snapshot()
         times = self._process.cpu_times()
-        cpu = CounterMetricFamily("infersight_agent_cpu_seconds", "CPU seconds used by the agent itself.")
+        cpu = CounterMetricFamily("infersight_agent_cpu_seconds", "CPU seconds used by the agent process itself.")
         cpu.add_metric([], times.user + times.system)
+        # py-spy runs as short-lived children: their CPU shows here once each is reaped.
+        children = CounterMetricFamily("infersight_agent_children_cpu_seconds",
+                                       "CPU seconds used by the agent's exited children (py-spy recorders).")
+        children.add_metric([], times.children_user + times.children_system)
         rss = GaugeMetricFamily("infersight_agent_resident_memory_bytes", "Agent resident memory.")
         rss.add_metric([], self._process.memory_info().rss)
         peak = GaugeMetricFamily("infersight_agent_peak_resident_memory_bytes", "Agent peak resident memory.")
@@ -131,7 +135,7 @@ class AgentCollector(Collector):
                                labels=["source"])
         for source, health in sorted(snap["health"].items()):
             up.add_metric([source], 1.0 if health.get("state") in ("running", "ok") else 0.0)
-        yield from (cpu, rss, peak, uptime, windows, late, dropped, tick, errors, up)
+        yield from (cpu, children, rss, peak, uptime, windows, late, dropped, tick, errors, up)
 
 
 def build_registry(state: AgentState) -> CollectorRegistry:

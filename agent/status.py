@@ -13,6 +13,10 @@ def fetch(url: str, timeout: float = 5.0) -> dict:
         return json.load(resp)
 
 
+def _d(value) -> str:
+    return "–" if value is None else str(value)
+
+
 def format_status(data: dict) -> str:
     lines = [f"agent up {data['uptime_seconds']:.0f} s, {data['windows_written']} windows, "
              f"{data['late_ticks']} late ticks, {data['dropped_windows']} dropped"]
@@ -22,8 +26,9 @@ def format_status(data: dict) -> str:
         reason = f" — {s['reason']}" if s.get("reason") else ""
         lines.append(f"source {s['source']}: {s.get('state')}{reason}")
     for name, w in data["latest"].items():
-        lines.append(f"latest {name}: p99 {w['p99_ms']} ms, {w['request_rate']} req/s, cpu {w['cpu_percent']} %, "
-                     f"off-cpu {w['offcpu_seconds']} s, gc {w['gc_collections']}, retrans {w['tcp_retransmits']}")
+        lines.append(f"latest {name}: p99 {_d(w['p99_ms'])} ms, {_d(w['request_rate'])} req/s, "
+                     f"cpu {_d(w['cpu_percent'])} %, off-cpu {_d(w['offcpu_seconds'])} s, gc {_d(w['gc_collections'])}, "
+                     f"retrans {_d(w['tcp_retransmits'])}")
     return "\n".join(lines)
 
 

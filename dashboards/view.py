@@ -47,7 +47,9 @@ def status(snapshot: dict[str, Any]) -> dict[str, Any]:
             {"name": t.name, "pid": t.pid, "state": t.state, "since": t.since, "detail": t.detail}
             for t in sorted(snapshot["targets"].values(), key=lambda t: t.name)
         ],
-        "sources": [{"source": name, **health} for name, health in sorted(snapshot["health"].items())],
+        "sources": [{"source": name, **health,
+                     "error_count": health.get("errors", health.get("read_errors", snapshot["errors"].get(name, 0)))}
+                    for name, health in sorted(snapshot["health"].items())],
         "latest": {name: window_summary(w) for name, w in sorted(snapshot["latest"].items())},
     }
 

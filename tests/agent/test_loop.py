@@ -167,3 +167,12 @@ def test_missing_target_is_shown_waiting_with_the_reason():
     loop.close()
     ghost = state.snapshot()["targets"]["ghost"]
     assert ghost.state == "waiting" and "no process matches" in ghost.detail
+
+
+def test_secrets_in_command_lines_are_hidden():
+    from agent.loop import redact_cmdline
+
+    argv = ["python", "-m", "workload", "serve", "--admin-token", "s3cret", "--api-key=abc", "--port", "8000"]
+    shown = redact_cmdline(argv)
+    assert "s3cret" not in shown and "abc" not in shown
+    assert shown == "python -m workload serve --admin-token *** --api-key=*** --port 8000"
