@@ -10,9 +10,10 @@ shared cache line, exact. Latency mode adds a per-thread ``start`` map and a log
 histogram per (slot, id) in a per-CPU hash; user space reports the top N syscalls of each
 window by count.
 
-Overhead (getppid loop on this 2-CPU VM, see docs/bench_probes.md): count-only roughly
-half of what ``syscount-bpfcc`` adds per syscall; non-target processes pay the raw
-tracepoint plus one hash lookup. Latency mode roughly doubles the cost for targets.
+Overhead (getppid loop on this 2-vCPU VM, docs/bench_probes.md): count-only ~50-75 ns per
+syscall of a target, ~0.75x what ``syscount-bpfcc`` adds; ~42 ns of that is the floor any
+program on ``sys_enter`` costs (the syscall slow path). Non-target processes pay the floor
+plus one hash lookup. Latency mode: ~2.5-3x count-only for targets, ~115 ns for others.
 
 Caveats: ids outside [0, SYSCALL_SLOTS - 1) (x32 ABI, -1 from seccomp/ptrace skips) are
 counted together as ``syscall_other``. Maps are never zeroed (zeroing races with the
