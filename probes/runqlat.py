@@ -30,9 +30,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from analysis.window import Log2Histogram, RunQueueReading
 from probes.base import ProbeHealth, load_bpf, require_tracepoints

@@ -28,9 +28,10 @@ import ctypes
 import sys
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from analysis.window import Log2Histogram, SyscallReading
 from probes.base import ProbeHealth, load_bpf, require_tracepoints
@@ -217,7 +218,7 @@ def recursion_misses(bpf: Any) -> int:
     on the host (another tool's sched_switch program can hide our sched_wakeup); raw
     tracepoints only guard against themselves. Either way the kernel counts the miss.
     """
-    from bcc.libbcc import lib  # noqa: PLC0415 - bcc is imported lazily (LLVM costs ~76 MB)
+    from bcc.libbcc import lib
 
     total = 0
     for fn in bpf.funcs.values():

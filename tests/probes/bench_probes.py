@@ -38,9 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from probes.runqlat import RunqlatProbe
 from probes.syscalls import SyscallsConfig, SyscallsProbe
@@ -318,7 +318,7 @@ def _tool_text(tool: str) -> str:
 
 
 def toggle_switches(pids: list[int]) -> tuple[dict[str, Switch], list[Callable[[], None]], dict[str, str]]:
-    from probes.base import load_bpf  # noqa: PLC0415 - only this mode loads bcc's tool texts in-process
+    from probes.base import load_bpf
 
     switches: dict[str, Switch] = {}
     cleanups: list[Callable[[], None]] = []

@@ -13,7 +13,14 @@ import pytest
 from analysis.window import Log2Histogram
 from probes.errors import ProbeUnavailable
 from probes.syscall_names import SYSCALL_NAMES
-from probes.syscalls import OTHER_ID, SyscallsConfig, SyscallsProbe, TargetSlots, render, syscall_name
+from probes.syscalls import (
+    OTHER_ID,
+    SyscallsConfig,
+    SyscallsProbe,
+    TargetSlots,
+    render,
+    syscall_name,
+)
 
 UNISTD = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
 
