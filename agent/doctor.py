@@ -11,9 +11,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PASS, FAIL, WARN, INFO = "ok", "FAIL", "warn", "info"
 

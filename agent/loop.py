@@ -6,13 +6,14 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from agent.probeset import ProbeSet
 from agent.state import AgentState, TargetStatus
 from agent.targets import Target, diff_targets, discover
-from analysis.window import (GcReading, OffCpuReading, RunQueueReading, SyscallReading, TcpReading, Window)
+from analysis.window import GcReading, OffCpuReading, RunQueueReading, SyscallReading, TcpReading, Window
 from probes.errors import ProbeError
 
 log = logging.getLogger("infersight.loop")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import resource
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import psutil
 from prometheus_client import CollectorRegistry

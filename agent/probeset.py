@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from probes.base import Probe, ProbeHealth
 from probes.errors import ProbeError, Unsupported

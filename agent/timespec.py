@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 _RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)(s|m|h|d)$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -26,5 +26,5 @@ def parse_time(text: str, now: float | None = None) -> float:
     except ValueError:
         raise ValueError(f"not a time: {text!r} (use 'now', '-10m', unix seconds or ISO 8601)") from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()

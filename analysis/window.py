@@ -17,7 +17,7 @@ class Log2Histogram:
     def total(self) -> int:
         return sum(self.counts)
 
-    def add(self, other: "Log2Histogram") -> None:
+    def add(self, other: Log2Histogram) -> None:
         if other.unit != self.unit:
             raise ValueError(f"cannot add a histogram in {other.unit!r} to one in {self.unit!r}")
         if len(other.counts) > len(self.counts):
@@ -41,7 +41,7 @@ class Log2Histogram:
         return float(2 ** len(self.counts))
 
     @classmethod
-    def from_slots(cls, slots: dict[int, int], unit: str = "ns") -> "Log2Histogram":
+    def from_slots(cls, slots: dict[int, int], unit: str = "ns") -> Log2Histogram:
         if not slots:
             return cls(unit=unit, counts=[])
         counts = [0] * (max(slots) + 1)
@@ -164,11 +164,11 @@ class Window:
         return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Window":
+    def from_dict(cls, data: dict[str, Any]) -> Window:
         return _window_from_dict(data)
 
     @classmethod
-    def from_json(cls, text: str) -> "Window":
+    def from_json(cls, text: str) -> Window:
         return cls.from_dict(json.loads(text))
 
 

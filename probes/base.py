@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 from probes.errors import NotRoot, ProbeUnavailable, TracepointMissing
 

@@ -44,13 +44,10 @@ class DiffProfile:
 
     def movers(self, top: int = 15, by: Literal["self", "total"] = "self") -> list[Mover]:
         """The functions whose share moved most; `by` 'self' (time in the function) or 'total' (with callees)."""
-        if by == "self":
-            key = lambda m: (-abs(m.self_delta), m.name)
-        elif by == "total":
-            key = lambda m: (-abs(m.total_delta), m.name)
-        else:
+        if by not in ("self", "total"):
             raise ValueError(f"movers can be ranked by 'self' or 'total', got {by!r}")
-        return sorted(self.functions, key=key)[:top]
+        attr = "self_delta" if by == "self" else "total_delta"
+        return sorted(self.functions, key=lambda m: (-abs(getattr(m, attr)), m.name))[:top]
 
 
 def _shares(profile: Profile) -> tuple[dict[str, float], dict[str, float]]:

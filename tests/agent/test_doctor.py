@@ -120,5 +120,5 @@ def test_exit_code_nonzero_when_a_requirement_is_removed(tmp_path, capsys):
     host = Host(tracefs=tracefs, euid=lambda: 1000, pyspy=None)
     assert doctor.main(host=host) == 1
     out = capsys.readouterr().out
-    line = next(l for l in out.splitlines() if "tcp:tcp_retransmit_skb" in l)
+    line = next(row for row in out.splitlines() if "tcp:tcp_retransmit_skb" in row)
     assert line.startswith("FAIL") and "fix:" in line

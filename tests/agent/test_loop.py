@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from agent.config import Config, ProbesConfig, TargetSpec
+from agent.config import Config, TargetSpec
 from agent.loop import CollectionLoop
 from agent.probeset import ProbeSet
 from agent.state import AgentState

@@ -4,8 +4,17 @@ import pytest
 
 from agent.metrics import build_registry
 from agent.state import AgentState, TargetStatus
-from analysis.window import (GcReading, LatencyReading, Log2Histogram, OffCpuReading, ProcessReading,
-                             RunQueueReading, SyscallReading, TcpReading, Window)
+from analysis.window import (
+    GcReading,
+    LatencyReading,
+    Log2Histogram,
+    OffCpuReading,
+    ProcessReading,
+    RunQueueReading,
+    SyscallReading,
+    TcpReading,
+    Window,
+)
 from dashboards.app import create_app
 
 
