@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.window import Log2Histogram, OffCpuReading
-from probes.base import ProbeHealth, load_bpf, require_tracepoints
+from probes.base import ProbeHealth, load_bpf, prog_recursion_misses, require_tracepoints
 from probes.errors import ProbeUnavailable
 
 TRACEPOINTS = ("sched:sched_switch",)
@@ -229,11 +229,7 @@ BPF_NOEXIST = 1
 # /proc/PID/task/TID/stat states of a thread that is not on a CPU nor runnable.
 BLOCKED_STATES = frozenset("SDITt")
 BPF_PROG_TEST_RUN = 10
-BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_SYSCALL_NR = {"x86_64": 321, "aarch64": 280}
-# struct bpf_prog_info (linux/bpf.h): recursion_misses follows run_time_ns and run_cnt.
-RECURSION_MISSES_OFFSET = 208
-PROG_INFO_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -301,18 +297,6 @@ class RawTracepointRunner:
             raise ProbeUnavailable(f"BPF_PROG_TEST_RUN of a raw tracepoint program failed: {os.strerror(err)} "
                                    f"(errno {err}; needs kernel >= 5.10)")
         return attr.retval
-
-
-def prog_recursion_misses(prog_fd: int, machine: str | None = None) -> int:
-    """bpf_prog_info.recursion_misses (kernel >= 5.12): runs skipped, counted even without bpf_stats."""
-    machine = machine or platform.machine()
-    info = (ctypes.c_uint8 * PROG_INFO_SIZE)()
-    attr = (ctypes.c_uint64 * 2)(prog_fd | (PROG_INFO_SIZE << 32), ctypes.addressof(info))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(BPF_SYSCALL_NR[machine], BPF_OBJ_GET_INFO_BY_FD, attr, ctypes.sizeof(attr)) != 0:
-        err = ctypes.get_errno()
-        raise ProbeUnavailable(f"BPF_OBJ_GET_INFO_BY_FD on program fd {prog_fd} failed: {os.strerror(err)}")
-    return int.from_bytes(bytes(info[RECURSION_MISSES_OFFSET:RECURSION_MISSES_OFFSET + 8]), "little")
 
 
 class OffCpuProbe:
@@ -411,7 +395,7 @@ class OffCpuProbe:
             counts = [v.value for v in self._bpf[b"failures"].values()]
             failed, lost = counts[0] + counts[1], counts[2] + counts[3]
             # Runs the kernel skipped because another tracing program was active on that CPU.
-            lost += prog_recursion_misses(self._bpf.funcs[b"tracepoint__sched__sched_switch"].fd)
+            lost += prog_recursion_misses(self._bpf.funcs[b"tracepoint__sched__sched_switch"].fd, "sched_switch")
         return ProbeHealth(name=self.name, state=self._state, reason=self._reason, targets=len(self._targets),
                            lost_events=lost, failed_stacks=failed)
 

@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from analysis.window import Log2Histogram, RunQueueReading
-from probes.base import ProbeHealth, load_bpf, require_tracepoints
+from probes.base import ProbeHealth, TargetSlots, load_bpf, recursion_misses, require_tracepoints
 from probes.errors import ProbeUnavailable
-from probes.syscalls import TargetSlots, recursion_misses
 
 HIST_SLOTS = 32
 TRACEPOINTS = ("sched:sched_wakeup", "sched:sched_wakeup_new", "sched:sched_switch")

@@ -24,17 +24,15 @@ is the same as snapshot-then-clear but exact.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 import time
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from analysis.window import Log2Histogram, SyscallReading
-from probes.base import ProbeHealth, load_bpf, require_tracepoints
+from probes.base import ProbeHealth, TargetSlots, load_bpf, recursion_misses, require_tracepoints
 from probes.errors import ProbeUnavailable
 from probes.syscall_names import SYSCALL_NAMES
 
@@ -165,70 +163,6 @@ def syscall_name(nr: int) -> str:
     if nr == OTHER_ID:
         return "syscall_other"
     return SYSCALL_NAMES.get(nr, f"syscall_{nr}")
-
-
-class TargetSlots:
-    """tgid -> slot in a probe's per-target arrays; freed slots are reused oldest-first.
-
-    Reusing the slot freed longest ago gives in-flight events of a removed target time to
-    land before the slot's baseline is taken for the next owner.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._by_tgid: dict[int, int] = {}
-        self._free: deque[int] = deque(range(capacity))
-
-    def __contains__(self, tgid: int) -> bool:
-        return tgid in self._by_tgid
-
-    def __len__(self) -> int:
-        return len(self._by_tgid)
-
-    def items(self) -> list[tuple[int, int]]:
-        return list(self._by_tgid.items())
-
-    def slot(self, tgid: int) -> int:
-        return self._by_tgid[tgid]
-
-    def add(self, tgid: int) -> int:
-        if tgid <= 0:
-            raise ValueError(f"target tgid must be positive, got {tgid!r}")
-        if not self._free:
-            raise ProbeUnavailable(f"all {self.capacity} target slots are in use; cannot add tgid {tgid}")
-        slot = self._free.popleft()
-        self._by_tgid[tgid] = slot
-        return slot
-
-    def remove(self, tgid: int) -> int:
-        slot = self._by_tgid.pop(tgid)
-        self._free.append(slot)
-        return slot
-
-
-# struct bpf_prog_info (uapi linux/bpf.h, kernel >= 5.12): recursion_misses is a u64 at byte 208.
-PROG_INFO_SIZE = 232
-RECURSION_MISSES_OFFSET = 208
-
-
-def recursion_misses(bpf: Any) -> int:
-    """Events the kernel skipped because a BPF program was already running on that CPU, summed over `bpf`'s programs.
-
-    Classic tracepoint programs share one per-CPU guard with every kprobe/tracepoint program
-    on the host (another tool's sched_switch program can hide our sched_wakeup); raw
-    tracepoints only guard against themselves. Either way the kernel counts the miss.
-    """
-    from bcc.libbcc import lib
-
-    total = 0
-    for fn in bpf.funcs.values():
-        info = (ctypes.c_uint8 * PROG_INFO_SIZE)()
-        size = ctypes.c_uint32(PROG_INFO_SIZE)
-        if lib.bpf_obj_get_info(fn.fd, ctypes.byref(info), ctypes.byref(size)) != 0:
-            raise ProbeUnavailable(f"BPF_OBJ_GET_INFO_BY_FD failed for program {fn.name!r} (fd {fn.fd})")
-        if size.value >= RECURSION_MISSES_OFFSET + 8:
-            total += int.from_bytes(bytes(info[RECURSION_MISSES_OFFSET:RECURSION_MISSES_OFFSET + 8]), "little")
-    return total
 
 
 def _percpu_sum(values: Any) -> int:
