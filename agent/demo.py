@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--var", type=Path, default=Path("var"), help="folder for the store and pidfile")
     parser.add_argument("--port", type=int, default=8000, help="workload port")
     parser.add_argument("--listen", default="127.0.0.1:9464", help="agent status page address")
-    parser.add_argument("--rate", type=float, default=4.0, help="load: requests per second")
+    parser.add_argument("--rate", type=float, default=2.0, help="load: requests per second (the workload's default load)")
     parser.add_argument("--duration", type=float, default=None, help="stop by itself after this many seconds")
     args = parser.parse_args(argv)
 
