@@ -1,4 +1,4 @@
-"""Probe overhead benchmark: a getppid loop and a pipe ping-pong, A/B interleaved: no probe vs ours vs bcc's tools.
+"""Probe overhead benchmark: getppid, pipe ping-pong and gc.collect loops, A/B interleaved: no probe vs ours vs bcc's tools.
 
 Run as root from the repository root (a few minutes; see docs/bench_probes.md):
 
@@ -12,13 +12,15 @@ median run. The cost of a condition is the per-pair difference (probe - none), s
 drifts of a shared host cancel; the report gives the median and the spread (p25..p75 and
 min..max) over pairs.
 
-Workloads (both pinned to one CPU, so the ping-pong is pure context switches):
+Workloads (all pinned to one CPU, so the ping-pong is pure context switches):
   getppid   N calls of syscall(SYS_getppid); ns per call; 1 syscall per op.
   getppid2  the same, timed while a second target process loops getppid on the other CPU(s):
             shows what sharing one hash entry across CPUs (syscount) costs next to per-CPU counts.
   pingpong  N round trips of one byte over two pipes between two processes; ns per round
             trip; 4 syscalls (write+read on each side), 2 context switches and 2 wakeups per op.
-Each run is timed in chunks (2,000 calls, 100 round trips) and reports a low quantile of
+  gccollect N calls of gc.collect(0) in a Python child (this interpreter, automatic GC off); ns
+            per collection; 1 collection, no syscall per op: what the gcpause uprobes cost.
+Each run is timed in chunks (2,000 calls, 100 round trips, 500 collections) and reports a low quantile of
 its chunks (p10 by default): chunks in which another task took the CPU, or loaded its
 hyperthread sibling, fall out; what remains is the cost of the code path itself.
 
@@ -42,8 +44,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from probes.gcpause import GcPauseProbe
+from probes.offcpu import OffCpuProbe
 from probes.runqlat import RunqlatProbe
 from probes.syscalls import SyscallsConfig, SyscallsProbe
+from probes.tcpretrans import TcpRetransProbe
 
 WORKLOAD_C = r"""
 #define _GNU_SOURCE
@@ -157,19 +162,44 @@ int main(int argc, char **argv)
 }
 """
 
-WORKLOADS = ("getppid", "getppid2", "pingpong")
-# Events per op for "ns added per event": syscalls for the syscall probes, context switches for runqlat.
+# The same protocol as WORKLOAD_C (argv after the script: mode ops-per-run cpu ops-per-chunk percentile).
+GC_WORKLOAD_PY = r"""
+import gc, os, sys, time
+_, mode, n, cpu, chunk, pct = sys.argv
+n, chunk, pct = int(n), int(chunk), int(pct)
+chunks = n // chunk
+os.sched_setaffinity(0, {int(cpu)})
+gc.disable()  # only the loop's own collections run, one per op
+collect, clock = gc.collect, time.perf_counter_ns
+per_op = [0.0] * chunks
+print(f"ready {os.getpid()} 0", flush=True)
+while sys.stdin.buffer.read(1) == b"g":
+    for k in range(chunks):
+        t0 = clock()
+        for _ in range(chunk):
+            collect(0)
+        per_op[k] = (clock() - t0) / chunk
+    print(f"{sorted(per_op)[chunks * pct // 100]:.3f}", flush=True)
+"""
+
+WORKLOADS = ("getppid", "getppid2", "pingpong", "gccollect")
+# Events per op for "ns added per event", by the kind of event a condition pays per: syscalls,
+# context switches (runqlat, offcpu), GC collections (gcpause), TCP retransmits (none here).
+# Absent: the workload has none of that event.
 EVENTS_PER_OP = {
     ("getppid", "syscall"): 1, ("getppid2", "syscall"): 1, ("pingpong", "syscall"): 4,
-    ("getppid", "sched"): None, ("getppid2", "sched"): None, ("pingpong", "sched"): 2,
+    ("pingpong", "sched"): 2, ("gccollect", "gc"): 1,
 }
+EVENT_NAMES = {"syscall": "syscall", "sched": "switch", "gc": "collection", "tcp": "retransmit"}
+
+Pids = dict[str, list[int]]  # workload -> its pids
 
 
 @dataclass
 class Condition:
     name: str
-    kind: str  # "syscall" or "sched": which events it pays per
-    attach: Callable[[list[int]], Callable[[], None]]  # pids of the workload -> detach
+    kind: str  # a key of EVENT_NAMES: which events it pays per
+    attach: Callable[[Pids], Callable[[], None]]  # pids of the workloads -> detach
 
 
 @dataclass
@@ -183,10 +213,10 @@ class Result:
 class Workload:
     """One micro-workload process (two for pingpong), stopped at 'ready' until go()."""
 
-    def __init__(self, binary: Path, mode: str, n: int, chunk: int, cpu: int, quantile: int = 10) -> None:
+    def __init__(self, command: list[str], mode: str, n: int, chunk: int, cpu: int, quantile: int = 10) -> None:
         if n % chunk:
             raise ValueError(f"{mode}: {n} ops is not a multiple of the chunk size {chunk}")
-        self.proc = subprocess.Popen([str(binary), mode, str(n), str(cpu), str(chunk), str(quantile)],
+        self.proc = subprocess.Popen([*command, mode, str(n), str(cpu), str(chunk), str(quantile)],
                                      stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         words = _line(self.proc, 30).split()
@@ -215,18 +245,31 @@ def _line(proc: subprocess.Popen, timeout: float) -> str:
     return line.strip()
 
 
-def _ours(factory: Callable[[], object], target: bool) -> Callable[[list[int]], Callable[[], None]]:
-    def attach(pids: list[int]) -> Callable[[], None]:
+def start_workloads(binary: Path, args: argparse.Namespace) -> dict[str, Workload]:
+    sizes = {"getppid": (args.calls, args.chunk_calls), "getppid2": (args.calls, args.chunk_calls),
+             "pingpong": (args.round_trips, args.chunk_round_trips),
+             "gccollect": (args.collections, args.chunk_collections)}
+    commands = {w: [str(binary)] for w in WORKLOADS} | {"gccollect": [sys.executable, "-c", GC_WORKLOAD_PY]}
+    return {w: Workload(commands[w], w, *sizes[w], args.cpu, args.chunk_quantile) for w in WORKLOADS}
+
+
+def _pids_of(pids: Pids, workloads: tuple[str, ...]) -> list[int]:
+    return [pid for w in workloads for pid in pids[w]]
+
+
+def _ours(factory: Callable[[], object], target: bool, workloads: tuple[str, ...] = WORKLOADS
+          ) -> Callable[[Pids], Callable[[], None]]:
+    def attach(pids: Pids) -> Callable[[], None]:
         probe = factory()
         # Non-target: the probe watches this (idle) harness, so the workload only pays the filter.
-        probe.start(pids if target else [os.getpid()])
+        probe.start(_pids_of(pids, workloads) if target else [os.getpid()])
         return probe.stop
 
     return attach
 
 
-def _bcc_tool(argv: list[str], ready_text: str) -> Callable[[list[int]], Callable[[], None]]:
-    def attach(pids: list[int]) -> Callable[[], None]:
+def _bcc_tool(argv: list[str], ready_text: str) -> Callable[[Pids], Callable[[], None]]:
+    def attach(pids: Pids) -> Callable[[], None]:
         tool = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + 60
@@ -259,22 +302,27 @@ def conditions() -> list[Condition]:
         Condition("ours runqlat (target)", "sched", _ours(lambda: RunqlatProbe(), True)),
         Condition("ours runqlat (non-target)", "sched", _ours(lambda: RunqlatProbe(), False)),
         Condition("runqlat-bpfcc (all pids)", "sched", _bcc_tool(["runqlat-bpfcc"], "Tracing run queue latency")),
+        Condition("ours offcpu (target)", "sched", _ours(lambda: OffCpuProbe(), True)),
+        Condition("ours offcpu (non-target)", "sched", _ours(lambda: OffCpuProbe(), False)),
+        # No tgid filter in the kernel (retransmits run in softirq context): one host-wide condition.
+        Condition("ours tcpretrans (host-wide)", "tcp", _ours(lambda: TcpRetransProbe(), True)),
+        # Uprobes are placed in the target's libpython only; the C workloads cannot be targets.
+        Condition("ours gcpause (target)", "gc", _ours(lambda: GcPauseProbe(), True, ("gccollect",))),
+        Condition("ours gcpause (non-target)", "gc", _ours(lambda: GcPauseProbe(), False)),
     ]
 
 
-def run_block(binary: Path, args: argparse.Namespace, attach: Callable[[list[int]], Callable[[], None]] | None
+def run_block(binary: Path, args: argparse.Namespace, attach: Callable[[Pids], Callable[[], None]] | None
               ) -> dict[str, float]:
     """`args.runs` runs of each workload under one attachment of the condition (None = no probe).
 
     Returns the median run per workload, in ns per op.
     """
-    sizes = {"getppid": (args.calls, args.chunk_calls), "getppid2": (args.calls, args.chunk_calls),
-             "pingpong": (args.round_trips, args.chunk_round_trips)}
-    loads = {w: Workload(binary, w, *sizes[w], args.cpu, args.chunk_quantile) for w in WORKLOADS}
+    loads = start_workloads(binary, args)
     detach = None
     try:
         if attach is not None:
-            detach = attach([pid for w in loads.values() for pid in w.pids])
+            detach = attach({w: load.pids for w, load in loads.items()})
         runs: dict[str, list[float]] = {w: [] for w in WORKLOADS}
         for _ in range(args.runs):
             for w in WORKLOADS:
@@ -312,28 +360,55 @@ class Switch:
         self.attached = on
 
 
+class TargetSwitch:
+    """A started probe whose attachment is its target set: gcpause's uprobes exist per target pid,
+    so set_targets() attaches and detaches the already loaded functions (no recompile)."""
+
+    def __init__(self, probe: GcPauseProbe, targets: list[int]) -> None:
+        self.probe = probe
+        self.targets = targets
+        self.attached = True
+
+    def set(self, on: bool) -> None:
+        if on != self.attached:
+            self.probe.set_targets(self.targets if on else [])
+            self.attached = on
+
+
 def _tool_text(tool: str) -> str:
     """The C text bcc's tool itself would load (its --ebpf output), for in-process toggling."""
     return subprocess.run([tool, "--ebpf"], capture_output=True, text=True, check=True).stdout
 
 
-def toggle_switches(pids: list[int]) -> tuple[dict[str, Switch], list[Callable[[], None]], dict[str, str]]:
+def toggle_switches(pids: Pids) -> tuple[dict[str, Switch | TargetSwitch], list[Callable[[], None]], dict[str, str]]:
     from probes.base import load_bpf
 
-    switches: dict[str, Switch] = {}
+    switches: dict[str, Switch | TargetSwitch] = {}
     cleanups: list[Callable[[], None]] = []
     kinds: dict[str, str] = {}
     ours = [("ours syscalls count", "syscall", lambda: SyscallsProbe()),
             ("ours syscalls +latency", "syscall", lambda: SyscallsProbe(SyscallsConfig(latency=True))),
-            ("ours runqlat", "sched", lambda: RunqlatProbe())]
+            ("ours runqlat", "sched", lambda: RunqlatProbe()),
+            ("ours offcpu", "sched", lambda: OffCpuProbe())]
     for name, kind, factory in ours:
         for target in (True, False):
             probe = factory()
-            probe.start(pids if target else [os.getpid()])
+            probe.start(_pids_of(pids, WORKLOADS) if target else [os.getpid()])
             cleanups.append(probe.stop)
             label = f"{name} ({'target' if target else 'non-target'})"
             # The probe's own loaded program: toggling it leaves maps and targets as start() set them.
             switches[label], kinds[label] = Switch(probe._bpf), kind
+    tcp = TcpRetransProbe()
+    tcp.start([os.getpid()])  # targets only steer attribution in user space
+    cleanups.append(tcp.stop)
+    switches["ours tcpretrans (host-wide)"], kinds["ours tcpretrans (host-wide)"] = Switch(tcp._bpf), "tcp"
+    for target in (True, False):
+        gc_targets = pids["gccollect"] if target else [os.getpid()]
+        gc_probe = GcPauseProbe()
+        gc_probe.start(gc_targets)
+        cleanups.append(gc_probe.stop)
+        label = f"ours gcpause ({'target' if target else 'non-target'})"
+        switches[label], kinds[label] = TargetSwitch(gc_probe, gc_targets), "gc"
     for tool, kind in (("syscount-bpfcc", "syscall"), ("runqlat-bpfcc", "sched")):
         bpf = load_bpf(_tool_text(tool))
         cleanups.append(bpf.cleanup)
@@ -353,16 +428,15 @@ def toggle_switches(pids: list[int]) -> tuple[dict[str, Switch], list[Callable[[
 def run_toggle(binary: Path, args: argparse.Namespace, rng: random.Random,
                results: dict[tuple[str, str], Result]) -> dict[str, str]:
     """Many short adjacent A/B pairs on long-lived workloads, programs loaded once and toggled."""
-    sizes = {"getppid": (args.calls, args.chunk_calls), "getppid2": (args.calls, args.chunk_calls),
-             "pingpong": (args.round_trips, args.chunk_round_trips)}
-    loads = {w: Workload(binary, w, *sizes[w], args.cpu, args.chunk_quantile) for w in WORKLOADS}
+    loads = start_workloads(binary, args)
     cleanups: list[Callable[[], None]] = []
     try:
-        switches, cleanups, kinds = toggle_switches([pid for w in loads.values() for pid in w.pids])
+        switches, cleanups, kinds = toggle_switches({w: load.pids for w, load in loads.items()})
         for w in loads.values():
             w.go()  # warm-up
+        names = [n for n in switches if not args.only or any(o in n for o in args.only)]
         for rnd in range(args.rounds):
-            for name in rng.sample(list(switches), len(switches)):
+            for name in rng.sample(names, len(names)):
                 pair: dict[bool, dict[str, float]] = {}
                 for on in rng.sample([False, True], 2):
                     switches[name].set(on)
@@ -397,8 +471,8 @@ def report(results: dict[tuple[str, str], Result], kinds: dict[str, str]) -> tup
         deltas = [p - n for p, n in zip(r.probe_ns, r.none_ns)]
         d = summarize(deltas)
         none_med, probe_med = statistics.median(r.none_ns), statistics.median(r.probe_ns)
-        per = EVENTS_PER_OP[(workload, kinds[cond])]
-        per_event = f"{d['median'] / per:.0f} ({'syscall' if kinds[cond] == 'syscall' else 'switch'})" if per else "n/a"
+        per = EVENTS_PER_OP.get((workload, kinds[cond]))
+        per_event = f"{d['median'] / per:.0f} ({EVENT_NAMES[kinds[cond]]})" if per else "n/a"
         lines.append(f"| {cond} | {workload} | {none_med:.0f} | {probe_med:.0f} | {d['median']:.0f} "
                      f"[{d['p25']:.0f}..{d['p75']:.0f}] ({d['min']:.0f}..{d['max']:.0f}) | "
                      f"{probe_med / none_med:.2f} | {per_event} |")
@@ -429,12 +503,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs of each workload per attachment (block)")
     parser.add_argument("--calls", type=int, default=200_000, help="getppid calls per run")
     parser.add_argument("--round-trips", type=int, default=5_000, help="ping-pong round trips per run")
+    parser.add_argument("--collections", type=int, default=20_000, help="gc.collect(0) calls per run")
     parser.add_argument("--chunk-calls", type=int, default=2_000, help="getppid calls per timed chunk")
     parser.add_argument("--chunk-round-trips", type=int, default=100, help="round trips per timed chunk")
+    parser.add_argument("--chunk-collections", type=int, default=500, help="gc.collect(0) calls per timed chunk")
     parser.add_argument("--chunk-quantile", type=int, default=10, help="percentile of chunk times a run reports")
     parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)), help="CPU the workloads run on")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--only", action="append", default=[], help="blocks mode: run only conditions containing this text")
+    parser.add_argument("--only", action="append", default=[], help="run only conditions containing this text (repeatable)")
     parser.add_argument("--mode", choices=("blocks", "toggle"), default="blocks",
                         help="blocks: attach per block, bcc's tools as subprocesses; toggle: load every "
                              "program once (bcc's via the tools' --ebpf text) and flip attachment per run")
@@ -456,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run_blocks(binary, args, rng, conds, results, started)
     table, summary = report(results, kinds)
-    header = (f"mode={args.mode} rounds={args.rounds} runs={args.runs} calls={args.calls} round_trips={args.round_trips} cpu={args.cpu} "
+    header = (f"mode={args.mode} rounds={args.rounds} runs={args.runs} calls={args.calls} round_trips={args.round_trips} "
+              f"collections={args.collections} cpu={args.cpu} "
               f"chunk_quantile=p{args.chunk_quantile} "
               f"seed={args.seed} took={time.monotonic() - started:.0f}s "
               f"loadavg before={load_before[0]:.2f} after={os.getloadavg()[0]:.2f}")
