@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             print("make demo: the workload did not come up within 120 s", file=sys.stderr)
             return 1
         load = subprocess.Popen([sys.executable, "-m", "workload", "load", "--url", server_url,
-                                 "--rate", str(args.rate), "--duration", str(args.duration or 10**7),
+                                 "--rate", str(args.rate), "--duration", str(args.duration or 7 * 86400),
                                  "--no-progress"], stdout=subprocess.DEVNULL)
         children.append((load, "load"))
         # The demo watches exactly the server it started (by pidfile), not every bundled server on the host.

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -85,8 +85,12 @@ def make_prompt(rng: random.Random, n_bytes: int) -> str:
 
 def arrivals(spec: LoadSpec) -> list[Arrival]:
     """Poisson arrivals: exponential gaps at each phase's rate."""
+    return list(iter_arrivals(spec))
+
+
+def iter_arrivals(spec: LoadSpec) -> Iterator[Arrival]:
+    """arrivals() one at a time, so a day-long run does not build its whole plan up front."""
     rng = random.Random(spec.seed)
-    out: list[Arrival] = []
     start = 0.0
     for phase in spec.phases:
         t = start
@@ -94,16 +98,15 @@ def arrivals(spec: LoadSpec) -> list[Arrival]:
             t += rng.expovariate(phase.rate)
             if t >= start + phase.duration_s:
                 break
-            out.append(Arrival(t, make_prompt(rng, rng.randint(*spec.prompt_bytes)),
-                               rng.randint(*spec.max_tokens), rng.randrange(2**31)))
+            yield Arrival(t, make_prompt(rng, rng.randint(*spec.prompt_bytes)),
+                          rng.randint(*spec.max_tokens), rng.randrange(2**31))
         start += phase.duration_s
-    return out
 
 
 def run_load(url: str, spec: LoadSpec, progress: TextIO | None = None,
              clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> LoadResult:
     """Open loop: each arrival is sent at its time whether or not earlier ones have finished."""
-    plan = arrivals(spec)
+    plan = iter_arrivals(spec)
     total = sum(p.duration_s for p in spec.phases)
     result = LoadResult()
     lock = threading.Lock()
@@ -120,7 +123,11 @@ def run_load(url: str, spec: LoadSpec, progress: TextIO | None = None,
             inflight.release()
 
     start = clock()
+    sent = 0
     for i, arrival in enumerate(plan):
+        sent = i + 1
+        if i % 256 == 255:
+            threads = [t for t in threads if t.is_alive()]  # a long run must not keep every finished thread
         delay = start + arrival.at - clock()
         if delay > 0:
             sleep(delay)
@@ -136,7 +143,7 @@ def run_load(url: str, spec: LoadSpec, progress: TextIO | None = None,
         thread.join(spec.timeout_s + 5)
     result.duration_s = clock() - start
     if progress is not None:
-        _progress(progress, result.duration_s, total, len(plan), len(result.outcomes))
+        _progress(progress, result.duration_s, total, sent, len(result.outcomes))
         progress.write("\n")
     return result
 
@@ -192,7 +199,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     phases = parse_schedule(args.schedule) if args.schedule else (Phase(args.rate, args.duration),)
     spec = LoadSpec(phases, args.prompt_bytes, args.max_tokens, args.temperature, args.seed)
-    result = run_load(args.url, spec, progress=None if args.no_progress else sys.stderr)
+    try:
+        result = run_load(args.url, spec, progress=None if args.no_progress else sys.stderr)
+    except KeyboardInterrupt:
+        print("load: interrupted", file=sys.stderr)
+        return 130
     summary = summarize(result)
     print(json.dumps(summary.to_dict(), sort_keys=True) if args.json else summary.text())
     return 0 if summary.ok else 1
