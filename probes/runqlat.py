@@ -12,7 +12,7 @@ in microseconds and a per-CPU total in nanoseconds, both indexed by the target's
 
 Overhead: every context switch on the host pays two hash lookups (``targets`` for prev,
 ``start`` for next); every wakeup one (``threads``). Target threads add a few map updates.
-Pipe ping-pong on one CPU (docs/bench_probes.md): ~460 ns per switch of a target, ~165 ns
+Pipe ping-pong on one CPU (docs/BENCHMARKS.md): ~460 ns per switch of a target, ~165 ns
 for other tasks, vs ~610 ns for ``runqlat-bpfcc`` (which traces every task).
 
 Caveats: ``sched_wakeup_new`` runs in the parent's context and the tracepoint has no tgid,

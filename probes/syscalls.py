@@ -10,7 +10,7 @@ shared cache line, exact. Latency mode adds a per-thread ``start`` map and a log
 histogram per (slot, id) in a per-CPU hash; user space reports the top N syscalls of each
 window by count.
 
-Overhead (getppid loop on this 2-vCPU VM, docs/bench_probes.md): count-only ~50-75 ns per
+Overhead (getppid loop on this 2-vCPU VM, docs/BENCHMARKS.md): count-only ~50-75 ns per
 syscall of a target, ~0.75x what ``syscount-bpfcc`` adds; ~42 ns of that is the floor any
 program on ``sys_enter`` costs (the syscall slow path). Non-target processes pay the floor
 plus one hash lookup. Latency mode: ~2.5-3x count-only for targets, ~115 ns for others.

@@ -26,7 +26,7 @@ class Fault(Protocol):
 
 @dataclass
 class FaultTuning:
-    """How hard each fault pushes; defaults give >= 1.5x p99 at the default load (docs/bench_workload.md)."""
+    """How hard each fault pushes; defaults give >= 1.5x p99 at the default load (docs/BENCHMARKS.md)."""
 
     gc_cycles_per_sequence: int = 4000
     lock_hold_s: float = 0.040

@@ -1,6 +1,6 @@
 """Probe overhead benchmark: getppid, pipe ping-pong and gc.collect loops, A/B interleaved: no probe vs ours vs bcc's tools.
 
-Run as root from the repository root (a few minutes; see docs/bench_probes.md):
+Run as root from the repository root (a few minutes; see docs/BENCHMARKS.md):
 
     .venv/bin/python tests/probes/bench_probes.py --rounds 12 --json /tmp/bench_probes.json
 
