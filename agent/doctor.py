@@ -173,6 +173,28 @@ def check_bpf_loads(host: Host) -> CheckResult:
                        "BPF raw tracepoints misbehave on this kernel; report it")
 
 
+def check_probes(host: Host, factories: dict[str, Callable[[], Any]] | None = None) -> list[CheckResult]:
+    """Load each of infersight's probes with no target and unload it: the specific reason when one cannot."""
+    from probes.errors import ProbeError
+
+    if factories is None:
+        from agent.probeset import PROBE_FACTORIES as factories
+    if host.euid() != 0:
+        return [CheckResult(f"probe {name}", FAIL, "skipped: not root", "run as root") for name in factories]
+    results = []
+    for name, factory in factories.items():
+        try:
+            probe = factory()
+            probe.start([])
+        except (ProbeError, ImportError, OSError) as exc:
+            results.append(CheckResult(f"probe {name}", FAIL, f"cannot load: {exc}",
+                                       "see the reason; 'make setup' fixes missing headers, BCC and tracefs"))
+            continue
+        probe.stop()
+        results.append(CheckResult(f"probe {name}", PASS, "loads and unloads"))
+    return results
+
+
 def _ptrace_scope(host: Host) -> int | None:
     try:
         return int((host.proc / "sys/kernel/yama/ptrace_scope").read_text())
@@ -221,7 +243,11 @@ def run_checks(host: Host | None = None) -> list[CheckResult]:
     results = [check_root(host), check_kernel(host), check_tracefs(host), check_btf(host)]
     results += [check_tracepoint(host, tp) for tp in PROBE_TRACEPOINTS]
     results += [check_uprobes(host), check_kprobes(host), check_headers(host), check_bcc(host),
-                check_bpf_loads(host), check_pyspy(host), check_torch(host)]
+                check_bpf_loads(host)]
+    # Loading the probes only makes sense once a trivial program does.
+    if not results[-1].failed:
+        results += check_probes(host)
+    results += [check_pyspy(host), check_torch(host)]
     return results
 
 

@@ -44,6 +44,9 @@ def test_real_host_json_lists_every_check(require_bpf):
         assert f"tracepoint {tp}" in names
     assert {"root", "kernel", "tracefs", "btf", "uprobes", "kprobes", "kernel headers", "bcc",
             "bpf program", "py-spy", "torch"} <= names
+    probes = {c["name"]: c for c in report["checks"] if c["name"].startswith("probe ")}
+    assert set(probes) == {"probe syscalls", "probe offcpu", "probe gc", "probe tcp", "probe runqueue"}
+    assert all(c["status"] == "ok" for c in probes.values()), probes
 
 
 def test_missing_tracepoint_fails_and_names_it(tmp_path):
@@ -122,3 +125,23 @@ def test_exit_code_nonzero_when_a_requirement_is_removed(tmp_path, capsys):
     out = capsys.readouterr().out
     line = next(row for row in out.splitlines() if "tcp:tcp_retransmit_skb" in row)
     assert line.startswith("FAIL") and "fix:" in line
+
+
+def test_a_probe_that_cannot_load_names_its_reason():
+    from probes.errors import TracepointMissing
+
+    class Missing:
+        def start(self, targets):
+            raise TracepointMissing("tracepoint tcp:tcp_retransmit_skb does not exist in /sys/kernel/tracing/events")
+
+    class Fine:
+        def start(self, targets):
+            self.started = list(targets)
+
+        def stop(self):
+            pass
+
+    results = doctor.check_probes(Host(euid=lambda: 0), factories={"tcp": Missing, "syscalls": Fine})
+    by = _by_name(results)
+    assert by["probe tcp"].failed and "tcp_retransmit_skb does not exist" in by["probe tcp"].detail
+    assert by["probe syscalls"].status == PASS
