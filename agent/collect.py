@@ -61,7 +61,8 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
         print(f"infersight: no process with pid {pid}", file=sys.stderr)
         return 1
     for name, health in state.snapshot()["health"].items():
-        if health.get("state") not in ("running", "ok"):
+        # No GPU is a normal host, not something to warn about; each window still says so.
+        if health.get("state") not in ("running", "ok") and not name.startswith("gpu:"):
             print(f"infersight: {name}: {health.get('state')}: {health.get('reason')}", file=sys.stderr)
 
     stop = threading.Event()
