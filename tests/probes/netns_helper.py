@@ -52,6 +52,10 @@ class NetnsPair:
     def snmp(self, ns: str) -> dict[str, dict[str, int]]:
         return parse_snmp(_run(self.runner, self.exec_argv(ns, ["cat", "/proc/net/snmp"])))
 
+    def netstat(self, ns: str) -> dict[str, dict[str, int]]:
+        """/proc/net/netstat of `ns` (TcpExt: TCPRetransFail, TCPSynRetrans, ...), same layout as snmp."""
+        return parse_snmp(_run(self.runner, self.exec_argv(ns, ["cat", "/proc/net/netstat"])))
+
     def retrans_segs(self, ns: str) -> int:
         return self.snmp(ns)["Tcp"]["RetransSegs"]
 
@@ -81,6 +85,7 @@ class NetnsPair:
 
 
 def create_pair(tag: str = "isnet", gso_max_segs: int | None = 1, rto_min_ms: int | None = None,
+                rto_max_ms: int | None = None, sysctls: dict[str, str] | None = None,
                 runner: Runner = subprocess.run) -> NetnsPair:
     """Build two namespaces with a veth between them; names and a 10.x.y.z/30 chosen to not collide.
 
@@ -88,6 +93,8 @@ def create_pair(tag: str = "isnet", gso_max_segs: int | None = 1, rto_min_ms: in
     retransmit tracepoint fires once per packet, so the two agree only without GSO/TSO batching.
     `rto_min_ms` lowers TCP's minimum retransmit timeout on the link's route (default 200 ms):
     under heavy loss, backed-off timeouts otherwise stall a transfer for tens of seconds.
+    `rto_max_ms` caps the backed-off timeout (sysctl net.ipv4.tcp_rto_max_ms, Linux 6.15+) for
+    the same reason: RTT samples inflated by a busy host push the timeout to tens of seconds.
     """
     suffix = f"{os.getpid()}-{secrets.token_hex(3)}"
     base = random.Random(secrets.randbits(64))
@@ -107,6 +114,11 @@ def create_pair(tag: str = "isnet", gso_max_segs: int | None = 1, rto_min_ms: in
             if gso_max_segs is not None:
                 _run(runner, ["ip", "-n", ns, "link", "set", "veth0", "gso_max_segs", str(gso_max_segs)])
             _run(runner, ["ip", "-n", ns, "link", "set", "veth0", "up"])
+            settings = dict(sysctls or {})
+            if rto_max_ms is not None:
+                settings["net.ipv4.tcp_rto_max_ms"] = str(rto_max_ms)
+            for key, value in settings.items():
+                _run(runner, pair.exec_argv(ns, ["sysctl", "-qw", f"{key}={value}"]))
             if rto_min_ms is not None:
                 _run(runner, ["ip", "-n", ns, "route", "replace", f"{prefix}.{last}/30", "dev", "veth0",
                               "proto", "kernel", "scope", "link", "src", addr, "rto_min", f"{rto_min_ms}ms"])
@@ -117,10 +129,10 @@ def create_pair(tag: str = "isnet", gso_max_segs: int | None = 1, rto_min_ms: in
 
 
 @contextmanager
-def netns_pair_context(tag: str = "isnet", gso_max_segs: int | None = 1,
-                       rto_min_ms: int | None = None) -> Iterator[NetnsPair]:
+def netns_pair_context(tag: str = "isnet", gso_max_segs: int | None = 1, rto_min_ms: int | None = None,
+                       rto_max_ms: int | None = None, sysctls: dict[str, str] | None = None) -> Iterator[NetnsPair]:
     """A fresh namespace pair, deleted on leaving whatever happened inside."""
-    pair = create_pair(tag, gso_max_segs, rto_min_ms)
+    pair = create_pair(tag, gso_max_segs, rto_min_ms, rto_max_ms, sysctls)
     try:
         yield pair
     finally:
