@@ -27,9 +27,6 @@ tools traced sched_switch); health().lost_events counts those misses.
 
 from __future__ import annotations
 
-import argparse
-import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,38 +285,3 @@ class RunqlatProbe:
         for key, values in self._bpf[b"total_ns"].items_lookup_batch():
             totals[int(key)] = int(sum(values))
         return hist, totals
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probes.runqlat", description=__doc__.splitlines()[0])
-    parser.add_argument("--pid", type=int, action="append", default=[], help="target tgid (repeatable)")
-    parser.add_argument("--interval", type=float, default=1.0)
-    parser.add_argument("--count", type=int, default=0, help="windows to print; 0 = until interrupted")
-    parser.add_argument("--print-c", action="store_true", help="print the rendered C text and exit")
-    args = parser.parse_args(argv)
-    config = RunqlatConfig()
-    if args.print_c:
-        print(render(config))
-        return 0
-    if not args.pid:
-        parser.error("--pid is required")
-    probe = RunqlatProbe(config)
-    probe.start(args.pid)
-    try:
-        n = 0
-        while args.count == 0 or n < args.count:
-            time.sleep(args.interval)
-            for tgid, r in probe.read().items():
-                h = r.histogram
-                print(f"{tgid}: waits={h.total()} total={r.total_seconds * 1e3:.3f}ms "
-                      f"p50<={h.quantile(0.5):.0f}us p90<={h.quantile(0.9):.0f}us", flush=True)
-            n += 1
-    except KeyboardInterrupt:
-        pass  # Ctrl-C is how a user ends an open-ended run
-    finally:
-        probe.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,9 +23,6 @@ is the same as snapshot-then-clear but exact.
 
 from __future__ import annotations
 
-import argparse
-import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,38 +292,3 @@ class SyscallsProbe:
         top = sorted(by_name, key=lambda n: by_name[n], reverse=True)[: self.config.top_n]
         reading.latency = {n: Log2Histogram.from_slots(buckets[n], unit="ns") for n in top if n in buckets}
         return reading
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probes.syscalls", description=__doc__.splitlines()[0])
-    parser.add_argument("--pid", type=int, action="append", default=[], help="target tgid (repeatable)")
-    parser.add_argument("--interval", type=float, default=1.0)
-    parser.add_argument("--count", type=int, default=0, help="windows to print; 0 = until interrupted")
-    parser.add_argument("--latency", action="store_true", help="also time the top syscalls")
-    parser.add_argument("--print-c", action="store_true", help="print the rendered C text and exit")
-    args = parser.parse_args(argv)
-    config = SyscallsConfig(latency=args.latency)
-    if args.print_c:
-        print(render(config))
-        return 0
-    if not args.pid:
-        parser.error("--pid is required")
-    probe = SyscallsProbe(config)
-    probe.start(args.pid)
-    try:
-        n = 0
-        while args.count == 0 or n < args.count:
-            time.sleep(args.interval)
-            for tgid, reading in probe.read().items():
-                top = sorted(reading.counts.items(), key=lambda kv: kv[1], reverse=True)[:10]
-                print(f"{tgid}: " + " ".join(f"{name}={c}" for name, c in top), flush=True)
-            n += 1
-    except KeyboardInterrupt:
-        pass  # Ctrl-C is how a user ends an open-ended run
-    finally:
-        probe.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

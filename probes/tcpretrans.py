@@ -38,14 +38,11 @@ When ``flows`` is full, new flows are counted in the totals and in ``lost`` (hea
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import errno
 import ipaddress
 import os
 import struct
-import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -478,40 +475,3 @@ class TcpRetransProbe:
             values[int(key)] = int(sum(per_cpu))
         return _Counters(retransmits=values[TOTAL_RETRANSMITS], not_sent=values[TOTAL_NOT_SENT],
                          send_failed=values[TOTAL_SEND_FAILED], lost=values[TOTAL_LOST])
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probes.tcpretrans", description=__doc__.splitlines()[0])
-    parser.add_argument("--pid", type=int, action="append", default=[], help="target tgid (repeatable)")
-    parser.add_argument("--interval", type=float, default=1.0)
-    parser.add_argument("--count", type=int, default=0, help="windows to print; 0 = until interrupted")
-    parser.add_argument("--print-c", action="store_true", help="print the rendered C text and exit")
-    args = parser.parse_args(argv)
-    if args.print_c:
-        print(render(TcpRetransConfig(err_field=True)))
-        return 0
-    probe = TcpRetransProbe()
-    probe.start(args.pid)
-    try:
-        n = 0
-        while args.count == 0 or n < args.count:
-            time.sleep(args.interval)
-            per_target = probe.read()
-            host = probe.last_host
-            print(f"host: retransmits={host.retransmits} flows={len(host.flows)} not_sent={probe.last_not_sent} "
-                  f"send_failed={probe.last_send_failed} errors={probe.last_errors} "
-                  f"lost={probe.health().lost_events}", flush=True)
-            for f in host.flows[:10]:
-                owners = [str(t) for t, r in per_target.items() if f in r.flows]
-                print(f"  {f.saddr}:{f.sport} -> {f.daddr}:{f.dport} {f.state} {f.retransmits}"
-                      + (f" pid={','.join(owners)}" if owners else ""), flush=True)
-            n += 1
-    except KeyboardInterrupt:
-        pass  # Ctrl-C is how a user ends an open-ended run
-    finally:
-        probe.stop()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
