@@ -27,14 +27,11 @@ tools traced sched_switch); health().lost_events counts those misses.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from analysis.window import Log2Histogram, RunQueueReading
-from probes.base import ProbeHealth, TargetSlots, load_bpf, recursion_misses, require_tracepoints
-from probes.errors import ProbeUnavailable
+from probes.slotted import SlottedProbe
 
 HIST_SLOTS = 32
 TRACEPOINTS = ("sched:sched_wakeup", "sched:sched_wakeup_new", "sched:sched_switch")
@@ -186,57 +183,30 @@ def thread_ids(tgid: int, proc_root: Path = Path("/proc")) -> list[int]:
         return []
 
 
-class RunqlatProbe:
+class RunqlatProbe(SlottedProbe):
     """Run-queue latency histograms of target processes."""
 
     name = "runqlat"
+    tracepoints = TRACEPOINTS
 
     def __init__(self, config: RunqlatConfig | None = None, proc_root: Path = Path("/proc")) -> None:
-        self.config = config or RunqlatConfig()
-        self._proc_root = proc_root
-        self._bpf: Any = None
-        self._slots = TargetSlots(self.config.max_targets)
+        super().__init__(config or RunqlatConfig(), proc_root)
         self._hist_seen: list[int] = [0] * (self.config.max_targets * HIST_SLOTS)
         self._total_seen: list[int] = [0] * self.config.max_targets
-        self._health = ProbeHealth(name=self.name)
 
-    def start(self, targets: Iterable[int]) -> None:
-        if self._bpf is not None:
-            raise ProbeUnavailable("runqlat probe is already started; use set_targets() to change targets")
-        try:
-            require_tracepoints(TRACEPOINTS)
-            self._bpf = load_bpf(render(self.config))
-        except ProbeUnavailable as exc:
-            self._health.state, self._health.reason = "failed", str(exc)
-            raise
-        self._health.state, self._health.reason = "running", None
-        self.set_targets(targets)
+    def _render(self) -> str:
+        return render(self.config)
 
-    def set_targets(self, targets: Iterable[int]) -> None:
-        if self._bpf is None:
-            raise ProbeUnavailable("runqlat probe is not started")
-        wanted = set(targets)
-        for tgid in [t for t, _ in self._slots.items() if t not in wanted]:
-            self._drop(tgid)
-        new = [t for t in wanted if t not in self._slots]
-        if not new:
-            return
+    def _take_baseline(self, added: list[tuple[int, int]]) -> None:
         hist, totals = self._read_arrays()
         threads = self._bpf[b"threads"]
-        for tgid in new:
-            slot = self._slots.add(tgid)
+        for tgid, slot in added:
             self._hist_seen[slot * HIST_SLOTS:(slot + 1) * HIST_SLOTS] = hist[slot * HIST_SLOTS:(slot + 1) * HIST_SLOTS]
             self._total_seen[slot] = totals[slot]
             for tid in thread_ids(tgid, self._proc_root):
                 threads[threads.Key(tid)] = threads.Leaf(slot)
-            self._bpf[b"targets"][self._bpf[b"targets"].Key(tgid)] = self._bpf[b"targets"].Leaf(slot)
-        self._health.targets = len(self._slots)
 
-    def read(self) -> dict[int, RunQueueReading]:
-        if self._bpf is None:
-            raise ProbeUnavailable("runqlat probe is not started")
-        for tgid in [t for t, _ in self._slots.items() if not (self._proc_root / str(t)).exists()]:
-            self._drop(tgid)
+    def _read_slots(self) -> dict[int, RunQueueReading]:
         hist, totals = self._read_arrays()
         readings: dict[int, RunQueueReading] = {}
         for tgid, slot in self._slots.items():
@@ -247,26 +217,9 @@ class RunqlatProbe:
             readings[tgid] = RunQueueReading(histogram=Log2Histogram(unit="us", counts=counts),
                                              total_seconds=(totals[slot] - self._total_seen[slot]) / 1e9)
         self._hist_seen, self._total_seen = hist, totals
-        self._health.lost_events = int(sum(self._bpf[b"lost"][0])) + recursion_misses(self._bpf)
         return readings
 
-    def stop(self) -> None:
-        if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
-        self._slots = TargetSlots(self.config.max_targets)
-        self._health.state, self._health.targets = "stopped", 0
-
-    def health(self) -> ProbeHealth:
-        return ProbeHealth(**vars(self._health))
-
-    def _drop(self, tgid: int) -> None:
-        slot = self._slots.remove(tgid)
-        targets = self._bpf[b"targets"]
-        try:
-            del targets[targets.Key(tgid)]
-        except KeyError:
-            pass  # never inserted (a failed add): nothing to detach
+    def _forget(self, slot: int) -> None:
         # Forget the slot's threads so that their wakeups stop counting for whoever gets it next.
         threads = self._bpf[b"threads"]
         for key, value in list(threads.items_lookup_batch()):
@@ -275,7 +228,6 @@ class RunqlatProbe:
                     del threads[threads.Key(int(key))]
                 except KeyError:
                     pass  # the kernel removed it first (the thread exited)
-        self._health.targets = len(self._slots)
 
     def _read_arrays(self) -> tuple[list[int], list[int]]:
         hist = [0] * (self.config.max_targets * HIST_SLOTS)

@@ -23,14 +23,12 @@ is the same as snapshot-then-clear but exact.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from analysis.window import Log2Histogram, SyscallReading
-from probes.base import ProbeHealth, TargetSlots, load_bpf, recursion_misses, require_tracepoints
-from probes.errors import ProbeUnavailable
+from probes.slotted import SlottedProbe
 from probes.syscall_names import SYSCALL_NAMES
 
 SYSCALL_SLOTS = 512
@@ -166,92 +164,43 @@ def _percpu_sum(values: Any) -> int:
     return int(sum(values))
 
 
-class SyscallsProbe:
+class SyscallsProbe(SlottedProbe):
     """Counts (and optionally times) the syscalls of target processes."""
 
     name = "syscalls"
+    tracepoints = TRACEPOINTS
 
     def __init__(self, config: SyscallsConfig | None = None, proc_root: Path = Path("/proc")) -> None:
-        self.config = config or SyscallsConfig()
-        self._proc_root = proc_root
-        self._bpf: Any = None
-        self._slots = TargetSlots(self.config.max_targets)
+        super().__init__(config or SyscallsConfig(), proc_root)
         self._counts_seen: list[int] = [0] * (self.config.max_targets * SYSCALL_SLOTS)
         self._latency_seen: dict[tuple[int, int], int] = {}
-        self._health = ProbeHealth(name=self.name)
 
-    def start(self, targets: Iterable[int]) -> None:
-        if self._bpf is not None:
-            raise ProbeUnavailable("syscalls probe is already started; use set_targets() to change targets")
-        try:
-            require_tracepoints(TRACEPOINTS)
-            self._bpf = load_bpf(render(self.config))
-        except ProbeUnavailable as exc:
-            self._health.state, self._health.reason = "failed", str(exc)
-            raise
-        self._health.state, self._health.reason = "running", None
-        self.set_targets(targets)
+    def _render(self) -> str:
+        return render(self.config)
 
-    def set_targets(self, targets: Iterable[int]) -> None:
-        wanted = set(targets)
-        if self._bpf is None:
-            raise ProbeUnavailable("syscalls probe is not started")
-        for tgid in [t for t, _ in self._slots.items() if t not in wanted]:
-            self._drop(tgid)
-        new = [t for t in wanted if t not in self._slots]
-        if not new:
-            return
+    def rendered_text(self) -> str:
+        return render(self.config)
+
+    def _take_baseline(self, added: list[tuple[int, int]]) -> None:
         counts = self._read_counts()
         latency = self._read_latency() if self.config.latency else {}
-        for tgid in new:
-            slot = self._slots.add(tgid)
+        for _, slot in added:
             base = slot * SYSCALL_SLOTS
             # Baseline = whatever the slot's previous owner left: the new owner starts at zero.
             self._counts_seen[base:base + SYSCALL_SLOTS] = counts[base:base + SYSCALL_SLOTS]
             for key, value in latency.items():
                 if key[0] // SYSCALL_SLOTS == slot:
                     self._latency_seen[key] = value
-            self._bpf[b"targets"][self._bpf[b"targets"].Key(tgid)] = self._bpf[b"targets"].Leaf(slot)
-        self._health.targets = len(self._slots)
 
-    def read(self) -> dict[int, SyscallReading]:
-        if self._bpf is None:
-            raise ProbeUnavailable("syscalls probe is not started")
-        for tgid in [t for t, _ in self._slots.items() if not (self._proc_root / str(t)).exists()]:
-            self._drop(tgid)
+    def _read_slots(self) -> dict[int, SyscallReading]:
         if self.config.latency:
             self._prune_start()
         counts = self._read_counts()
         latency = self._read_latency() if self.config.latency else {}
-        readings: dict[int, SyscallReading] = {}
-        for tgid, slot in self._slots.items():
-            readings[tgid] = self._reading(slot, counts, latency)
+        readings = {tgid: self._reading(slot, counts, latency) for tgid, slot in self._slots.items()}
         self._counts_seen = counts
         self._latency_seen.update(latency)
-        self._health.lost_events = _percpu_sum(self._bpf[b"lost"][0]) + recursion_misses(self._bpf)
         return readings
-
-    def stop(self) -> None:
-        if self._bpf is not None:
-            self._bpf.cleanup()
-            self._bpf = None
-        self._slots = TargetSlots(self.config.max_targets)
-        self._health.state, self._health.targets = "stopped", 0
-
-    def health(self) -> ProbeHealth:
-        return ProbeHealth(**vars(self._health))
-
-    def rendered_text(self) -> str:
-        return render(self.config)
-
-    def _drop(self, tgid: int) -> None:
-        table = self._bpf[b"targets"]
-        try:
-            del table[table.Key(tgid)]
-        except KeyError:
-            pass  # never inserted (a failed add): nothing to detach
-        self._slots.remove(tgid)
-        self._health.targets = len(self._slots)
 
     def _prune_start(self) -> None:
         start = self._bpf[b"start"]

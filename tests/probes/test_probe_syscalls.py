@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from analysis.window import Log2Histogram
+from probes.base import TargetSlots
 from probes.errors import ProbeUnavailable
 from probes.syscall_names import SYSCALL_NAMES
 from probes.syscalls import (
     OTHER_ID,
     SyscallsConfig,
     SyscallsProbe,
-    TargetSlots,
     render,
     syscall_name,
 )
