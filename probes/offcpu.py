@@ -483,10 +483,14 @@ class OffCpuProbe:
         a window boundary falls inside it. NOEXIST keeps a real record written meanwhile.
         """
         start = self._bpf[b"start"]
-        now = self._clock()
         task_dir = self._proc / str(tgid) / "task"
+        # Read the (slow) /proc stacks first, then re-read the states and insert at once: the race
+        # above must stay as short as one state read, or a thread that woke meanwhile and spins keeps
+        # a stale record that every window boundary counts as off-CPU time.
+        stack_ids = {tid: self._seeded_stack_id(task_dir / str(tid) / "stack") for tid in _blocked_threads(task_dir)}
+        now = self._clock()
         for tid in _blocked_threads(task_dir):
-            leaf = start.Leaf(now, now, tgid, self._seeded_stack_id(task_dir / str(tid) / "stack"), NO_STACK)
+            leaf = start.Leaf(now, now, tgid, stack_ids.get(tid, SEEDED_STACK), NO_STACK)
             _insert_if_absent(start, start.Key(tid), leaf)
 
     @property

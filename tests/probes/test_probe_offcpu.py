@@ -185,7 +185,9 @@ def test_off_plus_on_cpu_equals_wall_per_thread_and_window(require_bpf, python_e
     per tick) and in 10 ms units, so it cannot be subtracted exactly.
     Measured here (15 windows x 2 busy threads, repeated): most pairs match to 0.1 ms; 1 pair in
     8 missed 2-14 ms, always under wall; the BPF program had 0 recursion misses meanwhile.
-    Hence also: the median pair within 1 ms, and all misses together under 2% of thread-time.
+    Hence also, net of each pair's sampling gaps: no double counting in the median pair, all of it
+    together under 2% of thread-time, and per window the time missing from on + off no more than
+    the steal /proc/stat reports (this VM's host took 30-130 ms of each 0.3 s window at times).
     """
     child = _spawn([python_exe, "-c", MIXED_CHILD])
     assert child.stdout.readline().strip() == "ready"
@@ -209,21 +211,28 @@ def test_off_plus_on_cpu_equals_wall_per_thread_and_window(require_bpf, python_e
         _finish(child)
 
     assert len(tids) == 3
-    misses = []
+    over = []  # double counting, net of the test's own sampling gaps
     for i in range(1, len(windows)):
         reading = windows[i]
         wall = bounds[i] - bounds[i - 1]
         gaps = (bounds[i] - samples[i][0]) + (bounds[i - 1] - samples[i - 1][0])
         stolen = samples[min(i + 1, len(samples) - 1)][2] - samples[i - 1][2]
+        under = 0.0
         for tid in tids:
             on = samples[i][1][tid] - samples[i - 1][1][tid]
             off = reading.by_thread.get(tid, 0.0) * 1e9
             miss = wall - on - off
-            misses.append(abs(miss))
+            # The thread may run between our schedstat sample and the kernel's boundary: up to `gaps`
+            # of any miss is the test's own sampling, not the probe's error.
+            over.append(max(0.0, -miss - gaps))
+            under += max(0.0, miss - gaps)
             budget = 0.01 * wall + 5e6 + gaps
             assert -budget <= miss <= budget + stolen + 20e6, (i, tid, on, off, wall, gaps, stolen)
-    assert sorted(misses)[len(misses) // 2] < 1e6, misses  # the median pair is exact to 1 ms
-    assert sum(misses) < 0.02 * (bounds[-1] - bounds[0]) * len(tids), misses
+        # Time missing from on + off is time the hypervisor took from the vCPUs, never more (10 ms:
+        # /proc/stat books steal in 10 ms units, and schedstat's running sum lags by up to a tick).
+        assert under <= stolen + 10e6, (i, under, stolen)
+    assert sorted(over)[len(over) // 2] < 1e6, over  # the median pair does not double count at all
+    assert sum(over) < 0.02 * (bounds[-1] - bounds[0]) * len(tids), over
     # The spinning threads are on-CPU a real share of the time, so the check is not trivial.
     assert samples[-1][1][tids[1]] - samples[0][1][tids[1]] > 0.1 * (bounds[-1] - bounds[0])
 
