@@ -151,12 +151,13 @@ def test_known_sleeps_within_3_percent_across_windows(require_bpf, cc) -> None:
     full = [i for i, w in enumerate(windows) if _nanosleep_us(w.stacks) > 0.97 * lengths_us[i]]
     assert len(full) >= 3, [(_nanosleep_us(w.stacks), round(n)) for w, n in zip(windows, lengths_us)]
     assert max(max(w.histogram.counts or [0]) for w in windows) > 0
-    # 20 sleeps of 50 ms: slot 15 ([32, 64) ms), or 16 when a loaded CPU delays the wakeup > 14 ms.
+    # 20 sleeps of 50 ms: slot 15 ([32, 64) ms), or 16-17 when a loaded CPU or the hypervisor's steal
+    # (30-130 ms per 0.3 s seen on this VM) delays the wakeup by more than 14 ms.
     hist = [0] * 32
     for w in windows:
         for slot, count in enumerate(w.histogram.counts):
             hist[slot] += count
-    assert hist[15] + hist[16] >= 20, hist
+    assert hist[15] + hist[16] + hist[17] >= 20, hist
     assert hist[20] >= 1, hist  # the 1.2 s sleep: [1.05, 2.1) s
     assert health.state == "running" and health.failed_stacks == 0 and health.lost_events == 0
 
