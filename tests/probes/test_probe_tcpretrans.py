@@ -297,6 +297,7 @@ def dead_pid() -> int:
     return child.pid
 
 
+@pytest.mark.flaky(reruns=2, reason="real TCP under random nftables loss: a stalled transfer or an unexplained 1-7 segment shortfall (docs/tcpretrans.md) under load")
 @pytest.mark.bpf
 @pytest.mark.netns
 @pytest.mark.slow
