@@ -1,6 +1,5 @@
 """Folded text: parse/format round trips, and flamegraph.pl's own line rules (run in Perl) read our output."""
 
-import random
 import shutil
 import subprocess
 
@@ -14,6 +13,7 @@ from analysis.flamegraph.folded import (
     parse_folded,
 )
 from analysis.flamegraph.profile import Profile
+from tests.analysis.hostile_profiles import random_hostile_profile
 
 HOSTILE = ["<script>alert(1)</script>", 'say "hi" & <bye>', "semi;colon", "new\nline", "worker 12",
            "tab\there", "  spaced  ", "ünïcödé"]
@@ -130,20 +130,10 @@ def test_diff_folded_normalises_the_baseline_to_the_current_total():
     assert before.stacks == {("m", "a"): 20, ("m", "b"): 60}
 
 
-def _random_profile(seed: int) -> Profile:
-    """Names from an alphabet of the characters that break formats: separators, markup, controls, digits."""
-    rng = random.Random(seed)
-    alphabet = list("ab ;<>&\"'\n\t\r\\]]>0123456789.()") + ["\x00", "\x7f", "\u2028", "\x85", "é", "✓", "\ud800"]
-    prof = Profile()
-    for _ in range(rng.randint(1, 40)):
-        stack = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(rng.randint(1, 8))]
-        prof.add(stack, rng.randint(1, 1000))
-    return prof
-
 
 @pytest.mark.parametrize("seed", range(30))
 def test_random_hostile_profiles_round_trip_and_read_the_same_in_perl(seed):
-    prof = _random_profile(seed)
+    prof = random_hostile_profile(seed)
     text = format_folded(prof)
     assert parse_folded(text).stacks == prof.stacks
     ignored, diff_lines, stacks = _perl_read(text)

@@ -2,7 +2,6 @@
 
 import gzip
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ from analysis.flamegraph.folded import format_folded, parse_folded
 from analysis.flamegraph.pprof import to_pprof
 from analysis.flamegraph.profile import Profile
 from analysis.flamegraph.protobuf import varint
+from tests.analysis.hostile_profiles import random_hostile_profile
 
 FOLDED = (
     "MainThread;serve (server.py:40);forward (model.py:12) 120\n"
@@ -240,18 +240,8 @@ def test_go_tool_pprof_raw_keeps_hostile_names_intact(tmp_path):
     assert "x&y\"q'" in out
 
 
-def _random_profile(seed: int) -> Profile:
-    """Names from an alphabet of the characters that break formats: separators, markup, controls, digits."""
-    rng = random.Random(seed)
-    alphabet = list("ab ;<>&\"'\n\t\r\\]]>0123456789.()") + ["\x00", "\x7f", "\u2028", "\x85", "é", "✓", "\ud800"]
-    prof = Profile()
-    for _ in range(rng.randint(1, 40)):
-        stack = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(rng.randint(1, 8))]
-        prof.add(stack, rng.randint(1, 1000))
-    return prof
-
 
 @pytest.mark.parametrize("seed", range(30))
 def test_random_hostile_profiles_round_trip_through_pprof(seed):
-    prof = _random_profile(seed)
+    prof = random_hostile_profile(seed)
     assert decode_pprof(to_pprof(prof, period=1_000_000)).stacks().stacks == prof.stacks

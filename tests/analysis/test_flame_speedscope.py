@@ -1,7 +1,6 @@
 """speedscope export: validates against speedscope's own schema and parses back to the same counts."""
 
 import json
-import random
 from pathlib import Path
 
 import jsonschema
@@ -10,6 +9,7 @@ import pytest
 from analysis.flamegraph.folded import format_folded, parse_folded
 from analysis.flamegraph.profile import Profile
 from analysis.flamegraph.speedscope import to_speedscope
+from tests.analysis.hostile_profiles import random_hostile_profile
 
 SCHEMA = Path(__file__).parent / "fixtures" / "speedscope-file-format-schema.json"
 
@@ -74,20 +74,10 @@ def test_empty_profile_is_still_a_valid_file():
     _validator().validate(to_speedscope(Profile(), name="empty"))
 
 
-def _random_profile(seed: int) -> Profile:
-    """Names from an alphabet of the characters that break formats: separators, markup, controls, digits."""
-    rng = random.Random(seed)
-    alphabet = list("ab ;<>&\"'\n\t\r\\]]>0123456789.()") + ["\x00", "\x7f", "\u2028", "\x85", "é", "✓", "\ud800"]
-    prof = Profile()
-    for _ in range(rng.randint(1, 40)):
-        stack = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(rng.randint(1, 8))]
-        prof.add(stack, rng.randint(1, 1000))
-    return prof
-
 
 @pytest.mark.parametrize("seed", range(30))
 def test_random_hostile_profiles_round_trip_and_validate(seed):
-    prof = _random_profile(seed)
+    prof = random_hostile_profile(seed)
     doc = json.loads(json.dumps(to_speedscope(prof, name=f"random {seed}")))
     _validator().validate(doc)
     assert _parse_speedscope(doc).stacks == prof.stacks

@@ -2,7 +2,6 @@
 
 import html
 import json
-import random
 import re
 import shutil
 import subprocess
@@ -13,6 +12,7 @@ import pytest
 from analysis.flamegraph.folded import parse_folded
 from analysis.flamegraph.profile import Profile, clean_frame
 from analysis.flamegraph.svg import Style, palette_color, render_svg, xml_escape
+from tests.analysis.hostile_profiles import random_hostile_profile
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 HOSTILE = ["<script>alert(1)</script>", "</title><script>alert(2)</script>", 'say "hi" & <bye>',
@@ -224,20 +224,10 @@ def test_zoom_search_and_details_work_in_headless_chromium(tmp_path):
     assert result["hostile_label"].startswith("<script>")
 
 
-def _random_profile(seed: int) -> Profile:
-    """Names from an alphabet of the characters that break formats: separators, markup, controls, digits."""
-    rng = random.Random(seed)
-    alphabet = list("ab ;<>&\"'\n\t\r\\]]>0123456789.()") + ["\x00", "\x7f", "\u2028", "\x85", "é", "✓", "\ud800"]
-    prof = Profile()
-    for _ in range(rng.randint(1, 40)):
-        stack = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(rng.randint(1, 8))]
-        prof.add(stack, rng.randint(1, 1000))
-    return prof
-
 
 @pytest.mark.parametrize("seed", range(30))
 def test_random_hostile_profiles_read_back_from_the_svg(seed):
-    prof = _random_profile(seed)
+    prof = random_hostile_profile(seed)
     svg = render_svg(prof, style=Style(min_width=0))
     assert svg.count("<script") == 1
     assert _stacks_from_svg(svg) == prof.stacks
