@@ -35,7 +35,11 @@ retransmit for RetransSegs and here, and is also counted in ``send_failed``.
 
 Overhead: nothing on the fast path; one hash update per retransmit.
 
-Caveats: flows are host-wide, across network namespaces; a flow in another namespace
+Caveats: on 6.18 under CPU contention a few retransmits in ten thousand are counted by the
+kernel without the tracepoint firing (no program runs for them; docs/tcpretrans.md,
+tests/probes/tcpretrans_gaps.py). -EHOSTUNREACH is taken as "not sent", which is wrong when
+the route vanished between the route check and the IP layer (seen at namespace teardown).
+Flows are host-wide, across network namespaces; a flow in another namespace
 with the same local address and port as a target's socket is attributed to the target.
 When ``flows`` is full, new flows are counted in the totals and in ``lost`` (health's
 ``lost_events``) but not listed.

@@ -198,7 +198,6 @@ for line in sys.stdin:
 
 
 EOF_MARK = "\0eof"
-TOLERANCE = 0.02
 
 
 class Peer:
@@ -297,12 +296,15 @@ def dead_pid() -> int:
     return child.pid
 
 
-@pytest.mark.flaky(reruns=2, reason="real TCP under random nftables loss: a stalled transfer or an unexplained 1-7 segment shortfall (docs/tcpretrans.md) under load")
+@pytest.mark.flaky(reruns=2, reason="real TCP under random loss on a shared VM: a stalled transfer, or a retransmit this kernel counts without firing the tracepoint (docs/tcpretrans.md, tests/probes/tcpretrans_gaps.py)")
 @pytest.mark.bpf
 @pytest.mark.netns
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_retransmits_equal_snmp_retranssegs_and_are_attributed(probe, netns_pair, dead_pid):
+# Reads every 20 ms as well as every second: each read is a chance to lose an increment that lands
+# while user space reads and clears the map, so the fast reader is the sharper test of that.
+@pytest.mark.parametrize("read_every", [1.0, 0.02])
+def test_retransmits_equal_snmp_retranssegs_and_are_attributed(probe, netns_pair, dead_pid, read_every):
     pair = netns_pair
     port = random.randrange(20000, 30000)
     pair.add_random_drop(pair.b, port)  # data and SYNs into b
@@ -326,7 +328,7 @@ def test_retransmits_equal_snmp_retranssegs_and_are_attributed(probe, netns_pair
         sent = None
         deadline = time.monotonic() + 120
         while sent is None and time.monotonic() < deadline:
-            sent = client.line(1.0)
+            sent = client.line(read_every)
             windows.append(probe.read())
             hosts.append(probe.last_host)
             not_sent, send_failed = not_sent + probe.last_not_sent, send_failed + probe.last_send_failed
@@ -350,19 +352,19 @@ def test_retransmits_equal_snmp_retranssegs_and_are_attributed(probe, netns_pair
             by_state[(f.saddr, f.state)] = by_state.get((f.saddr, f.state), 0) + f.retransmits
         assert expected > 50, f"only {expected} retransmits: the nftables loss did not bite"
         counted = sum(f.retransmits for f in ours) + missed
-        # Never more than the kernel counted. On this 6.18 kernel about one run in five comes out
-        # 1-7 segments short (of ~500): RetransSegs and the socket's tcpi_total_retrans move with
-        # no tracepoint event at all (an independent classic and raw tracepoint program saw none;
-        # no early-error events on the flow), cause not found yet. TOLERANCE bounds that gap.
-        short = expected - counted
-        assert 0 <= short <= max(2, expected * TOLERANCE), (
+        # Exactly the kernel's count: an increment lost between a map read and its delete, or one
+        # counted twice, fails here. The one known miss is the kernel's: under CPU contention a few
+        # retransmits in ten thousand move RetransSegs and tcpi_total_retrans with no
+        # tcp_retransmit_skb event at all (no program runs, classic or raw; see
+        # tests/probes/tcpretrans_gaps.py), hence the reruns above; on a quiet host 20 of 20 were exact.
+        assert counted == expected, (
             f"counted {counted} (flows + {missed} missed) vs RetransSegs {expected}: "
             f"snmp a={pair.retrans_segs(pair.a)} b={pair.retrans_segs(pair.b)}; flows by (saddr, state) {by_state}; "
             f"tcpi_total_retrans client={client_total} server={server_total}; not_sent={not_sent} "
             f"send_failed={send_failed}; windows={len(hosts)}; host totals "
             f"{sum(h.retransmits for h in hosts)} vs host flows {sum(f.retransmits for h in hosts for f in h.flows)}; "
             f"lost={probe.health().lost_events - probe.missed_runs()}; sockets {_sockets(pair)}")
-        print(f"tcpretrans: RetransSegs {expected}, counted {counted} ({missed} missed runs), short {short}")
+        print(f"tcpretrans: RetransSegs {expected}, counted {counted} ({missed} missed runs) over {len(hosts)} windows")
         # The host total also counts every other namespace; summed over windows it covers every flow.
         assert sum(h.retransmits for h in hosts) >= sum(f.retransmits for h in hosts for f in h.flows)
         assert "TCP_ESTABLISHED" in {f.state for f in ours}
@@ -383,8 +385,8 @@ def test_retransmits_equal_snmp_retranssegs_and_are_attributed(probe, netns_pair
         # for a duplicate SYN may not be in it), so the server is bounded on both sides.
         gap_client = client_total - sum(f.retransmits for f in mine)
         server_data = sum(f.retransmits for f in theirs if f.state != "TCP_SYN_RECV")
-        assert 0 <= gap_client <= missed + short, f"client {client_total} vs {mine}"
-        assert server_data <= server_total <= sum(f.retransmits for f in theirs) + missed + short, (
+        assert 0 <= gap_client <= missed, f"client {client_total} vs {mine}"
+        assert server_data <= server_total <= sum(f.retransmits for f in theirs) + missed, (
             f"server {server_total} vs {theirs}")
     finally:
         server.close()
@@ -420,6 +422,41 @@ def test_synack_retransmits_counted_and_attributed_to_the_listener(probe, netns_
         server.close()
         if client is not None:
             client.close()
+
+
+@pytest.mark.bpf
+def test_reads_never_delete_a_live_entry_and_credit_late_increments(require_bpf):
+    """The double-buffered drain, on the real map: user space writes stand in for the kernel's increments."""
+    p = TcpRetransProbe()
+    p.start([])
+    try:
+        flows, window = p._bpf[b"flows"], p._bpf[b"window"]
+
+        def put(parity: int, count: int) -> None:
+            key = flows.Key()
+            key.parity, key.family, key.sport, key.dport, key.state = parity, 2, 40000, 443, 1
+            key.saddr[:4], key.daddr[:4] = [10, 0, 0, 1], [10, 0, 0, 2]
+            flows[key] = flows.Leaf(count)
+
+        def parities() -> list[int]:
+            return sorted(k.parity for k in flows.keys())
+
+        assert window[0].value == 0
+        put(0, 5)
+        p.read()
+        assert [f.retransmits for f in p.last_host.flows] == [5] and window[0].value == 1
+        assert parities() == [0], "the closing parity was deleted while programs may still write it"
+
+        put(0, 7)  # two increments from a program that loaded parity 0 just before the flip
+        put(1, 3)  # the window's own three
+        p.read()
+        assert [(f.saddr, f.daddr, f.retransmits) for f in p.last_host.flows] == [("10.0.0.1", "10.0.0.2", 5)]
+        assert window[0].value == 0 and parities() == [1]
+
+        p.read()
+        assert p.last_host.flows == [] and parities() == []
+    finally:
+        p.stop()
 
 
 @pytest.mark.bpf
