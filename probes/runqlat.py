@@ -10,8 +10,9 @@ thread's enqueue time goes to ``start`` at wakeup, or at switch-out when it was 
 (``prev_state`` without a sleep bit); at switch-in the delta goes to a per-CPU histogram
 in microseconds and a per-CPU total in nanoseconds, both indexed by the target's slot.
 
-Overhead: every context switch on the host pays two hash lookups (``targets`` for prev,
-``start`` for next); every wakeup one (``threads``). Target threads add a few map updates.
+Overhead: every context switch on the host pays the target filter for prev (an inlined
+array lookup, probes/target_filter.py) and one hash lookup (``start`` for next); every
+wakeup one (``threads``). Target threads add a few map updates.
 Pipe ping-pong on one CPU (docs/BENCHMARKS.md): ~460 ns per switch of a target, ~165 ns
 for other tasks, vs ~610 ns for ``runqlat-bpfcc`` (which traces every task).
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.window import Log2Histogram, RunQueueReading
+from probes import target_filter
 from probes.slotted import SlottedProbe
 
 HIST_SLOTS = 32
@@ -47,7 +49,6 @@ struct start_t {
     u32 slot;
 };
 
-BPF_HASH(targets, u32, u32, MAX_TARGETS);
 BPF_HASH(threads, u32, u32, THREAD_ENTRIES);
 BPF_HASH(start, u32, struct start_t, THREAD_ENTRIES);
 BPF_PERCPU_ARRAY(hist, u64, MAX_TARGETS * HIST_SLOTS);
@@ -93,7 +94,7 @@ TRACEPOINT_PROBE(sched, sched_wakeup)
 TRACEPOINT_PROBE(sched, sched_wakeup_new)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    u32 *slot = targets.lookup(&tgid);
+    u32 *slot = target_slot(tgid);
     if (!slot)
         return 0;
     u32 tid = args->pid;
@@ -107,7 +108,7 @@ TRACEPOINT_PROBE(sched, sched_wakeup_new)
 TRACEPOINT_PROBE(sched, sched_switch)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    u32 *slot = targets.lookup(&tgid);
+    u32 *slot = target_slot(tgid);
     if (slot) {
         u32 prev = args->prev_pid;
         long state = args->prev_state;
@@ -172,7 +173,7 @@ def render(config: RunqlatConfig) -> str:
         f"#define THREAD_ENTRIES {config.thread_entries}",
         f"#define HIST_SLOTS {HIST_SLOTS}",
     ]
-    return "\n".join(defines) + "\n" + BPF_TEXT
+    return "\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + BPF_TEXT
 
 
 def thread_ids(tgid: int, proc_root: Path = Path("/proc")) -> list[int]:

@@ -1,4 +1,4 @@
-"""Lifecycle shared by probes that count per target in kernel array slots (`targets`: tgid -> slot)."""
+"""Lifecycle shared by probes that count per target in kernel array slots (tgid -> slot, probes/target_filter.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 
 from probes.base import ProbeHealth, TargetSlots, load_bpf, recursion_misses, require_tracepoints
 from probes.errors import ProbeUnavailable
+from probes.target_filter import TargetTable
 
 
 class SlottedProbe(ABC):
-    """start/set_targets/read/stop for a BPF program that filters on a `targets` hash (tgid -> slot)
-    and counts into per-slot arrays, with a per-CPU `lost` counter at index 0.
+    """start/set_targets/read/stop for a BPF program that filters with target_slot() (tgid -> slot,
+    probes/target_filter.py) and counts into per-slot arrays, with a per-CPU `lost` counter at index 0.
 
     Targets come and go without a reload: a new target's slot starts from a baseline of whatever
     the slot holds at that moment (its previous owner's counts), taken before the tgid is written
@@ -27,6 +28,7 @@ class SlottedProbe(ABC):
         self.config = config
         self._proc_root = proc_root
         self._bpf: Any = None
+        self._table: TargetTable | None = None
         self._slots = TargetSlots(config.max_targets)
         self._health = ProbeHealth(name=self.name)
 
@@ -51,6 +53,7 @@ class SlottedProbe(ABC):
         try:
             require_tracepoints(self.tracepoints)
             self._bpf = load_bpf(self._render())
+            self._table = TargetTable(self._bpf)
         except ProbeUnavailable as exc:
             self._health.state, self._health.reason = "failed", str(exc)
             raise
@@ -70,9 +73,8 @@ class SlottedProbe(ABC):
             # Slots that were handed out before one ran short are still taken into use.
             if added:
                 self._take_baseline(added)
-                table = self._bpf[b"targets"]
                 for tgid, slot in added:
-                    table[table.Key(tgid)] = table.Leaf(slot)
+                    self._table.add(tgid, slot)
             self._health.targets = len(self._slots)
 
     def read(self) -> dict[int, Any]:
@@ -87,6 +89,7 @@ class SlottedProbe(ABC):
         if self._bpf is not None:
             self._bpf.cleanup()
             self._bpf = None
+        self._table = None
         self._slots = TargetSlots(self.config.max_targets)
         self._health.state, self._health.targets = "stopped", 0
 
@@ -98,10 +101,6 @@ class SlottedProbe(ABC):
             raise ProbeUnavailable(f"{self.name} probe is not started")
 
     def _drop(self, tgid: int) -> None:
-        table = self._bpf[b"targets"]
-        try:
-            del table[table.Key(tgid)]
-        except KeyError:
-            pass  # never inserted (a failed add): nothing to detach
+        self._table.remove(tgid)
         self._forget(self._slots.remove(tgid))
         self._health.targets = len(self._slots)

@@ -3,17 +3,20 @@
 Traces: raw tracepoint ``sys_enter`` (syscall id in ``ctx->args[1]``) and, only when
 ``SyscallsConfig.latency`` is set, raw tracepoint ``sys_exit``.
 
-How: the program first looks the current tgid up in ``targets`` (tgid -> slot, written by
-user space, so targets change without reloading) and returns at once for everyone else.
+How: the program first looks the current tgid up with ``target_slot()`` (tgid -> slot in a
+direct-mapped array written by user space, probes/target_filter.py, so targets change
+without reloading) and returns at once for everyone else.
 Counts go to a per-CPU array indexed ``slot * SYSCALL_SLOTS + id``: no hash update, no
 shared cache line, exact. Latency mode adds a per-thread ``start`` map and a log2
 histogram per (slot, id) in a per-CPU hash; user space reports the top N syscalls of each
 window by count.
 
-Overhead (getppid loop on this 2-vCPU VM, docs/BENCHMARKS.md): count-only ~50-75 ns per
-syscall of a target, ~0.75x what ``syscount-bpfcc`` adds; ~42 ns of that is the floor any
-program on ``sys_enter`` costs (the syscall slow path). Non-target processes pay the floor
-plus one hash lookup. Latency mode: ~2.5-3x count-only for targets, ~115 ns for others.
+Overhead (getppid loop on this 2-vCPU VM, docs/BENCHMARKS.md, 2026-12-01 run): count-only
+112 ns per syscall, target or not, 0.53x what ``syscount-bpfcc`` adds (211 ns); 91 ns of
+that is the floor any program on ``sys_enter`` costs (the syscall slow path and the
+dispatch), 13 ns ``bpf_get_current_pid_tgid()``, the rest the array filter and the count.
+With a hash for the targets it was 161 ns. Latency mode: 353 ns for targets, 197 ns for
+others (both hooks fire for every task).
 
 Caveats: ids outside [0, SYSCALL_SLOTS - 1) (x32 ABI, -1 from seccomp/ptrace skips) are
 counted together as ``syscall_other``. Maps are never zeroed (zeroing races with the
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.window import Log2Histogram, SyscallReading
+from probes import target_filter
 from probes.slotted import SlottedProbe
 from probes.syscall_names import SYSCALL_NAMES
 
@@ -36,7 +40,6 @@ OTHER_ID = SYSCALL_SLOTS - 1
 TRACEPOINTS = ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit")
 
 BPF_TEXT = r"""
-BPF_HASH(targets, u32, u32, MAX_TARGETS);
 BPF_PERCPU_ARRAY(counts, u64, MAX_TARGETS * SYSCALL_SLOTS);
 BPF_PERCPU_ARRAY(lost, u64, 1);
 
@@ -68,7 +71,7 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 {
     u64 pid_tgid = bpf_get_current_pid_tgid();
     u32 tgid = pid_tgid >> 32;
-    u32 *slot = targets.lookup(&tgid);
+    u32 *slot = target_slot(tgid);
     if (!slot)
         return 0;
     long id = ctx->args[1];
@@ -151,7 +154,7 @@ def render(config: SyscallsConfig) -> str:
     ]
     if config.latency:
         defines.append("#define LATENCY 1")
-    return "\n".join(defines) + "\n" + BPF_TEXT
+    return "\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + BPF_TEXT
 
 
 def syscall_name(nr: int) -> str:

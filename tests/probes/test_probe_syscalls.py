@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from analysis.window import Log2Histogram
+from probes import target_filter
 from probes.base import TargetSlots
 from probes.errors import ProbeUnavailable
 from probes.syscall_names import SYSCALL_NAMES
@@ -347,3 +348,34 @@ def test_latency_mode_forgets_threads_that_died_in_a_syscall(require_bpf, cc, ch
     tracked = {int(k) for k, _ in probe._bpf[b"start"].items_lookup_batch()}
     assert len(live) == 1
     assert tracked <= live, tracked - live
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("buckets", [1, target_filter.TARGET_BUCKETS])
+def test_targets_in_one_bucket_spill_and_still_count_exactly(require_bpf, cc, children, probe_factory,
+                                                             monkeypatch, buckets):
+    """With one bucket every target after the first lives in the spill hash: the same exact counts
+    whichever way each target is found, while targets come and go (the home one leaving first)."""
+    monkeypatch.setattr(target_filter, "TARGET_BUCKETS", buckets)
+    binary = cc(CHILD_C, "spill")
+    first, second, third = (children(binary, n, 0, 0) for n in (3_000, 5_000, 7_000))
+    bystander = children(binary, 11_000, 0, 0)
+    probe = probe_factory()
+    probe.start([first.pid, second.pid])
+    probe.read()
+
+    assert first.go()[0] == 3_000 and second.go()[0] == 5_000
+    bystander.proc.stdin.write("g")
+    bystander.proc.stdin.flush()
+    assert bystander.line().startswith("done")
+    window = probe.read()
+    assert {pid: r.counts["getcpu"] for pid, r in window.items()} == {first.pid: 3_000, second.pid: 5_000}
+
+    probe.set_targets([second.pid, third.pid])  # the bucket's home target leaves, a spilled one stays
+    probe.read()
+    assert third.go()[0] == 7_000
+    window = probe.read()
+    assert set(window) == {second.pid, third.pid}
+    assert window[third.pid].counts["getcpu"] == 7_000
+    assert window[second.pid].counts.get("getcpu", 0) == 0
+    assert probe.health().lost_events == 0
