@@ -10,9 +10,11 @@ the parity that closed at the previous read, which no program has written for a 
 interval, credits what arrived there after that read (a program that loaded the old parity
 just before the flip), and deletes its entries; (2) flips to that now empty parity; (3) reads
 the closing parity's entries without deleting them. Nothing is deleted while a program may
-still hold a pointer to it: a read-and-delete of a live entry loses the increments that land
-between the copy and the delete, which on this 2-vCPU VM under load cost 1 retransmit in
-~450 in about one run in three. ``totals`` is never zeroed; reads take its difference. Attribution happens in user space at read time: a flow
+still hold a pointer to it: a read-and-delete of a live entry loses, silently, the
+increments that land between the copy and the delete. ``totals`` is never zeroed; reads take
+its difference.
+
+Attribution happens in user space at read time: a flow
 belongs to a target when its local address and port are those of one of the target's TCP
 sockets (``/proc/PID/fd`` socket inodes matched in ``/proc/PID/net/tcp{,6}``, which is the
 target's own network namespace view), or of a socket seen there at the previous read, so a
@@ -47,18 +49,16 @@ When ``flows`` is full, new flows are counted in the totals and in ``lost`` (hea
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import ipaddress
 import os
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from analysis.window import TcpFlow, TcpReading
-from probes.base import ProbeHealth, load_bpf, require_tracepoints, tracefs_root
+from probes.base import ProbeHealth, load_bpf, recursion_misses, require_tracepoints, tracefs_root
 from probes.errors import AccessDenied, ProbeUnavailable, TargetGone, TracepointMissing
 
 TRACEPOINT_SKB = "tcp:tcp_retransmit_skb"
@@ -342,29 +342,6 @@ def _flow_ident(key: Any) -> tuple:
     return (int(key.family), bytes(key.saddr), bytes(key.daddr), int(key.sport), int(key.dport), int(key.state))
 
 
-SYS_BPF = 321  # x86-64
-BPF_OBJ_GET_INFO_BY_FD = 15
-PROG_INFO_SIZE = 232  # struct bpf_prog_info up to recursion_misses (Linux 5.12+) and past it
-RECURSION_MISSES_OFFSET = 208
-
-
-def prog_recursion_misses(prog_fd: int) -> int:
-    """Runs of a BPF program the kernel skipped because a tracing program was already running on that CPU.
-
-    A classic-tracepoint program is skipped when it fires while another kprobe, uprobe or
-    tracepoint program runs on the same CPU (e.g. a retransmit timer in a softirq that
-    interrupted someone's ``sys_enter`` program); the kernel counts each skip here.
-    """
-    info = ctypes.create_string_buffer(PROG_INFO_SIZE)
-    attr = struct.pack("IIQ", prog_fd, PROG_INFO_SIZE, ctypes.addressof(info))
-    attr_buf = ctypes.create_string_buffer(attr, 120)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(SYS_BPF, BPF_OBJ_GET_INFO_BY_FD, attr_buf, len(attr_buf)) != 0:
-        err = ctypes.get_errno()
-        raise ProbeUnavailable(f"BPF_OBJ_GET_INFO_BY_FD on fd {prog_fd} failed: {os.strerror(err)}")
-    return struct.unpack_from("Q", info.raw, RECURSION_MISSES_OFFSET)[0]
-
-
 @dataclass
 class _Counters:
     retransmits: int = 0
@@ -452,10 +429,10 @@ class TcpRetransProbe:
         return ProbeHealth(**vars(self._health))
 
     def missed_runs(self) -> int:
-        """Retransmits the kernel did not run our programs for (see prog_recursion_misses), since start."""
+        """Retransmits the kernel did not run our programs for (probes.base.prog_recursion_misses), since start."""
         if self._bpf is None:
             return 0
-        return sum(prog_recursion_misses(f.fd) for f in self._bpf.funcs.values())
+        return recursion_misses(self._bpf)
 
     def _resolved_config(self) -> TcpRetransConfig:
         root = self.config.tracefs or tracefs_root()

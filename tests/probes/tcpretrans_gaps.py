@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from probes.base import load_bpf  # noqa: E402
-from probes.tcpretrans import TcpRetransProbe, prog_recursion_misses  # noqa: E402
+from probes.base import load_bpf, prog_recursion_misses  # noqa: E402
+from probes.tcpretrans import TcpRetransProbe  # noqa: E402
 from tests.probes.netns_helper import netns_pair_context  # noqa: E402
 from tests.probes.test_probe_tcpretrans import Peer, _between, _wait_quiet  # noqa: E402
 
@@ -166,7 +166,7 @@ def main() -> int:
                 for _, line in found:
                     print(f"    {line}", flush=True)
         counts = [watch[b"counts"][k].value for k in range(2)]
-        misses = {f.name.decode(): prog_recursion_misses(f.fd) for f in watch.funcs.values()}
+        misses = {f.name.decode(): prog_recursion_misses(f.fd, f.name.decode()) for f in watch.funcs.values()}
         print(f"total: RetransSegs {totals['retranssegs']}, probe {totals['probe']}, segments in gaps "
               f"{totals['gap_segments']}; tracepoint runs classic {counts[0]} raw {counts[1]}, skipped runs {misses}, "
               f"probe's skipped runs {probe.missed_runs()}")
