@@ -1,0 +1,67 @@
+"""The detector's findings as plain records: a latency regression, its ranked causes, the functions that grew."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The fixed set of cause labels (docs/detector.md says what signal each one reads).
+CAUSE_LABELS = ("gc", "lock", "blocked", "syscalls", "network", "cpu_contention", "compute", "unknown")
+SEVERITIES = ("warning", "critical")
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One candidate explanation, with the evidence a person reads ("GC pause 41 ms/s vs 0.8 ms/s (x51)")."""
+
+    label: str
+    score: float
+    evidence: str
+    value: float | None = None
+    baseline: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.label not in CAUSE_LABELS:
+            raise ValueError(f"cause label must be one of {', '.join(CAUSE_LABELS)}, got {self.label!r}")
+
+
+@dataclass(frozen=True)
+class FunctionShift:
+    """A Python function whose share of samples moved between the baseline and the regression."""
+
+    function: str
+    baseline_share: float
+    current_share: float
+
+    @property
+    def delta(self) -> float:
+        return self.current_share - self.baseline_share
+
+
+@dataclass
+class Regression:
+    """One episode from open to close. `causes` is ranked, best first; it is re-ranked while the episode is open."""
+
+    id: str
+    target: str
+    pid: int
+    opened_at: float
+    severity: str
+    score: float
+    causes: list[Cause] = field(default_factory=list)
+    functions: list[FunctionShift] = field(default_factory=list)
+    closed_at: float | None = None
+    # The baseline the regression is measured against (unix seconds), for the differential flame graph.
+    baseline_start: float | None = None
+    baseline_end: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}, got {self.severity!r}")
+
+    @property
+    def is_open(self) -> bool:
+        return self.closed_at is None
+
+    @property
+    def top_cause(self) -> str:
+        return self.causes[0].label if self.causes else "unknown"
