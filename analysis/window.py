@@ -124,6 +124,19 @@ class LatencyReading:
     mean_seconds: float | None = None
     requests: float = 0.0
     request_rate: float = 0.0
+    # The latency histogram's delta over the window: bucket upper bound ("0.1", "+Inf") -> requests
+    # that finished in it (not cumulative). Empty for a counter-only source.
+    buckets: dict[str, float] = field(default_factory=dict)
+    # Server-side load and per-phase means, where the server exports them (vLLM / TGI names); None
+    # when it does not.
+    tokens_per_second: float | None = None
+    waiting: float | None = None
+    running: float | None = None
+    ttft_mean_seconds: float | None = None
+    tpot_mean_seconds: float | None = None
+    queue_mean_seconds: float | None = None
+    prefill_mean_seconds: float | None = None
+    decode_mean_seconds: float | None = None
 
 
 @dataclass
