@@ -113,6 +113,30 @@ def _cmd_flamegraph(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_regressions(args: argparse.Namespace) -> int:
+    config, code = _load_config(args.config)
+    if config is None:
+        return code
+    from agent import regressions_cmd
+
+    try:
+        return regressions_cmd.list_regressions(config, args.store, args.target, args.json, args.limit)
+    except regressions_cmd.UsageError as exc:
+        return _fail(str(exc))
+
+
+def _cmd_baseline_reset(args: argparse.Namespace) -> int:
+    config, code = _load_config(args.config)
+    if config is None:
+        return code
+    from agent import regressions_cmd
+
+    try:
+        return regressions_cmd.reset_baseline(config, args.store, args.target)
+    except regressions_cmd.UsageError as exc:
+        return _fail(str(exc))
+
+
 def _time_arg(text: str) -> float:
     from agent.timespec import parse_time
 
@@ -171,6 +195,23 @@ def build_parser() -> argparse.ArgumentParser:
     flame.add_argument("--config", metavar="FILE", help="agent config (store location, targets)")
     flame.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
     flame.set_defaults(func=_cmd_flamegraph)
+
+    regressions = sub.add_parser("regressions", help="list latency regressions the detector found")
+    regressions.add_argument("--target", help="only this target")
+    regressions.add_argument("--json", action="store_true", help="one JSON object per regression")
+    regressions.add_argument("--limit", type=_ranged(int, 1, 10000), default=50, help="newest N (default 50)")
+    regressions.add_argument("--config", metavar="FILE", help="agent config (store location)")
+    regressions.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
+    regressions.set_defaults(func=_cmd_regressions)
+
+    baseline = sub.add_parser("baseline", help="manage the detector's learned baselines")
+    baseline_sub = baseline.add_subparsers(dest="baseline_command", required=True, metavar="ACTION",
+                                           parser_class=Parser)
+    reset = baseline_sub.add_parser("reset", help="forget a target's baseline; the agent learns a new one")
+    reset.add_argument("target", help="target name")
+    reset.add_argument("--config", metavar="FILE", help="agent config (store location)")
+    reset.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
+    reset.set_defaults(func=_cmd_baseline_reset)
     return parser
 
 

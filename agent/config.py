@@ -70,6 +70,18 @@ class ProbesConfig:
 
 
 @dataclass(frozen=True)
+class DetectorConfig:
+    """The latency-regression detector (docs/detector.md explains each knob)."""
+
+    enabled: bool = True
+    # Windows learned before the detector judges; at the default 5 s interval, 3 minutes.
+    warmup_windows: int = 36
+
+    def __post_init__(self) -> None:
+        _require_range("warmup_windows", self.warmup_windows, 8, 100_000)
+
+
+@dataclass(frozen=True)
 class LatencySpec:
     """Where a target's request latency comes from: a Prometheus endpoint and one metric family."""
 
@@ -151,6 +163,7 @@ class Config:
     pyspy_nonblocking: bool = True
     log_level: str = "info"
     probes: ProbesConfig = field(default_factory=ProbesConfig)
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
     targets: tuple[TargetSpec, ...] = field(default_factory=default_targets)
 
     def __post_init__(self) -> None:

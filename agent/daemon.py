@@ -13,12 +13,15 @@ from waitress.server import create_server
 
 from agent import logs
 from agent.config import Config, check_config_paths
+from agent.detection import Detection
+from agent.detection_metrics import DetectionCollector
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
 from agent.probeset import ProbeSet
 from agent.state import AgentState
 from agent.store import Store
 from agent.target_sources import make_target_sources
+from analysis.window import Window
 from dashboards.app import create_app
 
 log = logging.getLogger("infersight.daemon")
@@ -53,8 +56,15 @@ class Agent:
         os.makedirs(config.store_dir, mode=0o700, exist_ok=True)
         self.store = Store.open(Path(config.store_dir))
         self.registry = build_registry(self.state)
+        self.detection: Detection | None = None
+        if config.detector.enabled:
+            warmup = config.detector.warmup_windows
+            self.detection = Detection(self.store, make_detector=lambda: _latency_detector(warmup),
+                                       identity=self._identity)
+            self.registry.register(DetectionCollector(self.detection.snapshot))
         self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
-                               "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds})
+                               "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
+                               "FINDINGS": self.detection.snapshot if self.detection else None})
         host, port = config.listen_address
         self.web = WebServer(self.app, host, port)
         self.loop = CollectionLoop(
@@ -62,10 +72,27 @@ class Agent:
             probes=ProbeSet(config.probes.enabled()),
             make_sources=lambda t: make_target_sources(t, config),
             state=self.state,
-            sink=self.store.add_window,
+            sink=self._sink,
             interval=config.interval_seconds,
         )
         self.stop_event = threading.Event()
+
+    def _identity(self, target: str) -> str | None:
+        """What the target serves: its command line (a new model or binary gets a new baseline)."""
+        for t in self.loop.watched:
+            if t.name == target:
+                return " ".join(t.cmdline)
+        return None
+
+    def _sink(self, window: Window) -> None:
+        self.store.add_window(window)
+        if self.detection is None:
+            return
+        try:
+            self.detection.observe(window)
+        except Exception:  # a detector fault must not cost the window, already stored; counted and shown
+            self.state.count_error("detector")
+            log.exception("detector failed on the window of %s", window.target)
 
     def run(self) -> None:
         self.web.start()
@@ -96,6 +123,12 @@ class Agent:
         self.web.stop()
         self.store.close()
         log.info("stopped")
+
+
+def _latency_detector(warmup_windows: int):
+    from analysis.detector import LatencyDetector  # scikit-learn: imported only by an agent that detects
+
+    return LatencyDetector(warmup_windows=warmup_windows)
 
 
 def run(config: Config) -> int:

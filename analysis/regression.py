@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 # The fixed set of cause labels (docs/detector.md says what signal each one reads).
 CAUSE_LABELS = ("gc", "lock", "blocked", "syscalls", "network", "cpu_contention", "compute", "unknown")
@@ -65,3 +65,14 @@ class Regression:
     @property
     def top_cause(self) -> str:
         return self.causes[0].label if self.causes else "unknown"
+
+
+def regression_to_dict(r: Regression) -> dict:
+    return asdict(r)
+
+
+def regression_from_dict(data: dict) -> Regression:
+    fields = dict(data)
+    fields["causes"] = [Cause(**c) for c in fields.get("causes", [])]
+    fields["functions"] = [FunctionShift(**f) for f in fields.get("functions", [])]
+    return Regression(**fields)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from flask import Flask
@@ -11,20 +12,24 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     """Build the app. config keys: STATE (the agent's live state), STORE (its store), REGISTRY (prometheus),
-    PYSPY_RATE_HZ and INTERVAL_SECONDS (to label and time profiles)."""
+    PYSPY_RATE_HZ and INTERVAL_SECONDS (to label and time profiles), FINDINGS (a callable giving the
+    detector's latest findings, or None)."""
     app = Flask(__name__)
-    app.config.update(STATE=None, STORE=None, REGISTRY=None, PYSPY_RATE_HZ=None, INTERVAL_SECONDS=5.0)
+    app.config.update(STATE=None, STORE=None, REGISTRY=None, PYSPY_RATE_HZ=None, INTERVAL_SECONDS=5.0,
+                      FINDINGS=None)
     if config:
         app.config.update(config)
 
-    from dashboards import api, page, profiles_api
+    from dashboards import api, findings, page, profiles_api
 
     # A missing figure reads as a dash, never as Python's "None".
     app.jinja_env.filters["dash"] = lambda v: "–" if v is None else v
+    app.jinja_env.filters["timestamp"] = lambda ts: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
     app.register_blueprint(page.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(profiles_api.bp)
+    app.register_blueprint(findings.bp)
 
     registry: CollectorRegistry | None = app.config["REGISTRY"]
     if registry is not None:

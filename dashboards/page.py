@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, current_app, render_template
 
-from dashboards import view
+from dashboards import findings, view
 
 bp = Blueprint("page", __name__)
 
@@ -14,4 +14,5 @@ def index():
     state = current_app.config["STATE"]
     if state is None:
         abort(503, description="the agent has not started collecting yet")
-    return render_template("status.html", status=view.status(state.snapshot()))
+    return render_template("status.html", status=view.status(state.snapshot()),
+                           regressions=findings.open_regressions(), detector=findings.detector_states())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -212,57 +213,60 @@ def test_kill_9_during_writes_loses_no_committed_window_and_history_continues(st
 
 # ---- migrations ---------------------------------------------------------------------------------------
 
+N = len(MIGRATIONS)
+FIRST = MIGRATIONS[:1]  # the schema of the first release: every later migration must carry its data forward
 LATER = (
-    Migration(2, "regressions", """
-        CREATE TABLE regressions (
+    Migration(N + 1, "later tables", """
+        CREATE TABLE later_findings (
             id INTEGER PRIMARY KEY,
             target_id INTEGER NOT NULL REFERENCES targets(id),
             window_id INTEGER REFERENCES windows(id),
             data TEXT NOT NULL
         );
     """),
-    Migration(3, "alert outbox", """
-        CREATE TABLE outbox (id INTEGER PRIMARY KEY, regression_id INTEGER NOT NULL, sent_at REAL);
-        CREATE INDEX outbox_unsent ON outbox(sent_at);
+    Migration(N + 2, "later outbox", """
+        CREATE TABLE later_outbox (id INTEGER PRIMARY KEY, finding_id INTEGER NOT NULL, sent_at REAL);
+        CREATE INDEX later_outbox_unsent ON later_outbox(sent_at);
     """),
 )
 
 
 def test_migration_from_older_schema_keeps_data(store_dir: Path) -> None:
-    with Store.open(store_dir, migrations=MIGRATIONS) as s:
+    with Store.open(store_dir, migrations=FIRST) as s:
         for i in range(5):
             s.add_window(make_window(i))
         assert s.schema_version() == 1
     with Store.open(store_dir, migrations=MIGRATIONS + LATER) as s:
-        assert s.schema_version() == 3
+        assert s.schema_version() == N + 2
         assert s.windows() == [make_window(i) for i in range(5)]
         conn = s._reader()
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert {"targets", "windows", "profiles", "regressions", "outbox", "schema_version"} <= tables
-        assert [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
+        assert {"targets", "windows", "profiles", "later_findings", "later_outbox", "schema_version"} <= tables
+        assert [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY version")] == \
+            list(range(1, N + 3))
         s.add_window(make_window(5))
     # Opening again runs nothing: versions stay, data stays.
     with Store.open(store_dir, migrations=MIGRATIONS + LATER) as s:
-        assert s.schema_version() == 3 and len(s.windows()) == 6
+        assert s.schema_version() == N + 2 and len(s.windows()) == 6
 
 
 def test_failed_migration_rolls_back_whole(store_dir: Path) -> None:
     Store.open(store_dir).close()
-    broken = Migration(2, "half broken", "CREATE TABLE regressions (id INTEGER PRIMARY KEY);\n"
-                                         "CREATE TABLE windows (id INTEGER);")
-    with pytest.raises(StoreError, match=r"migration 2 \(half broken\) failed: table windows already exists"):
+    broken = Migration(N + 1, "half broken", "CREATE TABLE later_findings (id INTEGER PRIMARY KEY);\n"
+                                             "CREATE TABLE windows (id INTEGER);")
+    with pytest.raises(StoreError, match=rf"migration {N + 1} \(half broken\) failed: table windows already exists"):
         Store.open(store_dir, migrations=MIGRATIONS + (broken,))
     with Store.open(store_dir) as s:
-        assert s.schema_version() == 1
-        assert s._reader().execute("SELECT name FROM sqlite_master WHERE name = 'regressions'").fetchone() is None
+        assert s.schema_version() == N
+        assert s._reader().execute("SELECT name FROM sqlite_master WHERE name = 'later_findings'").fetchone() is None
 
 
 def test_newer_schema_is_refused_and_bad_numbering_rejected(store_dir: Path) -> None:
     Store.open(store_dir, migrations=MIGRATIONS + LATER).close()
-    with pytest.raises(StoreError, match=r"has schema version 3, newer than this infersight knows \(1\)"):
+    with pytest.raises(StoreError, match=rf"has schema version {N + 2}, newer than this infersight knows \({N}\)"):
         Store.open(store_dir)
     with pytest.raises(StoreError, match=r"numbered 1..N in order, got \[1, 3\]"):
-        Store.open(store_dir, migrations=MIGRATIONS + LATER[1:])
+        Store.open(store_dir, migrations=FIRST + (dataclasses.replace(LATER[1], version=3),))
 
 
 def test_not_a_database_is_a_store_error(store_dir: Path) -> None:

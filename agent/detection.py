@@ -1,0 +1,149 @@
+"""Run the latency detector on every window: one per target, baselines kept in the store, findings stored and passed on."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from analysis.regression import Regression
+from analysis.window import Window
+
+log = logging.getLogger("infersight.detection")
+
+
+class Detector(Protocol):
+    def update(self, window: Window) -> Any: ...
+    def get_state(self) -> dict: ...
+    def set_state(self, state: dict) -> None: ...
+    def reset(self) -> None: ...
+
+
+class RegressionListener(Protocol):
+    """Told about every episode's life (the alert outbox is one)."""
+
+    def regression_opened(self, regression: Regression) -> None: ...
+    def regression_updated(self, regression: Regression) -> None: ...
+    def regression_closed(self, regression: Regression) -> None: ...
+
+
+class FindingsStore(Protocol):
+    def detector_state(self, target: str) -> tuple[str, dict] | None: ...
+    def save_detector_state(self, target: str, identity: str, state: dict) -> None: ...
+    def delete_detector_state(self, target: str) -> None: ...
+    def save_regression(self, regression: Regression) -> None: ...
+    def take_baseline_resets(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class TargetFinding:
+    """The detector's latest word on one target, for /metrics, the page and `status`."""
+
+    target: str
+    state: str  # warmup | healthy | regression
+    score: float | None
+    expected: dict[str, float]
+    regression: Regression | None
+    window_end: float
+
+
+@dataclass
+class _Tracked:
+    detector: Detector
+    identity: str
+
+
+@dataclass(frozen=True)
+class DetectionSnapshot:
+    findings: dict[str, TargetFinding] = field(default_factory=dict)
+    # (target, top cause at opening) -> episodes opened since the agent started.
+    opened: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+class Detection:
+    """One detector per target name; its learned state is saved after every window so a restart resumes it.
+
+    `identity(target)` names what the target serves (its command line): when it differs from the one the
+    saved baseline was learned on, the baseline is dropped, since a new model or binary has a new normal.
+    """
+
+    def __init__(self, store: FindingsStore, make_detector: Callable[[], Detector],
+                 identity: Callable[[str], str | None] = lambda target: None,
+                 listeners: Iterable[RegressionListener] = ()) -> None:
+        self._store = store
+        self._make = make_detector
+        self._identity = identity
+        self._listeners = list(listeners)
+        self._tracked: dict[str, _Tracked] = {}
+        self._findings: dict[str, TargetFinding] = {}
+        self._opened: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def add_listener(self, listener: RegressionListener) -> None:
+        self._listeners.append(listener)
+
+    def observe(self, window: Window) -> Any:
+        """Feed one stored window to its target's detector; returns the detector's verdict."""
+        for target in self._store.take_baseline_resets():
+            self._reset(target)
+        tracked = self._tracked_for(window.target)
+        verdict = tracked.detector.update(window)
+        for regression in (verdict.opened, verdict.regression, verdict.closed):
+            if regression is not None:
+                self._store.save_regression(regression)
+        self._store.save_detector_state(window.target, tracked.identity, tracked.detector.get_state())
+        with self._lock:
+            if verdict.opened is not None:
+                self._opened[(window.target, verdict.opened.top_cause)] += 1
+            self._findings[window.target] = TargetFinding(
+                target=window.target, state=verdict.state, score=verdict.score, expected=dict(verdict.expected),
+                regression=verdict.regression, window_end=window.end)
+        self._notify(verdict)
+        return verdict
+
+    def _notify(self, verdict: Any) -> None:
+        for listener in self._listeners:
+            if verdict.opened is not None:
+                listener.regression_opened(verdict.opened)
+            elif verdict.regression is not None:
+                listener.regression_updated(verdict.regression)
+            if verdict.closed is not None:
+                listener.regression_closed(verdict.closed)
+
+    def _tracked_for(self, target: str) -> _Tracked:
+        identity = self._identity(target) or ""
+        tracked = self._tracked.get(target)
+        if tracked is not None and tracked.identity == identity:
+            return tracked
+        detector = self._make()
+        saved = self._store.detector_state(target) if tracked is None else None
+        if saved is not None and saved[0] == identity:
+            detector.set_state(saved[1])
+            log.info("target %s: baseline restored from the store", target)
+        elif saved is not None or tracked is not None:
+            log.info("target %s now serves something else (%s): learning a new baseline", target, identity[:120])
+            self._store.delete_detector_state(target)
+        self._tracked[target] = tracked = _Tracked(detector=detector, identity=identity)
+        return tracked
+
+    def _reset(self, target: str) -> None:
+        tracked = self._tracked.get(target)
+        if tracked is not None:
+            tracked.detector.reset()
+            log.info("target %s: baseline reset on request", target)
+        with self._lock:
+            finding = self._findings.pop(target, None)
+        # The episode was measured against the baseline just forgotten: it ends with it.
+        if finding is not None and finding.regression is not None:
+            closed = dataclasses.replace(finding.regression, closed_at=finding.window_end)
+            self._store.save_regression(closed)
+            for listener in self._listeners:
+                listener.regression_closed(closed)
+
+    def snapshot(self) -> DetectionSnapshot:
+        with self._lock:
+            return DetectionSnapshot(findings=dict(self._findings), opened=dict(self._opened))

@@ -1,0 +1,195 @@
+"""Detection: findings stored and passed on, baselines kept across restarts, reset on request or a new model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from agent.cli import main as cli_main
+from agent.detection import Detection
+from agent.detection_metrics import DetectionCollector
+from agent.store import Store
+from analysis.regression import Cause, Regression
+from analysis.window import LatencyReading, Window
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str
+    score: float | None
+    expected: dict[str, float]
+    regression: Regression | None
+    opened: Regression | None = None
+    closed: Regression | None = None
+
+
+@dataclass
+class ScriptedDetector:
+    """Stands in for the statistics (tested on their own in tests/analysis): opens at a window number it is
+    told, closes at another, and counts what it learned so a restore can be seen."""
+
+    open_at: int = 3
+    close_at: int = 6
+    learned: int = 0
+    resets: int = 0
+    open: Regression | None = None
+    log: list[str] = field(default_factory=list)
+
+    def update(self, w: Window) -> Verdict:
+        self.learned += 1
+        opened = closed = None
+        if self.learned == self.open_at:
+            self.open = opened = Regression(
+                id=f"{w.target}-{int(w.end)}", target=w.target, pid=w.pid, opened_at=w.end, severity="critical",
+                score=9.0, causes=[Cause("gc", 5.0, "GC pause 41 ms/s vs 0.8 ms/s baseline (x51)", 0.041, 0.0008)])
+        elif self.learned == self.close_at and self.open is not None:
+            closed = Regression(**{**self.open.__dict__, "closed_at": w.end})
+            self.open = None
+        state = "warmup" if self.learned < 2 else ("regression" if self.open else "healthy")
+        return Verdict(state=state, score=None if state == "warmup" else float(self.learned),
+                       expected={} if state == "warmup" else {"p50": 0.1, "p99": 0.4},
+                       regression=self.open, opened=opened, closed=closed)
+
+    def get_state(self) -> dict:
+        return {"learned": self.learned, "open": self.open.id if self.open else None}
+
+    def set_state(self, state: dict) -> None:
+        self.log.append("restored")
+        self.learned = state["learned"]
+
+    def reset(self) -> None:
+        self.resets += 1
+        self.learned = 0
+        self.open = None
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def regression_opened(self, r: Regression) -> None:
+        self.events.append(("opened", r.id))
+
+    def regression_updated(self, r: Regression) -> None:
+        self.events.append(("updated", r.id))
+
+    def regression_closed(self, r: Regression) -> None:
+        self.events.append(("closed", r.id))
+
+
+def window(i: int, target: str = "server") -> Window:
+    return Window(target=target, pid=42, start=1000.0 + 5 * i, end=1005.0 + 5 * i,
+                  latency=LatencyReading(p50_seconds=0.1, requests=10, request_rate=2.0))
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    with Store.open(tmp_path / "store") as s:
+        yield s
+
+
+def test_episode_is_stored_passed_on_and_exposed(store):
+    made: list[ScriptedDetector] = []
+    rec = Recorder()
+    detection = Detection(store, make_detector=lambda: made.append(ScriptedDetector()) or made[-1],
+                          listeners=[rec])
+    for i in range(4):
+        store.add_window(window(i))
+        detection.observe(window(i))
+    assert rec.events == [("opened", "server-1015"), ("updated", "server-1015")]
+    [stored] = store.regressions(open_only=True)
+    assert stored.id == "server-1015" and stored.top_cause == "gc" and stored.closed_at is None
+
+    registry = CollectorRegistry()
+    registry.register(DetectionCollector(detection.snapshot))
+    text = generate_latest(registry).decode()
+    assert 'infersight_regression_active{target="server"} 1.0' in text
+    assert 'infersight_regression_score{target="server"} 4.0' in text
+    assert 'infersight_latency_expected_seconds{percentile="p99",target="server"} 0.4' in text
+    assert 'infersight_regressions_total{cause="gc",target="server"} 1.0' in text
+
+    for i in range(4, 6):
+        detection.observe(window(i))
+    assert rec.events[-1] == ("closed", "server-1015")
+    assert store.regressions(open_only=True) == []
+    assert store.regression("server-1015").closed_at == 1030.0
+    assert 'infersight_regression_active{target="server"} 0.0' in generate_latest(registry).decode()
+
+
+def test_restart_restores_the_baseline_and_keeps_the_episode_open(tmp_path: Path):
+    path = tmp_path / "store"
+    with Store.open(path) as store:
+        detection = Detection(store, make_detector=ScriptedDetector, identity=lambda t: "python -m workload serve")
+        for i in range(4):
+            detection.observe(window(i))
+    with Store.open(path) as store:
+        made: list[ScriptedDetector] = []
+        detection = Detection(store, make_detector=lambda: made.append(ScriptedDetector()) or made[-1],
+                              identity=lambda t: "python -m workload serve")
+        detection.observe(window(4))
+        assert made[0].log == ["restored"] and made[0].learned == 5  # no second warm-up
+        assert [r.id for r in store.regressions(open_only=True)] == ["server-1015"]
+
+
+def test_a_new_served_program_drops_the_saved_baseline(tmp_path: Path):
+    path = tmp_path / "store"
+    with Store.open(path) as store:
+        Detection(store, make_detector=ScriptedDetector, identity=lambda t: "serve --model a").observe(window(0))
+    with Store.open(path) as store:
+        made: list[ScriptedDetector] = []
+        detection = Detection(store, make_detector=lambda: made.append(ScriptedDetector()) or made[-1],
+                              identity=lambda t: "serve --model b")
+        detection.observe(window(1))
+        assert made[0].log == [] and made[0].learned == 1
+        assert store.detector_state("server")[0] == "serve --model b"
+
+
+def test_baseline_reset_from_the_cli_reaches_the_running_detector_and_closes_the_episode(tmp_path: Path, capsys):
+    path = tmp_path / "store"
+    with Store.open(path) as store:
+        made: list[ScriptedDetector] = []
+        rec = Recorder()
+        detection = Detection(store, make_detector=lambda: made.append(ScriptedDetector(close_at=99)) or made[-1],
+                              listeners=[rec])
+        for i in range(4):
+            store.add_window(window(i))
+            detection.observe(window(i))
+        assert store.regressions(open_only=True)
+
+        assert cli_main(["baseline", "reset", "server", "--store", str(path)]) == 0
+        assert "baseline of server reset" in capsys.readouterr().out
+        detection.observe(window(4))
+        assert made[0].resets == 1 and made[0].learned == 1
+        assert ("closed", "server-1015") in rec.events
+        assert store.regressions(open_only=True) == []
+        assert store.take_baseline_resets() == []  # consumed once
+
+
+def test_cli_lists_regressions_as_text_and_json(tmp_path: Path, capsys):
+    path = tmp_path / "store"
+    with Store.open(path) as store:
+        detection = Detection(store, make_detector=ScriptedDetector)
+        for i in range(4):
+            store.add_window(window(i))
+            detection.observe(window(i))
+    assert cli_main(["regressions", "--store", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "server" in out and "critical" in out and "GC pause 41 ms/s vs 0.8 ms/s baseline (x51)" in out
+    assert cli_main(["regressions", "--store", str(path), "--json"]) == 0
+    [line] = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["causes"][0]["label"] == "gc"
+
+
+def test_cli_refuses_unknown_target_and_missing_store_in_one_line(tmp_path: Path, capsys):
+    path = tmp_path / "store"
+    with Store.open(path):
+        pass
+    assert cli_main(["baseline", "reset", "nosuch", "--store", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no target 'nosuch' in the store" in err
+    assert cli_main(["regressions", "--store", str(tmp_path / "absent")]) == 2
+    assert "no store at" in capsys.readouterr().err
