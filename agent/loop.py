@@ -13,20 +13,10 @@ from typing import Any, Protocol
 from agent.probeset import ProbeSet
 from agent.state import AgentState, TargetStatus
 from agent.targets import Target, diff_targets, discover
-from analysis.window import GcReading, OffCpuReading, RunQueueReading, SyscallReading, TcpReading, Window
+from analysis.window import Window
 from probes.errors import ProbeError
 
 log = logging.getLogger("infersight.loop")
-
-# Probe name -> (Window field, the reading a running probe gives a target that had no events this window).
-PROBE_FIELDS: dict[str, tuple[str, Callable[[], Any]]] = {
-    "syscalls": ("syscalls", SyscallReading),
-    "offcpu": ("offcpu", OffCpuReading),
-    "gc": ("gc", GcReading),
-    "tcp": ("tcp", TcpReading),
-    "runqueue": ("runqueue", RunQueueReading),
-}
-
 
 _SECRET_FLAG = re.compile(r"^--?[\w-]*(token|password|passwd|secret|key|credential)[\w-]*$", re.IGNORECASE)
 
@@ -178,13 +168,16 @@ class CollectionLoop:
         t = watched.target
         w = Window(target=t.name, pid=t.pid, start=watched.window_start, end=end)
         unsupported = self._probes.unsupported(t.pid)
-        for probe, per_tgid in readings.items():
-            attr, empty = PROBE_FIELDS[probe]
-            # Zero events is a reading; a probe that cannot trace this target gives none, with the reason.
-            if probe not in unsupported:
-                setattr(w, attr, per_tgid.get(t.pid) or empty())
+        for name in sorted({*readings, *unsupported}):
+            per_tgid = readings.get(name, {})
+            # A probe's reading covers exactly the targets it measures (zero events there is a real zero);
+            # a target it left out has no reading, with the reason, never an invented empty one.
+            if t.pid in per_tgid and name not in unsupported:
+                setattr(w, name, per_tgid[t.pid])
+            else:
+                why = unsupported.get(name) or self._probes.missing_reason(name, t.pid)
+                w.errors[name] = f"unsupported: {why}"
         w.errors.update(probe_errors)
-        w.errors.update({probe: f"unsupported: {why}" for probe, why in unsupported.items()})
         source_readings, source_errors = watched.sources.read()
         for attr, reading in {**host, **source_readings}.items():
             setattr(w, attr, reading)

@@ -72,6 +72,8 @@ class ProbeSet:
         # whenever the targets change, since the next target may be one they support.
         self._retry: set[str] = set()
         self.read_errors: dict[str, int] = {}
+        # Probe name -> why its last set_targets() failed; its new targets then have no reading.
+        self._target_errors: dict[str, str] = {}
 
     def start(self, tgids: Iterable[int]) -> None:
         tgids = list(tgids)
@@ -92,22 +94,26 @@ class ProbeSet:
             self._failed[name] = ProbeHealth(name=name, state="unsupported", reason=str(exc),
                                              unsupported={pid: str(exc) for pid in tgids})
             self._retry.add(name)
-        except (ProbeError, ImportError, OSError) as exc:
+        except (ProbeError, ImportError, OSError, ValueError, RuntimeError) as exc:
             log.warning("probe %s unavailable: %s", name, exc)
             self._failed[name] = ProbeHealth(name=name, state="failed", reason=str(exc))
+            if probe is not None:
+                _stop_quietly(name, probe)
         else:
             self._running[name] = probe
 
     def set_targets(self, tgids: Iterable[int]) -> None:
         tgids = list(tgids)
         for name, probe in list(self._running.items()):
+            self._target_errors.pop(name, None)
             try:
                 probe.set_targets(tgids)
             except Unsupported as exc:
                 log.info("probe %s cannot trace a new target: %s", name, exc)
-            except ProbeError as exc:
+            except (ProbeError, ValueError, RuntimeError, OSError) as exc:
                 log.warning("probe %s could not change targets: %s", name, exc)
                 self.read_errors[name] = self.read_errors.get(name, 0) + 1
+                self._target_errors[name] = f"changing its targets failed: {exc}"
         for name in sorted(self._retry):
             self._retry.discard(name)
             del self._failed[name]
@@ -122,6 +128,11 @@ class ProbeSet:
                 out[name] = reason
         return out
 
+    def missing_reason(self, name: str, pid: int) -> str:
+        """Why probe `name` gave no reading for `pid` when it named no reason of its own."""
+        why = self._target_errors.get(name)
+        return f"{name} does not measure pid {pid}" + (f" ({why})" if why else "")
+
     def read(self) -> tuple[dict[str, dict[int, Any]], dict[str, str]]:
         """Readings per probe per tgid, and the error of each probe that failed this read."""
         readings: dict[str, dict[int, Any]] = {}
@@ -131,7 +142,7 @@ class ProbeSet:
         for name, probe in order:
             try:
                 readings[name] = probe.read()
-            except ProbeError as exc:
+            except (ProbeError, ValueError, RuntimeError, OSError) as exc:
                 self.read_errors[name] = self.read_errors.get(name, 0) + 1
                 errors[name] = str(exc)
         for name, health in self._failed.items():
@@ -154,8 +165,13 @@ class ProbeSet:
 
     def stop(self) -> None:
         for name, probe in self._running.items():
-            try:
-                probe.stop()
-            except ProbeError as exc:
-                log.warning("probe %s did not stop cleanly: %s", name, exc)
+            _stop_quietly(name, probe)
         self._running.clear()
+
+
+def _stop_quietly(name: str, probe: Probe) -> None:
+    """Stop a probe; a failure to stop is logged, since the agent is leaving that probe either way."""
+    try:
+        probe.stop()
+    except (ProbeError, ValueError, RuntimeError, OSError) as exc:
+        log.warning("probe %s did not stop cleanly: %s", name, exc)

@@ -39,10 +39,10 @@ class SourceBundle:
         for attr, source in self._sources.items():
             try:
                 readings[attr] = source.read()
-            except ProbeError as exc:
-                errors[source.name] = str(exc)
+            except (ProbeError, ValueError, RuntimeError, OSError) as exc:
+                errors[attr] = str(exc)
         for attr, health in self._broken.items():
-            errors[health.name] = health.reason or "unavailable"
+            errors[attr] = health.reason or "unavailable"
         return readings, errors
 
     def health(self) -> dict[str, dict[str, Any]]:

@@ -188,14 +188,16 @@ class GcPauseProbe:
     def set_targets(self, targets: Iterable[int]) -> None:
         """Attach to new targets, detach from dropped ones; raises Unsupported naming every new
         target that cannot be traced, after attaching all the others."""
-        wanted = {int(t) for t in targets}
-        if len(wanted) > self.config.max_targets:
-            raise ValueError(f"{len(wanted)} targets exceed GcPauseConfig.max_targets={self.config.max_targets}")
+        asked = {int(t) for t in targets}
         if self._bpf is None:
             raise RuntimeError("gcpause probe is not running; call start() first")
+        kept = sorted(asked & set(self._attached))[: self.config.max_targets]
+        wanted = set(kept + sorted(asked - set(kept))[: self.config.max_targets - len(kept)])
         for tgid in set(self._attached) - wanted:
             self._detach(tgid)
         self.unsupported = {t: r for t, r in self.unsupported.items() if t in wanted}
+        self.unsupported.update({t: f"gc traces at most {self.config.max_targets} targets (max_targets)"
+                                 for t in asked - wanted})
         failures = []
         for tgid in sorted(wanted - set(self._attached) - set(self.unsupported)):
             try:

@@ -315,6 +315,8 @@ class OffCpuProbe:
         self.window_start_ns: int | None = None
         self.window_end_ns: int | None = None
         self._targets: set[int] = set()
+        # Targets beyond max_targets, left out: pid -> reason (their windows say so instead of reading zero).
+        self._unsupported: dict[int, str] = {}
         self._state = "stopped"
         self._reason: str | None = None
         # Cumulative counter values already handed out, per map key.
@@ -348,9 +350,9 @@ class OffCpuProbe:
         self.set_targets(targets)
 
     def set_targets(self, targets: Iterable[int]) -> None:
-        wanted = {int(t) for t in targets}
-        if len(wanted) > self.config.max_targets:
-            raise ValueError(f"{len(wanted)} targets exceed OffCpuConfig.max_targets={self.config.max_targets}")
+        wanted = _within_capacity({int(t) for t in targets}, self._targets, self.config.max_targets)
+        self._unsupported = {t: f"offcpu traces at most {self.config.max_targets} targets (max_targets)"
+                             for t in {int(t) for t in targets} - wanted}
         if self._bpf is None:
             self._targets = wanted
             return
@@ -397,7 +399,7 @@ class OffCpuProbe:
             # Runs the kernel skipped because another tracing program was active on that CPU.
             lost += prog_recursion_misses(self._bpf.funcs[b"tracepoint__sched__sched_switch"].fd, "sched_switch")
         return ProbeHealth(name=self.name, state=self._state, reason=self._reason, targets=len(self._targets),
-                           lost_events=lost, failed_stacks=failed)
+                           lost_events=lost, failed_stacks=failed, unsupported=dict(self._unsupported))
 
     def _read_threads(self, readings: dict[int, OffCpuReading], parity: int) -> None:
         table = self._bpf[b"thread_ns"]
@@ -521,6 +523,12 @@ class OffCpuProbe:
             for ident in [i for i in seen if i[0] == tgid]:
                 del seen[ident]
         self._folded = {i: f for i, f in self._folded.items() if i[0] != tgid}
+
+
+def _within_capacity(wanted: set[int], current: set[int], capacity: int) -> set[int]:
+    """The targets to trace: those already traced first, then the lowest new pids, up to `capacity`."""
+    kept = sorted(wanted & current)[:capacity]
+    return set(kept + sorted(wanted - current)[: capacity - len(kept)])
 
 
 def _proc_kernel_stack(path: Path) -> tuple[str, ...]:

@@ -61,21 +61,25 @@ class SlottedProbe(ABC):
         self.set_targets(targets)
 
     def set_targets(self, targets: Iterable[int]) -> None:
+        """Targets beyond the slots are left out and named in health().unsupported, so their windows
+        say why they have no reading; they get a slot on a later call once one is free."""
         self._require_started()
         wanted = set(targets)
         for tgid in [t for t, _ in self._slots.items() if t not in wanted]:
             self._drop(tgid)
         added: list[tuple[int, int]] = []
-        try:
-            for tgid in (t for t in wanted if t not in self._slots):
-                added.append((tgid, self._slots.add(tgid)))
-        finally:
-            # Slots that were handed out before one ran short are still taken into use.
-            if added:
-                self._take_baseline(added)
-                for tgid, slot in added:
-                    self._table.add(tgid, slot)
-            self._health.targets = len(self._slots)
+        self._health.unsupported = {}
+        for tgid in sorted(t for t in wanted if t not in self._slots):
+            if len(self._slots) >= self._slots.capacity:
+                self._health.unsupported[tgid] = (f"all {self._slots.capacity} target slots of {self.name} "
+                                                  f"are in use (max_targets)")
+                continue
+            added.append((tgid, self._slots.add(tgid)))
+        if added:
+            self._take_baseline(added)
+            for tgid, slot in added:
+                self._table.add(tgid, slot)
+        self._health.targets = len(self._slots)
 
     def read(self) -> dict[int, Any]:
         self._require_started()
@@ -94,7 +98,7 @@ class SlottedProbe(ABC):
         self._health.state, self._health.targets = "stopped", 0
 
     def health(self) -> ProbeHealth:
-        return ProbeHealth(**vars(self._health))
+        return ProbeHealth(**{**vars(self._health), "unsupported": dict(self._health.unsupported)})
 
     def _require_started(self) -> None:
         if self._bpf is None:

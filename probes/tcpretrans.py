@@ -396,6 +396,7 @@ class TcpRetransProbe:
         wanted = set(targets)
         for tgid in self._targets - wanted:
             self._seen.pop(tgid, None)
+            self._health.unsupported.pop(tgid, None)
         for tgid in wanted - self._targets:
             # Seed the endpoints now, so that a connection closed before the first read is still attributed.
             try:
@@ -426,7 +427,7 @@ class TcpRetransProbe:
         self._health.state, self._health.targets = "stopped", 0
 
     def health(self) -> ProbeHealth:
-        return ProbeHealth(**vars(self._health))
+        return ProbeHealth(**{**vars(self._health), "unsupported": dict(self._health.unsupported)})
 
     def missed_runs(self) -> int:
         """Retransmits the kernel did not run our programs for (probes.base.prog_recursion_misses), since start."""
@@ -458,8 +459,10 @@ class TcpRetransProbe:
                 self._seen.pop(tgid, None)
                 continue
             except AccessDenied as exc:
-                self._health.reason = str(exc)
+                # Its sockets cannot be read, so its flows cannot be told apart: no reading, with the reason.
+                self._health.unsupported[tgid] = str(exc)
                 continue
+            self._health.unsupported.pop(tgid, None)
             known = current | self._seen.get(tgid, set())
             self._seen[tgid] = current
             mine = [f for f in flows if owns(known, f)]

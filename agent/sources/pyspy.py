@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.sources.errors import SourceUnavailable
+from agent.sources.errors import ReadingError, SourceUnavailable
 from agent.sources.folded import parse_folded, parse_summary, split_idle
 from agent.sources.health import SourceHealth
 from analysis.window import StackReading
@@ -128,6 +128,7 @@ class PySpySampler:
                                        "last_attach_seconds": None}
         self._errors = 0
         self._last_error: str | None = None
+        self._error_since_read: str | None = None
         self._ticks = 0
         self._started_at: float | None = None
         self._last_read_at: float | None = None
@@ -166,6 +167,11 @@ class PySpySampler:
             since = now - (self._last_read_at if self._last_read_at is not None else self._started_at or now)
             self._stats["last_effective_rate_hz"] = round(self._ticks / since, 2) if since > 0 else None
             ticks, self._ticks, self._last_read_at = self._ticks, 0, now
+            failure, self._error_since_read = self._error_since_read, None
+        if ticks == 0:
+            # Nothing sampled is not "no stacks": the window has no reading, with the reason.
+            raise ReadingError(f"py-spy sampled nothing since the last read: {failure}" if failure
+                               else "py-spy finished no recording since the last read")
         return StackReading(active=dict(active), idle=dict(idle), rate_hz=float(self.rate_hz), samples=ticks)
 
     def close(self) -> None:
@@ -385,7 +391,7 @@ class PySpySampler:
     def _record_error(self, reason: str, restart: bool) -> None:
         with self._lock:
             self._errors += 1
-            self._last_error = reason
+            self._last_error = self._error_since_read = reason
             if restart:
                 self._stats["restarts"] += 1
 

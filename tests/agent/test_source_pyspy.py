@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.sources.errors import SourceUnavailable
+from agent.sources.errors import ReadingError, SourceUnavailable
 from agent.sources.pyspy import PySpySampler, find_pyspy
 from probes.errors import TargetGone
 
@@ -116,7 +116,8 @@ def test_active_and_idle_stacks_are_kept_apart(require_root, target, sampler_fac
     assert reading.rate_hz == rate
     effective = sampler.health().detail["last_effective_rate_hz"]
     assert 0 < effective <= rate * 1.3, effective  # overlapping segments may briefly exceed rate
-    # A read takes what was pending: the next one starts empty or with newer segments only.
+    # A read takes what was pending: the next one holds newer segments only.
+    wait_for(lambda: sampler.health().detail["segments"] > segments, 30, "one more py-spy segment")
     again = sampler.read()
     assert samples_with(again.idle, "wait_on_lock_here") <= 2 * per_segment
 
@@ -189,6 +190,18 @@ def test_vanished_target_raises_target_gone(require_root, target, sampler_factor
     with pytest.raises(TargetGone, match=str(target.pid)):
         sampler.read()
     wait_for(lambda: sampler.child_pids() == [], 10, "recorders to stop")
+
+
+def test_failed_attach_reads_as_no_reading_with_the_reason(require_root, sampler_factory) -> None:
+    not_python = subprocess.Popen(["sleep", "60"])
+    try:
+        sampler = sampler_factory(not_python.pid, backoff_initial=0.1)
+        wait_for(lambda: sampler.health().errors >= 1, 30, "py-spy to fail attaching to a non-Python process")
+        with pytest.raises(ReadingError, match="sampled nothing.*failed to attach"):
+            sampler.read()
+    finally:
+        not_python.kill()
+        not_python.wait()
 
 
 def test_missing_pyspy_is_unsupported_not_a_crash(tmp_path: Path) -> None:
