@@ -9,11 +9,11 @@ import threading
 import time
 
 from agent import logs
+from agent.collectors import Collectors
 from agent.config import Config, ProbesConfig, TargetSpec
 from agent.loop import CollectionLoop
-from agent.probeset import ProbeSet
 from agent.state import AgentState
-from agent.target_sources import make_target_sources
+from agent.target_sources import source_factories
 from analysis.window import Window
 
 log = logging.getLogger("infersight.collect")
@@ -52,9 +52,8 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
         print(window.to_json() if as_json else _summary(window), flush=True)
 
     state = AgentState()
-    loop = CollectionLoop(specs=[spec], probes=ProbeSet(probes),
-                          make_sources=lambda t: make_target_sources(t, config, pyspy=pyspy),
-                          state=state, sink=emit, interval=interval)
+    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config, pyspy=pyspy))
+    loop = CollectionLoop(specs=[spec], collectors=collectors, state=state, sink=emit, interval=interval)
     loop.start()
     if not loop.watched:
         loop.close()
@@ -62,7 +61,7 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
         return 1
     for name, health in state.snapshot()["health"].items():
         # No GPU is a normal host, not something to warn about; each window still says so.
-        if health.get("state") not in ("running", "ok") and not name.startswith("gpu:"):
+        if health.get("state") != "running" and not name.startswith("gpu:"):
             print(f"infersight: {name}: {health.get('state')}: {health.get('reason')}", file=sys.stderr)
 
     stop = threading.Event()

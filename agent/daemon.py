@@ -12,13 +12,13 @@ from types import FrameType
 from waitress.server import create_server
 
 from agent import logs
+from agent.collectors import Collectors
 from agent.config import Config, check_config_paths
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
-from agent.probeset import ProbeSet
 from agent.state import AgentState
 from agent.store import Store
-from agent.target_sources import make_target_sources
+from agent.target_sources import source_factories
 from dashboards.app import create_app
 
 log = logging.getLogger("infersight.daemon")
@@ -59,8 +59,7 @@ class Agent:
         self.web = WebServer(self.app, host, port)
         self.loop = CollectionLoop(
             specs=config.targets,
-            probes=ProbeSet(config.probes.enabled()),
-            make_sources=lambda t: make_target_sources(t, config),
+            collectors=Collectors(config.probes.enabled(), make_sources=lambda t: source_factories(t, config)),
             state=self.state,
             sink=self.store.add_window,
             interval=config.interval_seconds,

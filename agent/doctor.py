@@ -175,10 +175,10 @@ def check_bpf_loads(host: Host) -> CheckResult:
 
 def check_probes(host: Host, factories: dict[str, Callable[[], Any]] | None = None) -> list[CheckResult]:
     """Load each of infersight's probes with no target and unload it: the specific reason when one cannot."""
-    from probes.errors import ProbeError
+    from analysis.errors import ProbeError
 
     if factories is None:
-        from agent.probeset import PROBE_FACTORIES as factories
+        from agent.collectors import PROBE_FACTORIES as factories
     if host.euid() != 0:
         return [CheckResult(f"probe {name}", FAIL, "skipped: not root", "run as root") for name in factories]
     results = []

@@ -134,7 +134,7 @@ class AgentCollector(Collector):
         up = GaugeMetricFamily("infersight_source_up", "1 when a source or probe is running, else 0.",
                                labels=["source"])
         for source, health in sorted(snap["health"].items()):
-            up.add_metric([source], 1.0 if health.get("state") in ("running", "ok") else 0.0)
+            up.add_metric([source], 1.0 if health.get("state") == "running" else 0.0)
         yield from (cpu, children, rss, peak, uptime, windows, late, dropped, tick, errors, up)
 
 

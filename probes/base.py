@@ -6,30 +6,13 @@ import ctypes
 import os
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from probes.errors import NotRoot, ProbeUnavailable, TracepointMissing
+from analysis.errors import NotRoot, ProbeUnavailable, TracepointMissing
+from analysis.health import Health
 
 TRACEFS_ROOTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
-
-
-@dataclass
-class ProbeHealth:
-    name: str
-    state: str = "stopped"  # stopped | running | failed | unsupported
-    reason: str | None = None
-    targets: int = 0
-    lost_events: int = 0
-    failed_stacks: int = 0
-    # Targets this probe cannot trace (e.g. not a Python process for gcpause): pid -> reason.
-    unsupported: dict[int, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "state": self.state, "reason": self.reason, "targets": self.targets,
-                "lost_events": self.lost_events, "failed_stacks": self.failed_stacks,
-                "unsupported": {str(pid): why for pid, why in self.unsupported.items()}}
 
 
 class Probe(Protocol):
@@ -39,11 +22,15 @@ class Probe(Protocol):
 
     def set_targets(self, targets: Iterable[int]) -> None: ...
 
-    def read(self) -> dict[int, Any]: ...
+    def read(self) -> dict[int, Any]:
+        """Readings for exactly the targets it measures; the others are named in health().unsupported."""
+
+    def host(self) -> Any | None:
+        """A host-wide reading of the last read (tcp: every retransmit on the host); None for per-target probes."""
 
     def stop(self) -> None: ...
 
-    def health(self) -> ProbeHealth: ...
+    def health(self) -> Health: ...
 
 
 def tracefs_root(candidates: Iterable[Path] = TRACEFS_ROOTS) -> Path | None:

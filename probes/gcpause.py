@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.errors import AccessDenied, ProbeUnavailable, TargetGone, Unsupported
+from analysis.health import Health
 from analysis.window import GcReading, Log2Histogram
-from probes.base import ProbeHealth, import_bcc, load_bpf
-from probes.errors import AccessDenied, ProbeUnavailable, TargetGone, Unsupported
+from probes.base import import_bcc, load_bpf
 from probes.libpython import USDT_PROVIDER, PythonImage, find_python_image
 
 BPF_TEXT = r"""
@@ -150,7 +151,7 @@ class _Attachment:
 
 
 class GcPauseProbe:
-    name = "gcpause"
+    name = "gc"
 
     def __init__(self, config: GcPauseConfig | None = None, proc_root: Path = Path("/proc"),
                  locate: Callable[[int, Path], PythonImage] = find_python_image) -> None:
@@ -246,6 +247,9 @@ class GcPauseProbe:
             readings[tgid].histogram = Log2Histogram.from_slots(by_slot, unit="us")
         return readings
 
+    def host(self) -> None:
+        return None
+
     def stop(self) -> None:
         if self._bpf is not None:
             for tgid in list(self._attached):
@@ -256,11 +260,11 @@ class GcPauseProbe:
         if self._state == "running":
             self._state, self._reason = "stopped", None
 
-    def health(self) -> ProbeHealth:
+    def health(self) -> Health:
         lost = 0
         if self._bpf is not None:
             lost = sum(v.value for v in self._bpf[b"failures"].values())
-        return ProbeHealth(name=self.name, state=self._state, reason=self._reason,
+        return Health(name=self.name, state=self._state, reason=self._reason,
                            targets=len(self._attached), lost_events=lost, failed_stacks=0,
                            unsupported=dict(self.unsupported))
 

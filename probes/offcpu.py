@@ -43,9 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.errors import ProbeUnavailable
+from analysis.health import Health
 from analysis.window import Log2Histogram, OffCpuReading
-from probes.base import ProbeHealth, load_bpf, prog_recursion_misses, require_tracepoints
-from probes.errors import ProbeUnavailable
+from probes.base import load_bpf, prog_recursion_misses, require_tracepoints
 
 TRACEPOINTS = ("sched:sched_switch",)
 
@@ -383,6 +384,9 @@ class OffCpuProbe:
         self._read_stacks(readings, closing)
         return readings
 
+    def host(self) -> None:
+        return None
+
     def stop(self, keep_reason: bool = False) -> None:
         if self._bpf is not None:
             self._bpf.cleanup()
@@ -391,14 +395,14 @@ class OffCpuProbe:
         if not keep_reason:
             self._state, self._reason = "stopped", None
 
-    def health(self) -> ProbeHealth:
+    def health(self) -> Health:
         failed = lost = 0
         if self._bpf is not None:
             counts = [v.value for v in self._bpf[b"failures"].values()]
             failed, lost = counts[0] + counts[1], counts[2] + counts[3]
             # Runs the kernel skipped because another tracing program was active on that CPU.
             lost += prog_recursion_misses(self._bpf.funcs[b"tracepoint__sched__sched_switch"].fd, "sched_switch")
-        return ProbeHealth(name=self.name, state=self._state, reason=self._reason, targets=len(self._targets),
+        return Health(name=self.name, state=self._state, reason=self._reason, targets=len(self._targets),
                            lost_events=lost, failed_stacks=failed, unsupported=dict(self._unsupported))
 
     def _read_threads(self, readings: dict[int, OffCpuReading], parity: int) -> None:

@@ -187,7 +187,7 @@ def thread_ids(tgid: int, proc_root: Path = Path("/proc")) -> list[int]:
 class RunqlatProbe(SlottedProbe):
     """Run-queue latency histograms of target processes."""
 
-    name = "runqlat"
+    name = "runqueue"
     tracepoints = TRACEPOINTS
 
     def __init__(self, config: RunqlatConfig | None = None, proc_root: Path = Path("/proc")) -> None:

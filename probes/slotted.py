@@ -7,8 +7,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from probes.base import ProbeHealth, TargetSlots, load_bpf, recursion_misses, require_tracepoints
-from probes.errors import ProbeUnavailable
+from analysis.errors import ProbeUnavailable
+from analysis.health import Health
+from probes.base import TargetSlots, load_bpf, recursion_misses, require_tracepoints
 from probes.target_filter import TargetTable
 
 
@@ -30,7 +31,7 @@ class SlottedProbe(ABC):
         self._bpf: Any = None
         self._table: TargetTable | None = None
         self._slots = TargetSlots(config.max_targets)
-        self._health = ProbeHealth(name=self.name)
+        self._health = Health(name=self.name)
 
     @abstractmethod
     def _render(self) -> str:
@@ -89,6 +90,9 @@ class SlottedProbe(ABC):
         self._health.lost_events = int(sum(self._bpf[b"lost"][0])) + recursion_misses(self._bpf)
         return readings
 
+    def host(self) -> None:
+        return None
+
     def stop(self) -> None:
         if self._bpf is not None:
             self._bpf.cleanup()
@@ -97,8 +101,8 @@ class SlottedProbe(ABC):
         self._slots = TargetSlots(self.config.max_targets)
         self._health.state, self._health.targets = "stopped", 0
 
-    def health(self) -> ProbeHealth:
-        return ProbeHealth(**{**vars(self._health), "unsupported": dict(self._health.unsupported)})
+    def health(self) -> Health:
+        return self._health.copy()
 
     def _require_started(self) -> None:
         if self._bpf is None:

@@ -57,9 +57,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.errors import AccessDenied, ProbeUnavailable, TargetGone, TracepointMissing
+from analysis.health import Health
 from analysis.window import TcpFlow, TcpReading
-from probes.base import ProbeHealth, load_bpf, recursion_misses, require_tracepoints, tracefs_root
-from probes.errors import AccessDenied, ProbeUnavailable, TargetGone, TracepointMissing
+from probes.base import load_bpf, recursion_misses, require_tracepoints, tracefs_root
 
 TRACEPOINT_SKB = "tcp:tcp_retransmit_skb"
 TRACEPOINT_SYNACK = "tcp:tcp_retransmit_synack"
@@ -353,13 +354,13 @@ class _Counters:
 class TcpRetransProbe:
     """TCP retransmits by flow, host-wide, attributed to targets by their sockets' local endpoints."""
 
-    name = "tcpretrans"
+    name = "tcp"
 
     def __init__(self, config: TcpRetransConfig | None = None, sockets: ProcSockets | None = None) -> None:
         self.config = config or TcpRetransConfig()
         self.sockets = sockets or ProcSockets()
-        # Host-wide total and every flow of the last window.
-        self.last_host = TcpReading()
+        # Host-wide total and every flow of the last window; None before the first read.
+        self.last_host: TcpReading | None = None
         # Attempts of the last window given up before sending / failed in the IP layer (see the docstring).
         self.last_not_sent = 0
         self.last_send_failed = 0
@@ -373,7 +374,7 @@ class TcpRetransProbe:
         self._targets: set[int] = set()
         self._seen: dict[int, set[Endpoint]] = {}
         self._previous = _Counters()
-        self._health = ProbeHealth(name=self.name)
+        self._health = Health(name=self.name)
 
     def start(self, targets: Iterable[int]) -> None:
         if self._bpf is not None:
@@ -419,6 +420,9 @@ class TcpRetransProbe:
         self._health.lost_events = totals.lost + self.missed_runs()
         return self._attribute(flows)
 
+    def host(self) -> TcpReading | None:
+        return self.last_host
+
     def stop(self) -> None:
         if self._bpf is not None:
             self._bpf.cleanup()
@@ -426,8 +430,8 @@ class TcpRetransProbe:
         self._targets, self._seen = set(), {}
         self._health.state, self._health.targets = "stopped", 0
 
-    def health(self) -> ProbeHealth:
-        return ProbeHealth(**{**vars(self._health), "unsupported": dict(self._health.unsupported)})
+    def health(self) -> Health:
+        return self._health.copy()
 
     def missed_runs(self) -> int:
         """Retransmits the kernel did not run our programs for (probes.base.prog_recursion_misses), since start."""

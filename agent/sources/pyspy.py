@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.sources.errors import ReadingError, SourceUnavailable
 from agent.sources.folded import parse_folded, parse_summary, split_idle
-from agent.sources.health import SourceHealth
+from analysis.errors import AccessDenied, ProbeError, ReadingError, SourceUnavailable, TargetGone
+from analysis.health import Health
 from analysis.window import StackReading
-from probes.errors import AccessDenied, ProbeError, TargetGone
 
 Runner = Callable[..., subprocess.Popen]
 
@@ -83,7 +82,7 @@ class PySpySampler:
     windows see no gap beyond what `health().detail['gap_seconds']` reports.
     """
 
-    name = "pyspy"
+    name = "stacks"
     MAX_PENDING = 2
 
     def __init__(self, pid: int, rate_hz: int = 49, nonblocking: bool = True, segment_seconds: int = 1,
@@ -184,16 +183,16 @@ class PySpySampler:
             self._workdir = None
         atexit.unregister(self.close)
 
-    def health(self) -> SourceHealth:
+    def health(self) -> Health:
         with self._lock:
             detail = dict(self._stats)
             detail["children"] = [p.pid for p in self._live]
             if self._terminal is not None:
-                state = "unsupported" if isinstance(self._terminal, SourceUnavailable) else "error"
+                state = "unsupported" if isinstance(self._terminal, SourceUnavailable) else "failed"
                 reason: str | None = str(self._terminal)
             else:
-                state, reason = "ok", self._last_error
-            return SourceHealth(name=self.name, state=state, reason=reason, errors=self._errors, detail=detail)
+                state, reason = "running", self._last_error
+            return Health(name=self.name, state=state, reason=reason, errors=self._errors, detail=detail)
 
     def child_pids(self) -> list[int]:
         """The py-spy processes running now (for tests and the status page)."""

@@ -128,7 +128,7 @@ def test_exit_code_nonzero_when_a_requirement_is_removed(tmp_path, capsys):
 
 
 def test_a_probe_that_cannot_load_names_its_reason():
-    from probes.errors import TracepointMissing
+    from analysis.errors import TracepointMissing
 
     class Missing:
         def start(self, targets):

@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
+from agent.collectors import Collectors
 from agent.config import Config, TargetSpec
 from agent.loop import CollectionLoop
-from agent.probeset import ProbeSet
 from agent.state import AgentState
-from agent.target_sources import make_target_sources
+from agent.target_sources import source_factories
 
 PY_CHILD = "import gc, os, sys, time\nwhile True:\n    gc.collect(); os.getppid(); time.sleep(0.02)\n"
 
@@ -31,9 +31,8 @@ def stop(*procs):
 def make_loop(specs, probes, sink, interval=1.0):
     config = Config(interval_seconds=max(1.0, interval), targets=tuple(specs))
     state = AgentState()
-    loop = CollectionLoop(specs=specs, probes=ProbeSet(probes),
-                          make_sources=lambda t: make_target_sources(t, config, pyspy=False),
-                          state=state, sink=sink, interval=interval)
+    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config, pyspy=False))
+    loop = CollectionLoop(specs=specs, collectors=collectors, state=state, sink=sink, interval=interval)
     return loop, state
 
 

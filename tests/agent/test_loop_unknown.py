@@ -6,17 +6,19 @@ from collections.abc import Iterable
 
 import pytest
 
+from agent.collectors import Collectors
 from agent.config import Config, TargetSpec
 from agent.loop import CollectionLoop
-from agent.probeset import ProbeSet
 from agent.state import AgentState
-from agent.target_sources import make_target_sources
+from agent.target_sources import source_factories
+from analysis.health import Health
 from analysis.window import GcReading
-from probes.base import ProbeHealth
 
 
 def sleepers(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen(["sleep", "60"]) for _ in range(n)]
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(n)]
+    time.sleep(0.2)  # let each exec: a pid spec found before its exec is a different process afterwards
+    return procs
 
 
 def stop(procs: Iterable[subprocess.Popen]) -> None:
@@ -25,12 +27,14 @@ def stop(procs: Iterable[subprocess.Popen]) -> None:
         p.wait()
 
 
-def run_loop(procs: list[subprocess.Popen], probes: ProbeSet, pyspy: bool = False, settle: float = 0.5) -> list:
+def run_loop(procs: list[subprocess.Popen], probes: list[str], factories: dict | None = None, pyspy: bool = False,
+             settle: float = 0.5) -> list:
     specs = [TargetSpec(name=f"t{i}", pid=p.pid) for i, p in enumerate(procs)]
     config = Config(interval_seconds=1.0, targets=tuple(specs))
     windows: list = []
-    loop = CollectionLoop(specs=specs, probes=probes, state=AgentState(), sink=windows.append, interval=1.0,
-                          make_sources=lambda t: make_target_sources(t, config, pyspy=pyspy))
+    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config, pyspy=pyspy),
+                            probe_factories=factories)
+    loop = CollectionLoop(specs=specs, collectors=collectors, state=AgentState(), sink=windows.append, interval=1.0)
     try:
         loop.start()
         time.sleep(settle)
@@ -44,7 +48,7 @@ def run_loop(procs: list[subprocess.Popen], probes: ProbeSet, pyspy: bool = Fals
 def test_seventeenth_target_of_a_sixteen_slot_probe_has_no_reading(require_bpf):
     procs = sleepers(17)
     try:
-        windows = run_loop(procs, ProbeSet(["syscalls"]))
+        windows = run_loop(procs, ["syscalls"])
     finally:
         stop(procs)
     assert len(windows) == 17
@@ -78,18 +82,21 @@ class _Failing:
             raise self._exc
         return {t: GcReading(collections=3) for t in self._targets}
 
+    def host(self) -> None:
+        return None
+
     def stop(self) -> None:
         self._targets = set()
 
-    def health(self) -> ProbeHealth:
-        return ProbeHealth(name=self.name, state="running", targets=len(self._targets))
+    def health(self) -> Health:
+        return Health(name=self.name, state="running", targets=len(self._targets))
 
 
 @pytest.mark.parametrize("exc", [ValueError("bad map value 7"), RuntimeError("probe is not running")])
 def test_a_probe_raising_on_read_gives_no_reading_with_its_message(exc):
     procs = sleepers(2)
     try:
-        windows = run_loop(procs, ProbeSet(["gc"], factories={"gc": lambda: _Failing("read", exc)}), settle=0.0)
+        windows = run_loop(procs, ["gc"], {"gc": lambda: _Failing("read", exc)}, settle=0.0)
     finally:
         stop(procs)
     assert len(windows) == 2
@@ -108,9 +115,9 @@ def test_a_new_target_a_probe_could_not_take_has_no_reading():
 
     # The second process appears after start(); the probe then fails to take it with a ValueError.
     loop = CollectionLoop(specs=specs, state=AgentState(), sink=windows.append, interval=1.0,
-                          probes=ProbeSet(["gc"], factories={"gc": lambda: _Failing("set_targets",
-                                                                                    ValueError("too many: 2"))}),
-                          make_sources=lambda t: make_target_sources(t, config, pyspy=False),
+                          collectors=Collectors(["gc"], probe_factories={"gc": lambda: _Failing(
+                              "set_targets", ValueError("too many: 2"))},
+                              make_sources=lambda t: source_factories(t, config, pyspy=False)),
                           discover_fn=lambda _specs, problems: discover(found, problems=problems))
     try:
         loop.start()
@@ -130,7 +137,7 @@ def test_a_new_target_a_probe_could_not_take_has_no_reading():
 def test_a_target_without_libpython_has_no_gc_reading(require_bpf):
     procs = sleepers(1)
     try:
-        (window,) = run_loop(procs, ProbeSet(["gc"]), settle=0.0)
+        (window,) = run_loop(procs, ["gc"], settle=0.0)
     finally:
         stop(procs)
     assert window.gc is None
@@ -140,7 +147,7 @@ def test_a_target_without_libpython_has_no_gc_reading(require_bpf):
 def test_pyspy_failing_to_attach_gives_no_stacks_reading(require_root):
     procs = sleepers(1)
     try:
-        (window,) = run_loop(procs, ProbeSet([]), pyspy=True, settle=3.0)
+        (window,) = run_loop(procs, [], pyspy=True, settle=3.0)
     finally:
         stop(procs)
     assert window.stacks is None

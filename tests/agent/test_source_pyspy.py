@@ -15,9 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.sources.errors import ReadingError, SourceUnavailable
 from agent.sources.pyspy import PySpySampler, find_pyspy
-from probes.errors import TargetGone
+from analysis.errors import ReadingError, SourceUnavailable, TargetGone
 
 TARGET = textwrap.dedent("""
     import sys, threading, time
@@ -138,7 +137,7 @@ def test_killed_pyspy_is_restarted_and_counted(require_root, target, sampler_fac
     wait_for(lambda: sampler.health().detail["segments"] >= done + 2, 30, "segments after the restart")
     assert victim not in sampler.child_pids()
     assert samples_with(sampler.read().active, "burn_cpu_here") > 0
-    assert sampler.health().state == "ok"
+    assert sampler.health().state == "running"
 
 
 def test_close_leaves_no_child_and_no_zombie(require_root, target) -> None:
@@ -186,7 +185,7 @@ def test_vanished_target_raises_target_gone(require_root, target, sampler_factor
     wait_for(lambda: sampler.child_pids(), 20, "recorders to start")
     target.kill()
     target.wait()
-    wait_for(lambda: sampler.health().state == "error", 30, "the sampler to see the target gone")
+    wait_for(lambda: sampler.health().state == "failed", 30, "the sampler to see the target gone")
     with pytest.raises(TargetGone, match=str(target.pid)):
         sampler.read()
     wait_for(lambda: sampler.child_pids() == [], 10, "recorders to stop")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from analysis.errors import ProbeUnavailable
 from analysis.window import Log2Histogram
 from probes import target_filter
 from probes.base import TargetSlots
-from probes.errors import ProbeUnavailable
 from probes.syscall_names import SYSCALL_NAMES
 from probes.syscalls import (
     OTHER_ID,

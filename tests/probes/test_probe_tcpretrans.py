@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from analysis.errors import ProbeUnavailable, TargetGone, TracepointMissing
 from analysis.window import TcpFlow, TcpReading
-from probes.errors import ProbeUnavailable, TargetGone, TracepointMissing
 from probes.tcpretrans import (
     Endpoint,
     ProcSockets,
