@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agent.sources.protocol import Source
@@ -88,7 +89,8 @@ class Collectors:
     """
 
     def __init__(self, probes: Iterable[str], make_sources: Callable[[Target], SourceFactories] | None = None,
-                 probe_factories: dict[str, Callable[[], Probe]] | None = None) -> None:
+                 probe_factories: dict[str, Callable[[], Probe]] | None = None,
+                 proc_root: Path = Path("/proc")) -> None:
         factories = probe_factories or PROBE_FACTORIES
         self._enabled = list(probes)
         unknown = [n for n in self._enabled if n not in factories]
@@ -96,6 +98,7 @@ class Collectors:
             raise ValueError(f"unknown probe name(s) {unknown!r}; known: {sorted(factories)}")
         self._factories = factories
         self._make_sources = make_sources or (lambda target: {})
+        self._proc_root = proc_root
         self._running: dict[str, Probe] = {}
         self._failed: dict[str, Health] = {}
         # Probes that could trace none of the targets so far (gc with no Python target): retried
@@ -270,6 +273,8 @@ class Collectors:
         out.missing.update(errors)
 
     def _missing_reason(self, name: str, pid: int) -> str:
+        if not (self._proc_root / str(pid)).exists():
+            return f"pid {pid} exited before {name} was read; its last counts are lost"
         why = self._target_errors.get(name)
         return f"{name} does not measure pid {pid}" + (f" ({why})" if why else "")
 

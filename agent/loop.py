@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from agent.collectors import Collected, Collectors
-from agent.state import AgentState, TargetStatus
+from agent.state import AgentState
 from agent.targets import Target, diff_targets, discover
 from analysis.errors import ProbeError
+from analysis.snapshot import TargetStatus
 from analysis.window import Window
 
 log = logging.getLogger("infersight.loop")
@@ -175,7 +176,7 @@ class CollectionLoop:
 
     def _publish_health(self) -> None:
         for name, health in self._collectors.health().items():
-            self._state.set_health(name, health.to_dict())
+            self._state.set_health(name, health)
 
     def run(self, stop: threading.Event) -> None:
         """Tick every `interval` seconds on a fixed schedule until `stop` is set; a late tick is counted."""

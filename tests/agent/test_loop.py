@@ -73,9 +73,9 @@ def test_windows_carry_probe_and_process_readings(require_bpf):
         assert w.gc is None, "a probe that cannot trace the target gives no reading, not zeros"
         assert "unsupported" in w.errors["gc"] and "not a Python interpreter" in w.errors["gc"]
         assert w.syscalls is not None and w.offcpu.seconds > 0.9 * w.duration
-    health = state.snapshot()["health"]
-    assert health["gc"]["state"] == "running"
-    assert str(sleeper.pid) in health["gc"]["unsupported"]
+    health = state.snapshot().health
+    assert health["gc"].state == "running"
+    assert sleeper.pid in health["gc"].unsupported
 
 
 @pytest.mark.bpf
@@ -107,7 +107,7 @@ def test_restarted_target_is_found_again_within_one_window(require_bpf):
     # The new process's first window starts where the old one's last ended: at most that window is lost.
     assert windows[2].start == windows[1].end
     assert windows[2].gc.collections > 10, "probes re-attached to the new pid"
-    assert state.snapshot()["targets"]["server"].pid == second.pid
+    assert state.snapshot().targets["server"].pid == second.pid
 
 
 def test_a_failing_store_drops_the_window_and_counts_it():
@@ -128,8 +128,8 @@ def test_a_failing_store_drops_the_window_and_counts_it():
         loop.close()
         stop(child)
     snap = state.snapshot()
-    assert snap["dropped_windows"] == 1 and snap["errors"]["store"] == 1
-    assert snap["windows_written"] == 1
+    assert snap.dropped_windows == 1 and snap.errors["store"] == 1
+    assert snap.windows_written == 1
 
 
 def test_a_stalled_tick_is_counted_late_not_merged():
@@ -152,7 +152,7 @@ def test_a_stalled_tick_is_counted_late_not_merged():
         runner.join()
         loop.close()
         stop(child)
-    assert state.snapshot()["late_ticks"] >= 1
+    assert state.snapshot().late_ticks >= 1
     # Every window still ends where the next begins: a late tick is a longer window, counted.
     for a, b in zip(windows, windows[1:]):
         assert a.end == b.start
@@ -164,7 +164,7 @@ def test_missing_target_is_shown_waiting_with_the_reason():
     loop.start()
     loop.tick()
     loop.close()
-    ghost = state.snapshot()["targets"]["ghost"]
+    ghost = state.snapshot().targets["ghost"]
     assert ghost.state == "waiting" and "no process matches" in ghost.detail
 
 

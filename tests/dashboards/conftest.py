@@ -3,7 +3,9 @@
 import pytest
 
 from agent.metrics import build_registry
-from agent.state import AgentState, TargetStatus
+from agent.state import AgentState
+from analysis.health import Health
+from analysis.snapshot import TargetStatus
 from analysis.window import (
     GcReading,
     LatencyReading,
@@ -37,8 +39,8 @@ def make_window(target="server", pid=4242, start=1000.0, end=1005.0) -> Window:
 def state():
     s = AgentState(clock=lambda: 2000.0)
     s.set_target(TargetStatus(name="server", pid=4242, state="watching", since=1000.0))
-    s.set_health("syscalls", {"state": "running", "reason": None, "lost_events": 0, "failed_stacks": 0})
-    s.set_health("gc", {"state": "unsupported", "reason": "no gc_collect_main in /usr/bin/python3"})
+    s.set_health("syscalls", Health(name="syscalls", state="running"))
+    s.set_health("gc", Health(name="gc", state="unsupported", reason="no gc_collect_main in /usr/bin/python3"))
     s.record_window(make_window())
     return s
 

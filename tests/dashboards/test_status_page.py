@@ -1,6 +1,6 @@
 """The status page and its JSON twin show targets, source health and the latest window."""
 
-from agent.state import TargetStatus
+from analysis.snapshot import TargetStatus
 from dashboards.app import create_app
 
 
