@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
@@ -145,3 +146,42 @@ def prog_recursion_misses(prog_fd: int, name: str = "") -> int:
 def recursion_misses(bpf: Any) -> int:
     """prog_recursion_misses summed over every program `bpf` loaded."""
     return sum(prog_recursion_misses(fn.fd, fn.name) for fn in bpf.funcs.values())
+
+
+# bpf(2)'s command number and the syscall's number per architecture (uapi linux/bpf.h, unistd.h).
+BPF_PROG_TEST_RUN = 10
+BPF_SYSCALL_NR = {"x86_64": 321, "aarch64": 280}
+
+
+class _TestRunAttr(ctypes.Structure):
+    """The BPF_PROG_TEST_RUN part of `union bpf_attr` (linux/bpf.h)."""
+
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
+                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
+                ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
+                ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
+                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+                ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64),
+                ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32),
+                ("batch_size", ctypes.c_uint32), ("_pad", ctypes.c_uint32)]
+
+
+class RawTracepointRunner:
+    """Runs a loaded raw-tracepoint program once with the given u64 args (kernel >= 5.10)."""
+
+    def __init__(self, prog_fd: int, machine: str | None = None) -> None:
+        machine = machine or platform.machine()
+        if machine not in BPF_SYSCALL_NR:
+            raise ProbeUnavailable(f"no bpf(2) syscall number known for architecture {machine!r}")
+        self._nr = BPF_SYSCALL_NR[machine]
+        self._fd = prog_fd
+        self._libc = ctypes.CDLL(None, use_errno=True)
+
+    def run(self, *args: int) -> int:
+        ctx = (ctypes.c_uint64 * len(args))(*args)
+        attr = _TestRunAttr(prog_fd=self._fd, ctx_size_in=ctypes.sizeof(ctx), ctx_in=ctypes.addressof(ctx))
+        if self._libc.syscall(self._nr, BPF_PROG_TEST_RUN, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
+            err = ctypes.get_errno()
+            raise ProbeUnavailable(f"BPF_PROG_TEST_RUN of a raw tracepoint program failed: {os.strerror(err)} "
+                                   f"(errno {err}; needs kernel >= 5.10)")
+        return attr.retval

@@ -28,6 +28,7 @@ from typing import Any
 from analysis.errors import AccessDenied, ProbeUnavailable, TargetGone, Unsupported
 from analysis.health import Health
 from analysis.window import GcReading, Log2Histogram
+from probes import c_helpers
 from probes.base import import_bcc, load_bpf
 from probes.libpython import USDT_PROVIDER, PythonImage, find_python_image
 
@@ -47,24 +48,7 @@ BPF_HASH(maxima, struct max_key_t, u64, MAX_TARGETS * 2);
 BPF_HASH(hist, struct hist_key_t, u64, MAX_TARGETS * 64);
 BPF_ARRAY(window, u64, 1);
 /* 0: a return without a recorded entry (attached mid-collection), 1: a map was full */
-BPF_ARRAY(failures, u64, 2);
-
-static inline void count_failure(int which) {
-    u64 *c = failures.lookup(&which);
-    if (c)
-        __sync_fetch_and_add(c, 1);
-}
-
-static inline u32 log2_slot(u64 v) {
-    u32 r = 0;
-    if (v >> 32) { v >>= 32; r += 32; }
-    if (v >> 16) { v >>= 16; r += 16; }
-    if (v >> 8) { v >>= 8; r += 8; }
-    if (v >> 4) { v >>= 4; r += 4; }
-    if (v >> 2) { v >>= 2; r += 2; }
-    if (v >> 1) { r += 1; }
-    return r;
-}
+/* (the `failures` array of 2: probes/c_helpers.py) */
 
 int gc_start(struct pt_regs *ctx) {
     u64 id = bpf_get_current_pid_tgid();
@@ -135,7 +119,7 @@ class GcPauseConfig:
 
 def render(config: GcPauseConfig) -> str:
     defines = [f"#define MAX_TARGETS {config.max_targets}", f"#define MAX_THREADS {config.max_threads}"]
-    return "\n".join(defines) + "\n" + BPF_TEXT
+    return ("\n".join(defines) + "\n" + c_helpers.failures(2) + c_helpers.log2_slot() + BPF_TEXT)
 
 
 @dataclass

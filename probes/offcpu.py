@@ -35,8 +35,6 @@ py-spy. Failed stack ids (-EEXIST on a stack-map hash collision, -EFAULT) are co
 from __future__ import annotations
 
 import ctypes
-import os
-import platform
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -46,7 +44,8 @@ from typing import Any
 from analysis.errors import ProbeUnavailable
 from analysis.health import Health
 from analysis.window import Log2Histogram, OffCpuReading
-from probes.base import load_bpf, prog_recursion_misses, require_tracepoints
+from probes import c_helpers
+from probes.base import RawTracepointRunner, load_bpf, prog_recursion_misses, require_tracepoints
 
 TRACEPOINTS = ("sched:sched_switch",)
 
@@ -78,27 +77,10 @@ BPF_HASH(stack_ns, struct stack_key_t, u64, MAX_STACK_KEYS);
 BPF_HASH(hist, struct hist_key_t, u64, MAX_HIST_KEYS);
 BPF_STACK_TRACE(stacks, STACK_SLOTS);
 /* 0: kernel stack id failed, 1: user stack id failed, 2: start map full, 3: counter map full */
-BPF_ARRAY(failures, u64, 4);
+/* (the `failures` array of 4: probes/c_helpers.py) */
 /* One word written by user space at each window boundary: the boundary time with the low bit
    replaced by the new window's parity (one aligned 8-byte store, so never read torn). */
 BPF_ARRAY(boundary, u64, 1);
-
-static inline void count_failure(int which) {
-    u64 *c = failures.lookup(&which);
-    if (c)
-        __sync_fetch_and_add(c, 1);
-}
-
-static inline u32 log2_slot(u64 v) {
-    u32 r = 0;
-    if (v >> 32) { v >>= 32; r += 32; }
-    if (v >> 16) { v >>= 16; r += 16; }
-    if (v >> 8) { v >>= 8; r += 8; }
-    if (v >> 4) { v >>= 4; r += 4; }
-    if (v >> 2) { v >>= 2; r += 2; }
-    if (v >> 1) { r += 1; }
-    return r;
-}
 
 static inline void add_ns(u32 parity, u32 tgid, u32 tid, int kstack, int ustack, u64 delta) {
     u64 zero = 0;
@@ -229,8 +211,6 @@ MAX_SEEDED_STACKS = 999
 BPF_NOEXIST = 1
 # /proc/PID/task/TID/stat states of a thread that is not on a CPU nor runnable.
 BLOCKED_STATES = frozenset("SDITt")
-BPF_PROG_TEST_RUN = 10
-BPF_SYSCALL_NR = {"x86_64": 321, "aarch64": 280}
 
 
 @dataclass(frozen=True)
@@ -263,41 +243,7 @@ def render(config: OffCpuConfig) -> str:
         defines.append("#define KERNEL_STACKS 1")
     if config.user_stacks:
         defines.append("#define USER_STACKS 1")
-    return "\n".join(defines) + "\n" + BPF_TEXT
-
-
-class _TestRunAttr(ctypes.Structure):
-    """The BPF_PROG_TEST_RUN part of `union bpf_attr` (linux/bpf.h)."""
-
-    _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
-                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
-                ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
-                ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
-                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
-                ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64),
-                ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32),
-                ("batch_size", ctypes.c_uint32), ("_pad", ctypes.c_uint32)]
-
-
-class RawTracepointRunner:
-    """Runs a loaded raw-tracepoint program once with the given u64 args (kernel >= 5.10)."""
-
-    def __init__(self, prog_fd: int, machine: str | None = None) -> None:
-        machine = machine or platform.machine()
-        if machine not in BPF_SYSCALL_NR:
-            raise ProbeUnavailable(f"no bpf(2) syscall number known for architecture {machine!r}")
-        self._nr = BPF_SYSCALL_NR[machine]
-        self._fd = prog_fd
-        self._libc = ctypes.CDLL(None, use_errno=True)
-
-    def run(self, *args: int) -> int:
-        ctx = (ctypes.c_uint64 * len(args))(*args)
-        attr = _TestRunAttr(prog_fd=self._fd, ctx_size_in=ctypes.sizeof(ctx), ctx_in=ctypes.addressof(ctx))
-        if self._libc.syscall(self._nr, BPF_PROG_TEST_RUN, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
-            err = ctypes.get_errno()
-            raise ProbeUnavailable(f"BPF_PROG_TEST_RUN of a raw tracepoint program failed: {os.strerror(err)} "
-                                   f"(errno {err}; needs kernel >= 5.10)")
-        return attr.retval
+    return ("\n".join(defines) + "\n" + c_helpers.failures(4) + c_helpers.log2_slot() + BPF_TEXT)
 
 
 class OffCpuProbe:
