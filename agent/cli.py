@@ -98,7 +98,7 @@ def _cmd_flamegraph(args: argparse.Namespace) -> int:
     if config is None:
         return code
     from agent import flamegraph_cmd
-    from probes.errors import ProbeError
+    from analysis.errors import ProbeError
 
     if args.duration is not None and (code := _require_root("flamegraph --duration")) is not None:
         return code
@@ -147,7 +147,7 @@ def _time_arg(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from agent.probeset import PROBE_FACTORIES
+    from agent.collectors import PROBE_FACTORIES
 
     parser = Parser(prog="infersight", description="eBPF + py-spy observability for inference hosts")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)

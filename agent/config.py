@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 
 from agent.presets import LATENCY_KINDS, PRESETS, LatencyKind
 
-DEFAULT_CONFIG_PATH = Path("/etc/infersight/infersight.toml")
 DEFAULT_STORE_DIR = Path("/var/lib/infersight")
 # The bundled workload's command line is `python -m workload serve ...`.
 DEFAULT_TARGET_REGEX = r"-m\s+workload\s+serve\b"

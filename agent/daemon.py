@@ -12,15 +12,15 @@ from types import FrameType
 from waitress.server import create_server
 
 from agent import logs
+from agent.collectors import Collectors
 from agent.config import Config, check_config_paths
 from agent.detection import Detection
 from agent.detection_metrics import DetectionCollector
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
-from agent.probeset import ProbeSet
 from agent.state import AgentState
 from agent.store import Store
-from agent.target_sources import make_target_sources
+from agent.target_sources import source_factories
 from analysis.window import Window
 from dashboards.app import create_app
 
@@ -69,8 +69,7 @@ class Agent:
         self.web = WebServer(self.app, host, port)
         self.loop = CollectionLoop(
             specs=config.targets,
-            probes=ProbeSet(config.probes.enabled()),
-            make_sources=lambda t: make_target_sources(t, config),
+            collectors=Collectors(config.probes.enabled(), make_sources=lambda t: source_factories(t, config)),
             state=self.state,
             sink=self._sink,
             interval=config.interval_seconds,

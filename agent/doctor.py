@@ -16,15 +16,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probes import offcpu, runqlat, syscalls, tcpretrans
+
 PASS, FAIL, WARN, INFO = "ok", "FAIL", "warn", "info"
 
-PROBE_TRACEPOINTS = (
-    "raw_syscalls:sys_enter",
-    "raw_syscalls:sys_exit",
-    "sched:sched_switch",
-    "sched:sched_wakeup",
-    "tcp:tcp_retransmit_skb",
-)
+# Taken from the probes themselves, so a hook a probe gains is checked here too.
+PROBE_TRACEPOINTS: tuple[str, ...] = tuple(dict.fromkeys(
+    syscalls.TRACEPOINTS + offcpu.TRACEPOINTS + runqlat.TRACEPOINTS + tcpretrans.TRACEPOINTS))
 
 # Counts one syscall of one process exactly: proves compile, load, attach and map reads all work.
 _TRIVIAL_BPF = r"""
@@ -175,10 +173,10 @@ def check_bpf_loads(host: Host) -> CheckResult:
 
 def check_probes(host: Host, factories: dict[str, Callable[[], Any]] | None = None) -> list[CheckResult]:
     """Load each of infersight's probes with no target and unload it: the specific reason when one cannot."""
-    from probes.errors import ProbeError
+    from analysis.errors import ProbeError
 
     if factories is None:
-        from agent.probeset import PROBE_FACTORIES as factories
+        from agent.collectors import PROBE_FACTORIES as factories
     if host.euid() != 0:
         return [CheckResult(f"probe {name}", FAIL, "skipped: not root", "run as root") for name in factories]
     results = []

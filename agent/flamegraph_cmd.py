@@ -8,8 +8,9 @@ import tempfile
 from pathlib import Path
 
 from agent.config import Config
-from agent.profiles import capture_live, from_store
+from agent.profiles import capture_live
 from analysis.flamegraph.export import Exported, export, export_diff
+from analysis.flamegraph.stored import from_store
 
 
 class UsageError(ValueError):

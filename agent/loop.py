@@ -8,25 +8,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from agent.probeset import ProbeSet
-from agent.state import AgentState, TargetStatus
+from agent.collectors import Collected, Collectors
+from agent.state import AgentState
 from agent.targets import Target, diff_targets, discover
-from analysis.window import GcReading, OffCpuReading, RunQueueReading, SyscallReading, TcpReading, Window
-from probes.errors import ProbeError
+from analysis.errors import ProbeError
+from analysis.snapshot import TargetStatus
+from analysis.window import Window
 
 log = logging.getLogger("infersight.loop")
-
-# Probe name -> (Window field, the reading a running probe gives a target that had no events this window).
-PROBE_FIELDS: dict[str, tuple[str, Callable[[], Any]]] = {
-    "syscalls": ("syscalls", SyscallReading),
-    "offcpu": ("offcpu", OffCpuReading),
-    "gc": ("gc", GcReading),
-    "tcp": ("tcp", TcpReading),
-    "runqueue": ("runqueue", RunQueueReading),
-}
-
 
 _SECRET_FLAG = re.compile(r"^--?[\w-]*(token|password|passwd|secret|key|credential)[\w-]*$", re.IGNORECASE)
 
@@ -47,16 +38,6 @@ def redact_cmdline(argv: tuple[str, ...] | list[str]) -> str:
     return " ".join(out)
 
 
-class TargetSources(Protocol):
-    """The user-space sources of one target (py-spy, psutil, latency); built per target, closed when it goes."""
-
-    def read(self) -> tuple[dict[str, Any], dict[str, str]]: ...
-
-    def health(self) -> dict[str, dict[str, Any]]: ...
-
-    def close(self) -> None: ...
-
-
 class WindowSink(Protocol):
     def __call__(self, window: Window) -> None: ...
 
@@ -64,7 +45,6 @@ class WindowSink(Protocol):
 @dataclass
 class Watched:
     target: Target
-    sources: TargetSources
     window_start: float
     windows: int = 0
 
@@ -78,19 +58,15 @@ class TickReport:
 
 
 class CollectionLoop:
-    def __init__(self, specs: Iterable, probes: ProbeSet, make_sources: Callable[[Target], TargetSources],
-                 state: AgentState, sink: WindowSink, interval: float = 5.0,
-                 discover_fn: Callable[[list, dict[str, str]], list[Target]] | None = None,
-                 host_sources: Callable[[], tuple[dict[str, Any], dict[str, str]]] | None = None,
+    def __init__(self, specs: Iterable, collectors: Collectors, state: AgentState, sink: WindowSink,
+                 interval: float = 5.0, discover_fn: Callable[[list, dict[str, str]], list[Target]] | None = None,
                  wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._specs = list(specs)
-        self._probes = probes
-        self._make_sources = make_sources
+        self._collectors = collectors
         self._state = state
         self._sink = sink
         self.interval = interval
         self._discover = discover_fn or (lambda specs, problems: discover(specs, problems=problems))
-        self._host_sources = host_sources
         self._wall = wall
         self._monotonic = monotonic
         self._watched: dict[tuple[int, int], Watched] = {}
@@ -106,13 +82,12 @@ class CollectionLoop:
         now = self._wall()
         for t in targets:
             self._watch(t, now)
-        self._probes.start([t.pid for t in targets])
+        self._collectors.start(targets)
         # Compiling the probes takes seconds, and each counted from its own attach: read once and drop
         # it, so every source's first window starts at the same moment.
         attached = self._wall()
-        self._probes.read()
+        self._collectors.read()
         for watched in self._watched.values():
-            watched.sources.read()
             watched.window_start = attached
         self._publish_health()
         self._started = True
@@ -135,7 +110,7 @@ class CollectionLoop:
 
     def _watch(self, t: Target, now: float) -> None:
         self._gone.discard(t.name)
-        self._watched[t.key] = Watched(target=t, sources=self._make_sources(t), window_start=now)
+        self._watched[t.key] = Watched(target=t, window_start=now)
         self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="watching", since=now,
                                             detail=redact_cmdline(t.cmdline)[:300]))
         log.info("watching target %s pid %d", t.name, t.pid)
@@ -149,13 +124,12 @@ class CollectionLoop:
         # The window ends where the probes' reads begin: the off-CPU probe, read first, cuts its open
         # intervals right here (its read then spends a while symbolising stacks).
         end = self._wall()
-        readings, probe_errors = self._probes.read()
-        host, host_errors = self._host_sources() if self._host_sources else ({}, {})
-        if (host_tcp := self._probes.host_tcp()) is not None:
+        collected = self._collectors.read()
+        if (host_tcp := self._collectors.host.get("tcp")) is not None:
             self._state.add_host_retransmits(host_tcp.retransmits)
 
         for key, watched in list(self._watched.items()):
-            window = self._build_window(watched, end, readings, probe_errors, host, host_errors)
+            window = self._build_window(watched, end, collected.get(key, Collected()))
             try:
                 self._sink(window)
             except Exception as exc:  # the store failing must not stop collection; counted and shown
@@ -173,23 +147,13 @@ class CollectionLoop:
         self._state.last_tick_seconds = self._monotonic() - began
         return report
 
-    def _build_window(self, watched: Watched, end: float, readings: dict[str, dict[int, Any]],
-                      probe_errors: dict[str, str], host: dict[str, Any], host_errors: dict[str, str]) -> Window:
+    @staticmethod
+    def _build_window(watched: Watched, end: float, collected: Collected) -> Window:
         t = watched.target
         w = Window(target=t.name, pid=t.pid, start=watched.window_start, end=end)
-        unsupported = self._probes.unsupported(t.pid)
-        for probe, per_tgid in readings.items():
-            attr, empty = PROBE_FIELDS[probe]
-            # Zero events is a reading; a probe that cannot trace this target gives none, with the reason.
-            if probe not in unsupported:
-                setattr(w, attr, per_tgid.get(t.pid) or empty())
-        w.errors.update(probe_errors)
-        w.errors.update({probe: f"unsupported: {why}" for probe, why in unsupported.items()})
-        source_readings, source_errors = watched.sources.read()
-        for attr, reading in {**host, **source_readings}.items():
-            setattr(w, attr, reading)
-        w.errors.update(host_errors)
-        w.errors.update(source_errors)
+        for name, reading in collected.readings.items():
+            setattr(w, name, reading)
+        w.errors.update(collected.missing)
         return w
 
     def _rediscover(self, now: float, report: TickReport) -> None:
@@ -199,8 +163,7 @@ class CollectionLoop:
             # A regex target is renamed when its number of matches changes (name <-> name#pid).
             self._watched[t.key].target = t
         for t in diff.removed:
-            watched = self._watched.pop(t.key)
-            watched.sources.close()
+            self._watched.pop(t.key)
             self._gone.add(t.name)
             self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="gone", since=now,
                                                 detail="process exited"))
@@ -209,15 +172,11 @@ class CollectionLoop:
         for t in diff.added:
             self._watch(t, now)
             report.added.append(t.name)
-        if diff.added or diff.removed:
-            self._probes.set_targets([w.target.pid for w in self._watched.values()])
+        self._collectors.set_targets(self.watched)
 
     def _publish_health(self) -> None:
-        for name, health in self._probes.health().items():
+        for name, health in self._collectors.health().items():
             self._state.set_health(name, health)
-        for watched in self._watched.values():
-            for source, health in watched.sources.health().items():
-                self._state.set_health(f"{source}:{watched.target.name}", health)
 
     def run(self, stop: threading.Event) -> None:
         """Tick every `interval` seconds on a fixed schedule until `stop` is set; a late tick is counted."""
@@ -243,7 +202,5 @@ class CollectionLoop:
                 deadline = self._monotonic()
 
     def close(self) -> None:
-        for watched in self._watched.values():
-            watched.sources.close()
         self._watched.clear()
-        self._probes.stop()
+        self._collectors.stop()

@@ -38,7 +38,7 @@ class TargetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._state.snapshot()
-        totals, latest = snap["totals"], snap["latest"]
+        totals, latest = snap.totals, snap.latest
 
         syscalls = CounterMetricFamily("infersight_syscalls", "System calls made by the target, by name.",
                                        labels=["target", "syscall"])
@@ -91,7 +91,7 @@ class TargetCollector(Collector):
                     rate, pid)
 
         host = CounterMetricFamily("infersight_host_tcp_retransmits", "TCP retransmits on the whole host.")
-        host.add_metric([], snap["host_tcp_retransmits"])
+        host.add_metric([], snap.host_tcp_retransmits)
         yield host
 
 
@@ -118,23 +118,23 @@ class AgentCollector(Collector):
         peak = GaugeMetricFamily("infersight_agent_peak_resident_memory_bytes", "Agent peak resident memory.")
         peak.add_metric([], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         uptime = GaugeMetricFamily("infersight_agent_uptime_seconds", "Seconds since the agent started.")
-        uptime.add_metric([], self._clock() - snap["started"])
+        uptime.add_metric([], self._clock() - snap.started)
         windows = CounterMetricFamily("infersight_agent_windows", "Windows collected and stored.")
-        windows.add_metric([], snap["windows_written"])
+        windows.add_metric([], snap.windows_written)
         late = CounterMetricFamily("infersight_agent_late_ticks", "Ticks that started later than their interval.")
-        late.add_metric([], snap["late_ticks"])
+        late.add_metric([], snap.late_ticks)
         dropped = CounterMetricFamily("infersight_agent_dropped_windows", "Windows lost (not stored).")
-        dropped.add_metric([], snap["dropped_windows"])
+        dropped.add_metric([], snap.dropped_windows)
         tick = GaugeMetricFamily("infersight_agent_window_duration_seconds",
                                  "Seconds the last collection tick took to build and store its windows.")
-        tick.add_metric([], snap["last_tick_seconds"])
+        tick.add_metric([], snap.last_tick_seconds)
         errors = CounterMetricFamily("infersight_agent_errors", "Errors by source.", labels=["source"])
-        for source, n in sorted(snap["errors"].items()):
+        for source, n in sorted(snap.errors.items()):
             errors.add_metric([source], n)
         up = GaugeMetricFamily("infersight_source_up", "1 when a source or probe is running, else 0.",
                                labels=["source"])
-        for source, health in sorted(snap["health"].items()):
-            up.add_metric([source], 1.0 if health.get("state") in ("running", "ok") else 0.0)
+        for source, health in sorted(snap.health.items()):
+            up.add_metric([source], 1.0 if health.up else 0.0)
         yield from (cpu, children, rss, peak, uptime, windows, late, dropped, tick, errors, up)
 
 

@@ -69,17 +69,3 @@ PRESETS: dict[str, LatencyPreset] = {
 }
 
 DEFAULT_PRESET = "workload"
-
-
-class UnknownPreset(KeyError):
-    """A latency preset name that is not in PRESETS."""
-
-    def __str__(self) -> str:
-        return f"unknown latency preset {self.args[0]!r} (known: {', '.join(sorted(PRESETS))})"
-
-
-def preset(name: str) -> LatencyPreset:
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise UnknownPreset(name) from None

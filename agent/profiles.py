@@ -1,23 +1,12 @@
-"""Profiles for flame graphs: merged from the store over a time range, or captured live from a pid."""
+"""Profiles for flame graphs captured live from a pid (stored ones: analysis.flamegraph.stored)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from analysis.flamegraph import Profile
 from analysis.flamegraph.export import KINDS, PROFILE_KINDS
-
-
-def from_store(store: Any, target: str, since: float | None, until: float | None, kind: str = "active") -> Profile:
-    """Every window of `target` overlapping [since, until), merged."""
-    if kind not in PROFILE_KINDS:
-        raise ValueError(f"profile kind must be one of {', '.join(PROFILE_KINDS)}, got {kind!r}")
-    if since is not None and until is not None and since >= until:
-        raise ValueError(f"the range is empty: from {since!r} is not before to {until!r}")
-    folded = store.profiles(target, since=since, until=until, kind=kind)
-    return Profile.from_folded_dict(folded, unit=KINDS[kind].unit, start=since, end=until)
 
 
 def capture_live(pid: int, duration: float, kind: str = "active", rate_hz: int = 49,

@@ -7,14 +7,12 @@ import sys
 import urllib.error
 import urllib.request
 
+from analysis.summary import summary_line
+
 
 def fetch(url: str, timeout: float = 5.0) -> dict:
     with urllib.request.urlopen(f"{url.rstrip('/')}/api/status", timeout=timeout) as resp:
         return json.load(resp)
-
-
-def _d(value) -> str:
-    return "–" if value is None else str(value)
 
 
 def format_status(data: dict) -> str:
@@ -25,10 +23,8 @@ def format_status(data: dict) -> str:
     for s in data["sources"]:
         reason = f" — {s['reason']}" if s.get("reason") else ""
         lines.append(f"source {s['source']}: {s.get('state')}{reason}")
-    for name, w in data["latest"].items():
-        lines.append(f"latest {name}: p99 {_d(w['p99_ms'])} ms, {_d(w['request_rate'])} req/s, "
-                     f"cpu {_d(w['cpu_percent'])} %, off-cpu {_d(w['offcpu_seconds'])} s, gc {_d(w['gc_collections'])}, "
-                     f"retrans {_d(w['tcp_retransmits'])}")
+    for w in data["latest"].values():
+        lines.append(f"latest {summary_line(w)}")
     return "\n".join(lines)
 
 

@@ -1,73 +1,34 @@
-"""Build and read one target's user-space sources (py-spy, psutil, latency, GPU) as one bundle."""
+"""The user-space sources of one target (py-spy, psutil, latency, GPU), by the Window field each fills."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
 
+from agent.collectors import SourceFactories
 from agent.config import Config
 from agent.sources.gpu import GpuSource
-from agent.sources.health import Source, SourceHealth
 from agent.sources.latency import LatencySource
 from agent.sources.process import ProcessSource
 from agent.sources.pyspy import PySpySampler
 from agent.targets import Target
-from probes.errors import ProbeError
+from analysis.errors import ProbeError
 
 log = logging.getLogger("infersight.sources")
 
 
-class SourceBundle:
-    """Window field -> source. A source that failed to start keeps its reason and reports it every window."""
-
-    def __init__(self, factories: dict[str, tuple[str, Callable[[], Source]]]) -> None:
-        self._sources: dict[str, Source] = {}
-        self._broken: dict[str, SourceHealth] = {}
-        self._names: dict[str, str] = {}
-        for attr, (name, factory) in factories.items():
-            self._names[attr] = name
-            try:
-                self._sources[attr] = factory()
-            except (ProbeError, ValueError, OSError) as exc:
-                log.warning("source %s unavailable: %s", name, exc)
-                self._broken[attr] = SourceHealth(name=name, state="error", reason=str(exc), errors=1)
-
-    def read(self) -> tuple[dict[str, Any], dict[str, str]]:
-        readings: dict[str, Any] = {}
-        errors: dict[str, str] = {}
-        for attr, source in self._sources.items():
-            try:
-                readings[attr] = source.read()
-            except ProbeError as exc:
-                errors[source.name] = str(exc)
-        for attr, health in self._broken.items():
-            errors[health.name] = health.reason or "unavailable"
-        return readings, errors
-
-    def health(self) -> dict[str, dict[str, Any]]:
-        out = {h.name: h.to_dict() for h in self._broken.values()}
-        for source in self._sources.values():
-            out[source.name] = source.health().to_dict()
-        return out
-
-    def close(self) -> None:
-        for source in self._sources.values():
-            source.close()
-
-
-def make_target_sources(target: Target, config: Config, pyspy: bool = True) -> SourceBundle:
-    factories: dict[str, tuple[str, Callable[[], Source]]] = {
-        "process": ("process", lambda: ProcessSource(target.pid)),
-        "gpu": ("gpu", lambda: GpuSource(target.pid)),
+def source_factories(target: Target, config: Config, pyspy: bool = True) -> SourceFactories:
+    """Window field -> constructor; the Collectors registry builds them when the target appears."""
+    factories: SourceFactories = {
+        "process": lambda: ProcessSource(target.pid),
+        "gpu": lambda: GpuSource(target.pid),
     }
     if pyspy:
-        factories["stacks"] = ("pyspy", lambda: PySpySampler(target.pid, rate_hz=config.pyspy_rate_hz,
-                                                             nonblocking=config.pyspy_nonblocking))
+        factories["stacks"] = lambda: PySpySampler(target.pid, rate_hz=config.pyspy_rate_hz,
+                                                   nonblocking=config.pyspy_nonblocking)
     latency = target.spec.latency
     if latency is not None:
-        factories["latency"] = ("latency", lambda: _latency_source(latency))
-    return SourceBundle(factories)
+        factories["latency"] = lambda: _latency_source(latency)
+    return factories
 
 
 def _latency_source(spec) -> LatencySource:

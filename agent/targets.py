@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.config import ConfigError, StatFn, TargetSpec, check_trusted_path
-from probes.errors import AccessDenied, TargetGone
+from analysis.errors import AccessDenied, TargetGone
 
 PROC = Path("/proc")
 _PIDFILE_MAX_BYTES = 64

@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import msgspec
+
 
 @dataclass
 class Log2Histogram:
@@ -178,42 +180,16 @@ class Window:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Window:
-        return _window_from_dict(data)
+        """The inverse of to_dict (JSON's string keys become the int keys they were); ValueError naming the bad field."""
+        try:
+            # Not strict: JSON turned by_thread's int keys into strings, which converting turns back.
+            return msgspec.convert(data, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"not a Window: {exc}") from None
 
     @classmethod
-    def from_json(cls, text: str) -> Window:
-        return cls.from_dict(json.loads(text))
-
-
-def _hist(data: dict[str, Any] | None, unit: str) -> Log2Histogram:
-    if not data:
-        return Log2Histogram(unit=unit)
-    return Log2Histogram(unit=data.get("unit", unit), counts=list(data.get("counts", [])))
-
-
-def _window_from_dict(d: dict[str, Any]) -> Window:
-    w = Window(target=d["target"], pid=int(d["pid"]), start=float(d["start"]), end=float(d["end"]),
-               errors=dict(d.get("errors") or {}))
-    if (s := d.get("syscalls")) is not None:
-        w.syscalls = SyscallReading(counts=dict(s.get("counts", {})),
-                                    latency={k: _hist(v, "ns") for k, v in s.get("latency", {}).items()})
-    if (o := d.get("offcpu")) is not None:
-        w.offcpu = OffCpuReading(seconds=o.get("seconds", 0.0),
-                                 by_thread={int(k): v for k, v in o.get("by_thread", {}).items()},
-                                 histogram=_hist(o.get("histogram"), "us"), stacks=dict(o.get("stacks", {})))
-    if (g := d.get("gc")) is not None:
-        w.gc = GcReading(collections=g.get("collections", 0), pause_seconds=g.get("pause_seconds", 0.0),
-                         max_pause_seconds=g.get("max_pause_seconds", 0.0), histogram=_hist(g.get("histogram"), "us"))
-    if (t := d.get("tcp")) is not None:
-        w.tcp = TcpReading(retransmits=t.get("retransmits", 0), flows=[TcpFlow(**f) for f in t.get("flows", [])])
-    if (r := d.get("runqueue")) is not None:
-        w.runqueue = RunQueueReading(histogram=_hist(r.get("histogram"), "us"), total_seconds=r.get("total_seconds", 0.0))
-    if (p := d.get("process")) is not None:
-        w.process = ProcessReading(**p)
-    if (st := d.get("stacks")) is not None:
-        w.stacks = StackReading(**st)
-    if (la := d.get("latency")) is not None:
-        w.latency = LatencyReading(**la)
-    if (gp := d.get("gpu")) is not None:
-        w.gpu = GpuReading(**gp)
-    return w
+    def from_json(cls, text: str | bytes) -> Window:
+        try:
+            return msgspec.json.decode(text, type=cls)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise ValueError(f"not a Window: {exc}") from None

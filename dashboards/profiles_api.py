@@ -6,8 +6,8 @@ import time
 
 from flask import Blueprint, Response, abort, current_app, jsonify, request
 
-from agent.profiles import from_store
 from analysis.flamegraph.export import DIFF_FORMATS, FORMATS, PROFILE_KINDS, export, export_diff
+from analysis.flamegraph.stored import from_store
 
 bp = Blueprint("profiles", __name__)
 

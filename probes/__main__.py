@@ -18,7 +18,7 @@ class ProbeEntry:
     module: str
     probe_class: str
     config_class: str
-    # Host-wide figures a probe keeps beside its per-target readings (tcpretrans: every flow on the host).
+    # Host-wide figures a probe keeps beside its per-target readings (tcp: every flow on the host).
     host: Callable[[Any], dict[str, Any]] | None = None
 
 
@@ -30,9 +30,9 @@ def _tcp_host(probe: Any) -> dict[str, Any]:
 PROBES: dict[str, ProbeEntry] = {
     "syscalls": ProbeEntry("probes.syscalls", "SyscallsProbe", "SyscallsConfig"),
     "offcpu": ProbeEntry("probes.offcpu", "OffCpuProbe", "OffCpuConfig"),
-    "gcpause": ProbeEntry("probes.gcpause", "GcPauseProbe", "GcPauseConfig"),
-    "runqlat": ProbeEntry("probes.runqlat", "RunqlatProbe", "RunqlatConfig"),
-    "tcpretrans": ProbeEntry("probes.tcpretrans", "TcpRetransProbe", "TcpRetransConfig", host=_tcp_host),
+    "gc": ProbeEntry("probes.gcpause", "GcPauseProbe", "GcPauseConfig"),
+    "runqueue": ProbeEntry("probes.runqlat", "RunqlatProbe", "RunqlatConfig"),
+    "tcp": ProbeEntry("probes.tcpretrans", "TcpRetransProbe", "TcpRetransConfig", host=_tcp_host),
 }
 
 _PARSERS: dict[str, Callable[[str], Any]] = {
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(module.render(config))
         return 0
 
-    from probes.errors import ProbeError
+    from analysis.errors import ProbeError
 
     probe = getattr(module, entry.probe_class)(config)
     try:

@@ -4,32 +4,16 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from probes.errors import NotRoot, ProbeUnavailable, TracepointMissing
+from analysis.errors import NotRoot, ProbeUnavailable, TracepointMissing
+from analysis.health import Health
 
 TRACEFS_ROOTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
-
-
-@dataclass
-class ProbeHealth:
-    name: str
-    state: str = "stopped"  # stopped | running | failed | unsupported
-    reason: str | None = None
-    targets: int = 0
-    lost_events: int = 0
-    failed_stacks: int = 0
-    # Targets this probe cannot trace (e.g. not a Python process for gcpause): pid -> reason.
-    unsupported: dict[int, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "state": self.state, "reason": self.reason, "targets": self.targets,
-                "lost_events": self.lost_events, "failed_stacks": self.failed_stacks,
-                "unsupported": {str(pid): why for pid, why in self.unsupported.items()}}
 
 
 class Probe(Protocol):
@@ -39,11 +23,15 @@ class Probe(Protocol):
 
     def set_targets(self, targets: Iterable[int]) -> None: ...
 
-    def read(self) -> dict[int, Any]: ...
+    def read(self) -> dict[int, Any]:
+        """Readings for exactly the targets it measures; the others are named in health().unsupported."""
+
+    def host(self) -> Any | None:
+        """A host-wide reading of the last read (tcp: every retransmit on the host); None for per-target probes."""
 
     def stop(self) -> None: ...
 
-    def health(self) -> ProbeHealth: ...
+    def health(self) -> Health: ...
 
 
 def tracefs_root(candidates: Iterable[Path] = TRACEFS_ROOTS) -> Path | None:
@@ -158,3 +146,42 @@ def prog_recursion_misses(prog_fd: int, name: str = "") -> int:
 def recursion_misses(bpf: Any) -> int:
     """prog_recursion_misses summed over every program `bpf` loaded."""
     return sum(prog_recursion_misses(fn.fd, fn.name) for fn in bpf.funcs.values())
+
+
+# bpf(2)'s command number and the syscall's number per architecture (uapi linux/bpf.h, unistd.h).
+BPF_PROG_TEST_RUN = 10
+BPF_SYSCALL_NR = {"x86_64": 321, "aarch64": 280}
+
+
+class _TestRunAttr(ctypes.Structure):
+    """The BPF_PROG_TEST_RUN part of `union bpf_attr` (linux/bpf.h)."""
+
+    _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
+                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
+                ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
+                ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
+                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
+                ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64),
+                ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32),
+                ("batch_size", ctypes.c_uint32), ("_pad", ctypes.c_uint32)]
+
+
+class RawTracepointRunner:
+    """Runs a loaded raw-tracepoint program once with the given u64 args (kernel >= 5.10)."""
+
+    def __init__(self, prog_fd: int, machine: str | None = None) -> None:
+        machine = machine or platform.machine()
+        if machine not in BPF_SYSCALL_NR:
+            raise ProbeUnavailable(f"no bpf(2) syscall number known for architecture {machine!r}")
+        self._nr = BPF_SYSCALL_NR[machine]
+        self._fd = prog_fd
+        self._libc = ctypes.CDLL(None, use_errno=True)
+
+    def run(self, *args: int) -> int:
+        ctx = (ctypes.c_uint64 * len(args))(*args)
+        attr = _TestRunAttr(prog_fd=self._fd, ctx_size_in=ctypes.sizeof(ctx), ctx_in=ctypes.addressof(ctx))
+        if self._libc.syscall(self._nr, BPF_PROG_TEST_RUN, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
+            err = ctypes.get_errno()
+            raise ProbeUnavailable(f"BPF_PROG_TEST_RUN of a raw tracepoint program failed: {os.strerror(err)} "
+                                   f"(errno {err}; needs kernel >= 5.10)")
+        return attr.retval

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.errors import AccessDenied, ProbeUnavailable, TargetGone, Unsupported
+from analysis.health import Health
 from analysis.window import GcReading, Log2Histogram
-from probes.base import ProbeHealth, import_bcc, load_bpf
-from probes.errors import AccessDenied, ProbeUnavailable, TargetGone, Unsupported
+from probes import c_helpers
+from probes.base import import_bcc, load_bpf
 from probes.libpython import USDT_PROVIDER, PythonImage, find_python_image
 
 BPF_TEXT = r"""
@@ -46,24 +48,7 @@ BPF_HASH(maxima, struct max_key_t, u64, MAX_TARGETS * 2);
 BPF_HASH(hist, struct hist_key_t, u64, MAX_TARGETS * 64);
 BPF_ARRAY(window, u64, 1);
 /* 0: a return without a recorded entry (attached mid-collection), 1: a map was full */
-BPF_ARRAY(failures, u64, 2);
-
-static inline void count_failure(int which) {
-    u64 *c = failures.lookup(&which);
-    if (c)
-        __sync_fetch_and_add(c, 1);
-}
-
-static inline u32 log2_slot(u64 v) {
-    u32 r = 0;
-    if (v >> 32) { v >>= 32; r += 32; }
-    if (v >> 16) { v >>= 16; r += 16; }
-    if (v >> 8) { v >>= 8; r += 8; }
-    if (v >> 4) { v >>= 4; r += 4; }
-    if (v >> 2) { v >>= 2; r += 2; }
-    if (v >> 1) { r += 1; }
-    return r;
-}
+/* (the `failures` array of 2: probes/c_helpers.py) */
 
 int gc_start(struct pt_regs *ctx) {
     u64 id = bpf_get_current_pid_tgid();
@@ -134,7 +119,7 @@ class GcPauseConfig:
 
 def render(config: GcPauseConfig) -> str:
     defines = [f"#define MAX_TARGETS {config.max_targets}", f"#define MAX_THREADS {config.max_threads}"]
-    return "\n".join(defines) + "\n" + BPF_TEXT
+    return ("\n".join(defines) + "\n" + c_helpers.failures(2) + c_helpers.log2_slot() + BPF_TEXT)
 
 
 @dataclass
@@ -150,7 +135,7 @@ class _Attachment:
 
 
 class GcPauseProbe:
-    name = "gcpause"
+    name = "gc"
 
     def __init__(self, config: GcPauseConfig | None = None, proc_root: Path = Path("/proc"),
                  locate: Callable[[int, Path], PythonImage] = find_python_image) -> None:
@@ -188,14 +173,16 @@ class GcPauseProbe:
     def set_targets(self, targets: Iterable[int]) -> None:
         """Attach to new targets, detach from dropped ones; raises Unsupported naming every new
         target that cannot be traced, after attaching all the others."""
-        wanted = {int(t) for t in targets}
-        if len(wanted) > self.config.max_targets:
-            raise ValueError(f"{len(wanted)} targets exceed GcPauseConfig.max_targets={self.config.max_targets}")
+        asked = {int(t) for t in targets}
         if self._bpf is None:
             raise RuntimeError("gcpause probe is not running; call start() first")
+        kept = sorted(asked & set(self._attached))[: self.config.max_targets]
+        wanted = set(kept + sorted(asked - set(kept))[: self.config.max_targets - len(kept)])
         for tgid in set(self._attached) - wanted:
             self._detach(tgid)
         self.unsupported = {t: r for t, r in self.unsupported.items() if t in wanted}
+        self.unsupported.update({t: f"gc traces at most {self.config.max_targets} targets (max_targets)"
+                                 for t in asked - wanted})
         failures = []
         for tgid in sorted(wanted - set(self._attached) - set(self.unsupported)):
             try:
@@ -244,6 +231,9 @@ class GcPauseProbe:
             readings[tgid].histogram = Log2Histogram.from_slots(by_slot, unit="us")
         return readings
 
+    def host(self) -> None:
+        return None
+
     def stop(self) -> None:
         if self._bpf is not None:
             for tgid in list(self._attached):
@@ -254,11 +244,11 @@ class GcPauseProbe:
         if self._state == "running":
             self._state, self._reason = "stopped", None
 
-    def health(self) -> ProbeHealth:
+    def health(self) -> Health:
         lost = 0
         if self._bpf is not None:
             lost = sum(v.value for v in self._bpf[b"failures"].values())
-        return ProbeHealth(name=self.name, state=self._state, reason=self._reason,
+        return Health(name=self.name, state=self._state, reason=self._reason,
                            targets=len(self._attached), lost_events=lost, failed_stacks=0,
                            unsupported=dict(self.unsupported))
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probes.errors import AccessDenied, TargetGone, Unsupported
+from analysis.errors import AccessDenied, TargetGone, Unsupported
 
 # The C function each CPython line runs once per collection, whatever triggered it. Versions
 # before 3.10 have compiler clones (collect.constprop.N); a call enters exactly one of them.

@@ -35,17 +35,17 @@ py-spy. Failed stack ids (-EEXIST on a stack-map hash collision, -EFAULT) are co
 from __future__ import annotations
 
 import ctypes
-import os
-import platform
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.errors import ProbeUnavailable
+from analysis.health import Health
 from analysis.window import Log2Histogram, OffCpuReading
-from probes.base import ProbeHealth, load_bpf, prog_recursion_misses, require_tracepoints
-from probes.errors import ProbeUnavailable
+from probes import c_helpers
+from probes.base import RawTracepointRunner, load_bpf, prog_recursion_misses, require_tracepoints
 
 TRACEPOINTS = ("sched:sched_switch",)
 
@@ -77,27 +77,10 @@ BPF_HASH(stack_ns, struct stack_key_t, u64, MAX_STACK_KEYS);
 BPF_HASH(hist, struct hist_key_t, u64, MAX_HIST_KEYS);
 BPF_STACK_TRACE(stacks, STACK_SLOTS);
 /* 0: kernel stack id failed, 1: user stack id failed, 2: start map full, 3: counter map full */
-BPF_ARRAY(failures, u64, 4);
+/* (the `failures` array of 4: probes/c_helpers.py) */
 /* One word written by user space at each window boundary: the boundary time with the low bit
    replaced by the new window's parity (one aligned 8-byte store, so never read torn). */
 BPF_ARRAY(boundary, u64, 1);
-
-static inline void count_failure(int which) {
-    u64 *c = failures.lookup(&which);
-    if (c)
-        __sync_fetch_and_add(c, 1);
-}
-
-static inline u32 log2_slot(u64 v) {
-    u32 r = 0;
-    if (v >> 32) { v >>= 32; r += 32; }
-    if (v >> 16) { v >>= 16; r += 16; }
-    if (v >> 8) { v >>= 8; r += 8; }
-    if (v >> 4) { v >>= 4; r += 4; }
-    if (v >> 2) { v >>= 2; r += 2; }
-    if (v >> 1) { r += 1; }
-    return r;
-}
 
 static inline void add_ns(u32 parity, u32 tgid, u32 tid, int kstack, int ustack, u64 delta) {
     u64 zero = 0;
@@ -228,8 +211,6 @@ MAX_SEEDED_STACKS = 999
 BPF_NOEXIST = 1
 # /proc/PID/task/TID/stat states of a thread that is not on a CPU nor runnable.
 BLOCKED_STATES = frozenset("SDITt")
-BPF_PROG_TEST_RUN = 10
-BPF_SYSCALL_NR = {"x86_64": 321, "aarch64": 280}
 
 
 @dataclass(frozen=True)
@@ -262,41 +243,7 @@ def render(config: OffCpuConfig) -> str:
         defines.append("#define KERNEL_STACKS 1")
     if config.user_stacks:
         defines.append("#define USER_STACKS 1")
-    return "\n".join(defines) + "\n" + BPF_TEXT
-
-
-class _TestRunAttr(ctypes.Structure):
-    """The BPF_PROG_TEST_RUN part of `union bpf_attr` (linux/bpf.h)."""
-
-    _fields_ = [("prog_fd", ctypes.c_uint32), ("retval", ctypes.c_uint32),
-                ("data_size_in", ctypes.c_uint32), ("data_size_out", ctypes.c_uint32),
-                ("data_in", ctypes.c_uint64), ("data_out", ctypes.c_uint64),
-                ("repeat", ctypes.c_uint32), ("duration", ctypes.c_uint32),
-                ("ctx_size_in", ctypes.c_uint32), ("ctx_size_out", ctypes.c_uint32),
-                ("ctx_in", ctypes.c_uint64), ("ctx_out", ctypes.c_uint64),
-                ("flags", ctypes.c_uint32), ("cpu", ctypes.c_uint32),
-                ("batch_size", ctypes.c_uint32), ("_pad", ctypes.c_uint32)]
-
-
-class RawTracepointRunner:
-    """Runs a loaded raw-tracepoint program once with the given u64 args (kernel >= 5.10)."""
-
-    def __init__(self, prog_fd: int, machine: str | None = None) -> None:
-        machine = machine or platform.machine()
-        if machine not in BPF_SYSCALL_NR:
-            raise ProbeUnavailable(f"no bpf(2) syscall number known for architecture {machine!r}")
-        self._nr = BPF_SYSCALL_NR[machine]
-        self._fd = prog_fd
-        self._libc = ctypes.CDLL(None, use_errno=True)
-
-    def run(self, *args: int) -> int:
-        ctx = (ctypes.c_uint64 * len(args))(*args)
-        attr = _TestRunAttr(prog_fd=self._fd, ctx_size_in=ctypes.sizeof(ctx), ctx_in=ctypes.addressof(ctx))
-        if self._libc.syscall(self._nr, BPF_PROG_TEST_RUN, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
-            err = ctypes.get_errno()
-            raise ProbeUnavailable(f"BPF_PROG_TEST_RUN of a raw tracepoint program failed: {os.strerror(err)} "
-                                   f"(errno {err}; needs kernel >= 5.10)")
-        return attr.retval
+    return ("\n".join(defines) + "\n" + c_helpers.failures(4) + c_helpers.log2_slot() + BPF_TEXT)
 
 
 class OffCpuProbe:
@@ -315,6 +262,8 @@ class OffCpuProbe:
         self.window_start_ns: int | None = None
         self.window_end_ns: int | None = None
         self._targets: set[int] = set()
+        # Targets beyond max_targets, left out: pid -> reason (their windows say so instead of reading zero).
+        self._unsupported: dict[int, str] = {}
         self._state = "stopped"
         self._reason: str | None = None
         # Cumulative counter values already handed out, per map key.
@@ -348,9 +297,9 @@ class OffCpuProbe:
         self.set_targets(targets)
 
     def set_targets(self, targets: Iterable[int]) -> None:
-        wanted = {int(t) for t in targets}
-        if len(wanted) > self.config.max_targets:
-            raise ValueError(f"{len(wanted)} targets exceed OffCpuConfig.max_targets={self.config.max_targets}")
+        wanted = _within_capacity({int(t) for t in targets}, self._targets, self.config.max_targets)
+        self._unsupported = {t: f"offcpu traces at most {self.config.max_targets} targets (max_targets)"
+                             for t in {int(t) for t in targets} - wanted}
         if self._bpf is None:
             self._targets = wanted
             return
@@ -381,6 +330,9 @@ class OffCpuProbe:
         self._read_stacks(readings, closing)
         return readings
 
+    def host(self) -> None:
+        return None
+
     def stop(self, keep_reason: bool = False) -> None:
         if self._bpf is not None:
             self._bpf.cleanup()
@@ -389,15 +341,15 @@ class OffCpuProbe:
         if not keep_reason:
             self._state, self._reason = "stopped", None
 
-    def health(self) -> ProbeHealth:
+    def health(self) -> Health:
         failed = lost = 0
         if self._bpf is not None:
             counts = [v.value for v in self._bpf[b"failures"].values()]
             failed, lost = counts[0] + counts[1], counts[2] + counts[3]
             # Runs the kernel skipped because another tracing program was active on that CPU.
             lost += prog_recursion_misses(self._bpf.funcs[b"tracepoint__sched__sched_switch"].fd, "sched_switch")
-        return ProbeHealth(name=self.name, state=self._state, reason=self._reason, targets=len(self._targets),
-                           lost_events=lost, failed_stacks=failed)
+        return Health(name=self.name, state=self._state, reason=self._reason, targets=len(self._targets),
+                           lost_events=lost, failed_stacks=failed, unsupported=dict(self._unsupported))
 
     def _read_threads(self, readings: dict[int, OffCpuReading], parity: int) -> None:
         table = self._bpf[b"thread_ns"]
@@ -521,6 +473,12 @@ class OffCpuProbe:
             for ident in [i for i in seen if i[0] == tgid]:
                 del seen[ident]
         self._folded = {i: f for i, f in self._folded.items() if i[0] != tgid}
+
+
+def _within_capacity(wanted: set[int], current: set[int], capacity: int) -> set[int]:
+    """The targets to trace: those already traced first, then the lowest new pids, up to `capacity`."""
+    kept = sorted(wanted & current)[:capacity]
+    return set(kept + sorted(wanted - current)[: capacity - len(kept)])
 
 
 def _proc_kernel_stack(path: Path) -> tuple[str, ...]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.window import Log2Histogram, RunQueueReading
-from probes import target_filter
+from probes import c_helpers, target_filter
 from probes.slotted import SlottedProbe
 
 HIST_SLOTS = 32
@@ -53,15 +53,6 @@ BPF_HASH(threads, u32, u32, THREAD_ENTRIES);
 BPF_HASH(start, u32, struct start_t, THREAD_ENTRIES);
 BPF_PERCPU_ARRAY(hist, u64, MAX_TARGETS * HIST_SLOTS);
 BPF_PERCPU_ARRAY(total_ns, u64, MAX_TARGETS);
-BPF_PERCPU_ARRAY(lost, u64, 1);
-
-static inline void count_lost(void)
-{
-    u32 zero = 0;
-    u64 *n = lost.lookup(&zero);
-    if (n)
-        (*n)++;
-}
 
 #define EEXIST_ERR -17
 
@@ -173,7 +164,7 @@ def render(config: RunqlatConfig) -> str:
         f"#define THREAD_ENTRIES {config.thread_entries}",
         f"#define HIST_SLOTS {HIST_SLOTS}",
     ]
-    return "\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + BPF_TEXT
+    return "\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + c_helpers.lost() + BPF_TEXT
 
 
 def thread_ids(tgid: int, proc_root: Path = Path("/proc")) -> list[int]:
@@ -187,7 +178,7 @@ def thread_ids(tgid: int, proc_root: Path = Path("/proc")) -> list[int]:
 class RunqlatProbe(SlottedProbe):
     """Run-queue latency histograms of target processes."""
 
-    name = "runqlat"
+    name = "runqueue"
     tracepoints = TRACEPOINTS
 
     def __init__(self, config: RunqlatConfig | None = None, proc_root: Path = Path("/proc")) -> None:

@@ -7,8 +7,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from probes.base import ProbeHealth, TargetSlots, load_bpf, recursion_misses, require_tracepoints
-from probes.errors import ProbeUnavailable
+from analysis.errors import ProbeUnavailable
+from analysis.health import Health
+from probes.base import TargetSlots, load_bpf, recursion_misses, require_tracepoints
 from probes.target_filter import TargetTable
 
 
@@ -30,7 +31,7 @@ class SlottedProbe(ABC):
         self._bpf: Any = None
         self._table: TargetTable | None = None
         self._slots = TargetSlots(config.max_targets)
-        self._health = ProbeHealth(name=self.name)
+        self._health = Health(name=self.name)
 
     @abstractmethod
     def _render(self) -> str:
@@ -61,21 +62,25 @@ class SlottedProbe(ABC):
         self.set_targets(targets)
 
     def set_targets(self, targets: Iterable[int]) -> None:
+        """Targets beyond the slots are left out and named in health().unsupported, so their windows
+        say why they have no reading; they get a slot on a later call once one is free."""
         self._require_started()
         wanted = set(targets)
         for tgid in [t for t, _ in self._slots.items() if t not in wanted]:
             self._drop(tgid)
         added: list[tuple[int, int]] = []
-        try:
-            for tgid in (t for t in wanted if t not in self._slots):
-                added.append((tgid, self._slots.add(tgid)))
-        finally:
-            # Slots that were handed out before one ran short are still taken into use.
-            if added:
-                self._take_baseline(added)
-                for tgid, slot in added:
-                    self._table.add(tgid, slot)
-            self._health.targets = len(self._slots)
+        self._health.unsupported = {}
+        for tgid in sorted(t for t in wanted if t not in self._slots):
+            if len(self._slots) >= self._slots.capacity:
+                self._health.unsupported[tgid] = (f"all {self._slots.capacity} target slots of {self.name} "
+                                                  f"are in use (max_targets)")
+                continue
+            added.append((tgid, self._slots.add(tgid)))
+        if added:
+            self._take_baseline(added)
+            for tgid, slot in added:
+                self._table.add(tgid, slot)
+        self._health.targets = len(self._slots)
 
     def read(self) -> dict[int, Any]:
         self._require_started()
@@ -85,6 +90,9 @@ class SlottedProbe(ABC):
         self._health.lost_events = int(sum(self._bpf[b"lost"][0])) + recursion_misses(self._bpf)
         return readings
 
+    def host(self) -> None:
+        return None
+
     def stop(self) -> None:
         if self._bpf is not None:
             self._bpf.cleanup()
@@ -93,8 +101,8 @@ class SlottedProbe(ABC):
         self._slots = TargetSlots(self.config.max_targets)
         self._health.state, self._health.targets = "stopped", 0
 
-    def health(self) -> ProbeHealth:
-        return ProbeHealth(**vars(self._health))
+    def health(self) -> Health:
+        return self._health.copy()
 
     def _require_started(self) -> None:
         if self._bpf is None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.window import Log2Histogram, SyscallReading
-from probes import target_filter
+from probes import c_helpers, target_filter
 from probes.slotted import SlottedProbe
 from probes.syscall_names import SYSCALL_NAMES
 
@@ -41,7 +41,6 @@ TRACEPOINTS = ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit")
 
 BPF_TEXT = r"""
 BPF_PERCPU_ARRAY(counts, u64, MAX_TARGETS * SYSCALL_SLOTS);
-BPF_PERCPU_ARRAY(lost, u64, 1);
 
 #ifdef LATENCY
 struct start_t {
@@ -57,14 +56,6 @@ struct lat_key_t {
 // delete per syscall cost ~2x more. read() prunes the entries of threads that died.
 BPF_HASH(start, u32, struct start_t, START_ENTRIES);
 BPF_PERCPU_HASH(latency, struct lat_key_t, u64, LATENCY_ENTRIES);
-
-static inline void count_lost(void)
-{
-    u32 zero = 0;
-    u64 *n = lost.lookup(&zero);
-    if (n)
-        (*n)++;
-}
 #endif
 
 RAW_TRACEPOINT_PROBE(sys_enter)
@@ -154,7 +145,7 @@ def render(config: SyscallsConfig) -> str:
     ]
     if config.latency:
         defines.append("#define LATENCY 1")
-    return "\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + BPF_TEXT
+    return "\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + c_helpers.lost() + BPF_TEXT
 
 
 def syscall_name(nr: int) -> str:
@@ -179,9 +170,6 @@ class SyscallsProbe(SlottedProbe):
         self._latency_seen: dict[tuple[int, int], int] = {}
 
     def _render(self) -> str:
-        return render(self.config)
-
-    def rendered_text(self) -> str:
         return render(self.config)
 
     def _take_baseline(self, added: list[tuple[int, int]]) -> None:

@@ -50,19 +50,21 @@ When ``flows`` is full, new flows are counted in the totals and in ``lost`` (hea
 from __future__ import annotations
 
 import errno
-import ipaddress
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.errors import AccessDenied, ProbeUnavailable, TargetGone, TracepointMissing
+from analysis.health import Health
 from analysis.window import TcpFlow, TcpReading
-from probes.base import ProbeHealth, load_bpf, recursion_misses, require_tracepoints, tracefs_root
-from probes.errors import AccessDenied, ProbeUnavailable, TargetGone, TracepointMissing
+from probes.base import load_bpf, recursion_misses, require_tracepoints, tracefs_root
+from probes.sockets import Endpoint, ProcSockets, normalize_ip, owns
 
 TRACEPOINT_SKB = "tcp:tcp_retransmit_skb"
 TRACEPOINT_SYNACK = "tcp:tcp_retransmit_synack"
+# Every hook it may use (synack only with TcpRetransConfig.count_synack, on by default).
+TRACEPOINTS = (TRACEPOINT_SKB, TRACEPOINT_SYNACK)
 AF_INET = 2
 AF_INET6 = 10
 
@@ -74,7 +76,6 @@ TCP_STATES = {
     5: "TCP_FIN_WAIT2", 6: "TCP_TIME_WAIT", 7: "TCP_CLOSE", 8: "TCP_CLOSE_WAIT",
     9: "TCP_LAST_ACK", 10: "TCP_LISTEN", 11: "TCP_CLOSING", 12: "TCP_NEW_SYN_RECV",
 }
-TCP_LISTEN = 10
 
 BPF_TEXT = r"""
 #define AF_INET_ 2
@@ -231,14 +232,6 @@ def state_name(state: int) -> str:
     return TCP_STATES.get(state, f"TCP_STATE_{state}")
 
 
-def normalize_ip(packed: bytes) -> str:
-    """Text form of a 4- or 16-byte address; an IPv4-mapped IPv6 address becomes plain IPv4."""
-    addr = ipaddress.ip_address(packed)
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return str(addr.ipv4_mapped)
-    return str(addr)
-
-
 def flow_from_key(family: int, saddr: bytes, daddr: bytes, sport: int, dport: int, state: int,
                   count: int) -> TcpFlow:
     """A TcpFlow from the kernel key's fields (addresses as the 16-byte arrays of `struct flow_t`)."""
@@ -250,91 +243,6 @@ def flow_from_key(family: int, saddr: bytes, daddr: bytes, sport: int, dport: in
         raise ValueError(f"address family must be AF_INET (2) or AF_INET6 (10), got {family!r}")
     return TcpFlow(saddr=normalize_ip(saddr), sport=sport, daddr=normalize_ip(daddr), dport=dport,
                    state=state_name(state), retransmits=count)
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A TCP socket's local address and port; `listening` sockets also own connections they accepted."""
-
-    addr: str
-    port: int
-    listening: bool = False
-
-
-def _parse_proc_addr(text: str) -> tuple[str, int]:
-    # /proc/net/tcp prints each 32-bit word of the address in host (little-endian) order.
-    hex_addr, _, hex_port = text.partition(":")
-    raw = bytes.fromhex(hex_addr)
-    packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    return normalize_ip(packed), int(hex_port, 16)
-
-
-def parse_proc_net_tcp(text: str) -> dict[int, Endpoint]:
-    """Socket inode -> local endpoint, from the text of /proc/PID/net/tcp or tcp6."""
-    sockets: dict[int, Endpoint] = {}
-    for line in text.splitlines()[1:]:
-        parts = line.split()
-        if len(parts) < 10:
-            continue
-        addr, port = _parse_proc_addr(parts[1])
-        inode = int(parts[9])
-        if inode:
-            sockets[inode] = Endpoint(addr, port, listening=int(parts[3], 16) == TCP_LISTEN)
-    return sockets
-
-
-class ProcSockets:
-    """Local TCP endpoints of a process, from /proc (root injectable for tests)."""
-
-    def __init__(self, proc_root: Path = Path("/proc")) -> None:
-        self.proc_root = proc_root
-
-    def socket_inodes(self, pid: int) -> set[int]:
-        fd_dir = self.proc_root / str(pid) / "fd"
-        inodes: set[int] = set()
-        try:
-            names = os.listdir(fd_dir)
-        except (FileNotFoundError, ProcessLookupError) as exc:
-            raise TargetGone(f"process {pid} is gone ({fd_dir} is missing)") from exc
-        except PermissionError as exc:
-            raise AccessDenied(f"cannot list {fd_dir}: {exc}") from exc
-        for name in names:
-            try:
-                link = os.readlink(fd_dir / name)
-            except FileNotFoundError:
-                continue  # closed while we listed: not a socket of this window any more
-            if link.startswith("socket:["):
-                inodes.add(int(link[8:-1]))
-        return inodes
-
-    def endpoints(self, pid: int) -> set[Endpoint]:
-        """Local endpoints of the TCP sockets `pid` holds, as seen in its network namespace."""
-        inodes = self.socket_inodes(pid)
-        if not inodes:
-            return set()
-        found: set[Endpoint] = set()
-        for table in ("tcp", "tcp6"):
-            path = self.proc_root / str(pid) / "net" / table
-            try:
-                text = path.read_text()
-            except FileNotFoundError:
-                continue  # no IPv6 in this kernel or namespace
-            except ProcessLookupError as exc:
-                raise TargetGone(f"process {pid} is gone (reading {path})") from exc
-            except PermissionError as exc:
-                raise AccessDenied(f"cannot read {path}: {exc}") from exc
-            found.update(ep for inode, ep in parse_proc_net_tcp(text).items() if inode in inodes)
-        return found
-
-
-def owns(endpoints: Iterable[Endpoint], flow: TcpFlow) -> bool:
-    """Whether `flow`'s local side is one of `endpoints` (a wildcard listener matches any local address)."""
-    for ep in endpoints:
-        if ep.port != flow.sport:
-            continue
-        if ep.addr == flow.saddr or (ep.listening and ipaddress.ip_address(ep.addr).is_unspecified):
-            return True
-    return False
 
 
 def _flow_ident(key: Any) -> tuple:
@@ -353,13 +261,13 @@ class _Counters:
 class TcpRetransProbe:
     """TCP retransmits by flow, host-wide, attributed to targets by their sockets' local endpoints."""
 
-    name = "tcpretrans"
+    name = "tcp"
 
     def __init__(self, config: TcpRetransConfig | None = None, sockets: ProcSockets | None = None) -> None:
         self.config = config or TcpRetransConfig()
         self.sockets = sockets or ProcSockets()
-        # Host-wide total and every flow of the last window.
-        self.last_host = TcpReading()
+        # Host-wide total and every flow of the last window; None before the first read.
+        self.last_host: TcpReading | None = None
         # Attempts of the last window given up before sending / failed in the IP layer (see the docstring).
         self.last_not_sent = 0
         self.last_send_failed = 0
@@ -373,7 +281,7 @@ class TcpRetransProbe:
         self._targets: set[int] = set()
         self._seen: dict[int, set[Endpoint]] = {}
         self._previous = _Counters()
-        self._health = ProbeHealth(name=self.name)
+        self._health = Health(name=self.name)
 
     def start(self, targets: Iterable[int]) -> None:
         if self._bpf is not None:
@@ -396,6 +304,7 @@ class TcpRetransProbe:
         wanted = set(targets)
         for tgid in self._targets - wanted:
             self._seen.pop(tgid, None)
+            self._health.unsupported.pop(tgid, None)
         for tgid in wanted - self._targets:
             # Seed the endpoints now, so that a connection closed before the first read is still attributed.
             try:
@@ -418,6 +327,9 @@ class TcpRetransProbe:
         self._health.lost_events = totals.lost + self.missed_runs()
         return self._attribute(flows)
 
+    def host(self) -> TcpReading | None:
+        return self.last_host
+
     def stop(self) -> None:
         if self._bpf is not None:
             self._bpf.cleanup()
@@ -425,8 +337,8 @@ class TcpRetransProbe:
         self._targets, self._seen = set(), {}
         self._health.state, self._health.targets = "stopped", 0
 
-    def health(self) -> ProbeHealth:
-        return ProbeHealth(**vars(self._health))
+    def health(self) -> Health:
+        return self._health.copy()
 
     def missed_runs(self) -> int:
         """Retransmits the kernel did not run our programs for (probes.base.prog_recursion_misses), since start."""
@@ -458,8 +370,10 @@ class TcpRetransProbe:
                 self._seen.pop(tgid, None)
                 continue
             except AccessDenied as exc:
-                self._health.reason = str(exc)
+                # Its sockets cannot be read, so its flows cannot be told apart: no reading, with the reason.
+                self._health.unsupported[tgid] = str(exc)
                 continue
+            self._health.unsupported.pop(tgid, None)
             known = current | self._seen.get(tgid, set())
             self._seen[tgid] = current
             mine = [f for f in flows if owns(known, f)]

@@ -10,7 +10,3 @@ def encode(text: str) -> list[int]:
 
 def decode(token_ids: list[int]) -> str:
     return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
-
-
-def decode_bytes(token_ids: list[int]) -> bytes:
-    return bytes(t for t in token_ids if 0 <= t < 256)

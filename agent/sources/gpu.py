@@ -7,8 +7,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from agent.sources.errors import ReadingError
-from agent.sources.health import SourceHealth
+from analysis.errors import ReadingError
+from analysis.health import Health
 from analysis.window import GpuReading
 
 
@@ -91,10 +91,10 @@ class GpuSource:
             self._nvml = None
             self._unavailable = "closed"
 
-    def health(self) -> SourceHealth:
+    def health(self) -> Health:
         if self._nvml is None:
-            return SourceHealth(name=self.name, state="unsupported", reason=self._unavailable, errors=self._errors)
-        return SourceHealth(name=self.name, state="error" if self._last_error else "ok", reason=self._last_error,
+            return Health(name=self.name, state="unsupported", reason=self._unavailable, errors=self._errors)
+        return Health(name=self.name, state="failed" if self._last_error else "running", reason=self._last_error,
                             errors=self._errors, detail={"devices": len(self._handles)})
 
     def _target_devices(self) -> tuple[list[Any], int | None]:

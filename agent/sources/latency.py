@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.sources.errors import ReadingError
-from agent.sources.health import SourceHealth
+from analysis.errors import ReadingError
+from analysis.health import Health
 from analysis.window import LatencyReading
 
 Fetch = Callable[[str, float], str]
@@ -235,9 +235,9 @@ class LatencySource:
     def close(self) -> None:
         self._prev = None
 
-    def health(self) -> SourceHealth:
-        state = "error" if self._last_error else "ok"
-        return SourceHealth(name=self.name, state=state, reason=self._last_error, errors=self._errors,
+    def health(self) -> Health:
+        state = "failed" if self._last_error else "running"
+        return Health(name=self.name, state=state, reason=self._last_error, errors=self._errors,
                             detail={"url": self.url, "metric": self.metric, "kind": self.kind,
                                     "scrapes": self._scrapes, "counter_resets": self._resets,
                                     "mean_seconds": self.last_mean_seconds})

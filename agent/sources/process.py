@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import psutil
 
-from agent.sources.health import SourceHealth
+from analysis.errors import AccessDenied, ProbeError, TargetGone
+from analysis.health import Health
 from analysis.window import ProcessReading
-from probes.errors import AccessDenied, ProbeError, TargetGone
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ class ProcessSource:
     def close(self) -> None:
         """Nothing to release: psutil keeps no handle open between reads."""
 
-    def health(self) -> SourceHealth:
-        return SourceHealth(name=self.name, state="error" if self._last_error else "ok", reason=self._last_error,
+    def health(self) -> Health:
+        return Health(name=self.name, state="failed" if self._last_error else "running", reason=self._last_error,
                             errors=self._errors, detail={"pid": self.pid})
 
     def _counters(self) -> _Counters:

@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.sources.errors import SourceUnavailable
 from agent.sources.folded import parse_folded, parse_summary, split_idle
-from agent.sources.health import SourceHealth
+from analysis.errors import AccessDenied, ProbeError, ReadingError, SourceUnavailable, TargetGone
+from analysis.health import Health
 from analysis.window import StackReading
-from probes.errors import AccessDenied, ProbeError, TargetGone
 
 Runner = Callable[..., subprocess.Popen]
 
@@ -83,7 +82,7 @@ class PySpySampler:
     windows see no gap beyond what `health().detail['gap_seconds']` reports.
     """
 
-    name = "pyspy"
+    name = "stacks"
     MAX_PENDING = 2
 
     def __init__(self, pid: int, rate_hz: int = 49, nonblocking: bool = True, segment_seconds: int = 1,
@@ -128,6 +127,7 @@ class PySpySampler:
                                        "last_attach_seconds": None}
         self._errors = 0
         self._last_error: str | None = None
+        self._error_since_read: str | None = None
         self._ticks = 0
         self._started_at: float | None = None
         self._last_read_at: float | None = None
@@ -166,6 +166,11 @@ class PySpySampler:
             since = now - (self._last_read_at if self._last_read_at is not None else self._started_at or now)
             self._stats["last_effective_rate_hz"] = round(self._ticks / since, 2) if since > 0 else None
             ticks, self._ticks, self._last_read_at = self._ticks, 0, now
+            failure, self._error_since_read = self._error_since_read, None
+        if ticks == 0:
+            # Nothing sampled is not "no stacks": the window has no reading, with the reason.
+            raise ReadingError(f"py-spy sampled nothing since the last read: {failure}" if failure
+                               else "py-spy finished no recording since the last read")
         return StackReading(active=dict(active), idle=dict(idle), rate_hz=float(self.rate_hz), samples=ticks)
 
     def close(self) -> None:
@@ -178,16 +183,16 @@ class PySpySampler:
             self._workdir = None
         atexit.unregister(self.close)
 
-    def health(self) -> SourceHealth:
+    def health(self) -> Health:
         with self._lock:
             detail = dict(self._stats)
             detail["children"] = [p.pid for p in self._live]
             if self._terminal is not None:
-                state = "unsupported" if isinstance(self._terminal, SourceUnavailable) else "error"
+                state = "unsupported" if isinstance(self._terminal, SourceUnavailable) else "failed"
                 reason: str | None = str(self._terminal)
             else:
-                state, reason = "ok", self._last_error
-            return SourceHealth(name=self.name, state=state, reason=reason, errors=self._errors, detail=detail)
+                state, reason = "running", self._last_error
+            return Health(name=self.name, state=state, reason=reason, errors=self._errors, detail=detail)
 
     def child_pids(self) -> list[int]:
         """The py-spy processes running now (for tests and the status page)."""
@@ -385,7 +390,7 @@ class PySpySampler:
     def _record_error(self, reason: str, restart: bool) -> None:
         with self._lock:
             self._errors += 1
-            self._last_error = reason
+            self._last_error = self._error_since_read = reason
             if restart:
                 self._stats["restarts"] += 1
 

@@ -49,6 +49,12 @@ def test_real_host_json_lists_every_check(require_bpf):
     assert all(c["status"] == "ok" for c in probes.values()), probes
 
 
+def test_doctor_checks_every_hook_the_probes_use():
+    assert set(doctor.PROBE_TRACEPOINTS) == {
+        "raw_syscalls:sys_enter", "raw_syscalls:sys_exit", "sched:sched_switch", "sched:sched_wakeup",
+        "sched:sched_wakeup_new", "tcp:tcp_retransmit_skb", "tcp:tcp_retransmit_synack"}
+
+
 def test_missing_tracepoint_fails_and_names_it(tmp_path):
     tracefs = _fake_tracefs(tmp_path / "tracing", tracepoints=[t for t in doctor.PROBE_TRACEPOINTS
                                                                if t != "tcp:tcp_retransmit_skb"])
@@ -119,7 +125,8 @@ def test_missing_pyspy_fails():
 
 def test_exit_code_nonzero_when_a_requirement_is_removed(tmp_path, capsys):
     """The whole report on a host whose tracefs lacks one tracepoint: exit 1, the line names the fix."""
-    tracefs = _fake_tracefs(tmp_path / "tracing", tracepoints=doctor.PROBE_TRACEPOINTS[:-1])
+    tracefs = _fake_tracefs(tmp_path / "tracing", tracepoints=[t for t in doctor.PROBE_TRACEPOINTS
+                                                               if t != "tcp:tcp_retransmit_skb"])
     host = Host(tracefs=tracefs, euid=lambda: 1000, pyspy=None)
     assert doctor.main(host=host) == 1
     out = capsys.readouterr().out
@@ -128,7 +135,7 @@ def test_exit_code_nonzero_when_a_requirement_is_removed(tmp_path, capsys):
 
 
 def test_a_probe_that_cannot_load_names_its_reason():
-    from probes.errors import TracepointMissing
+    from analysis.errors import TracepointMissing
 
     class Missing:
         def start(self, targets):

@@ -12,6 +12,7 @@ import time
 import urllib.request
 import uuid
 
+import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -19,6 +20,18 @@ from agent.store import Store
 
 INTERVAL = 3.0
 SOURCES = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks", "latency", "gpu")
+
+
+def nvml_has_gpu() -> bool:
+    """What NVML itself says: at least one device (asked directly, not through the agent's GpuSource)."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    try:
+        return pynvml.nvmlDeviceGetCount() > 0
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def free_port() -> int:
@@ -159,9 +172,12 @@ def test_workload_load_agent_restart_and_crash(require_bpf, tmp_path):
         assert not missing, (missing, w.errors)
         assert w.syscalls.counts and w.offcpu.seconds > 0 and w.process.rss_bytes > 0
         assert w.stacks.samples > 0 and (w.stacks.active or w.stacks.idle)
-        assert w.gpu.available is False and "no NVIDIA GPU" in w.gpu.reason
+        # Whatever NVML says about this host, the window agrees: figures with a GPU, the reason without.
+        assert w.gpu.available is nvml_has_gpu(), w.gpu
+        assert w.gpu.available or "no NVIDIA GPU" in w.gpu.reason
     assert sum(w.latency.requests for w in serving) > 0
-    assert sum(w.gc.collections for w in first) > 0
+    # The window in which the server exits has no gc reading (the probe drops a gone target), not a zero.
+    assert sum(w.gc.collections for w in first if w.gc is not None) > 0
 
     # The restart lost at most one window: the new pid's first window starts within one interval of
     # the old pid's last window's end.

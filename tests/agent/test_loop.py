@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
+from agent.collectors import Collectors
 from agent.config import Config, TargetSpec
 from agent.loop import CollectionLoop
-from agent.probeset import ProbeSet
 from agent.state import AgentState
-from agent.target_sources import make_target_sources
+from agent.target_sources import source_factories
 
 PY_CHILD = "import gc, os, sys, time\nwhile True:\n    gc.collect(); os.getppid(); time.sleep(0.02)\n"
 
@@ -31,9 +31,8 @@ def stop(*procs):
 def make_loop(specs, probes, sink, interval=1.0):
     config = Config(interval_seconds=max(1.0, interval), targets=tuple(specs))
     state = AgentState()
-    loop = CollectionLoop(specs=specs, probes=ProbeSet(probes),
-                          make_sources=lambda t: make_target_sources(t, config, pyspy=False),
-                          state=state, sink=sink, interval=interval)
+    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config, pyspy=False))
+    loop = CollectionLoop(specs=specs, collectors=collectors, state=state, sink=sink, interval=interval)
     return loop, state
 
 
@@ -68,15 +67,16 @@ def test_windows_carry_probe_and_process_readings(require_bpf):
         # probes' boundary and in 10 ms ticks; the probe's own tests check conservation exactly.
         assert w.offcpu.seconds > 0.5
         assert abs(w.offcpu.seconds + w.process.cpu_seconds - w.duration) < 0.05 + 0.05 * w.duration
-        assert w.process.cpu_seconds >= 0
         assert "gc" not in w.errors
     for w in sl:
         assert w.gc is None, "a probe that cannot trace the target gives no reading, not zeros"
         assert "unsupported" in w.errors["gc"] and "not a Python interpreter" in w.errors["gc"]
         assert w.syscalls is not None and w.offcpu.seconds > 0.9 * w.duration
-    health = state.snapshot()["health"]
-    assert health["gc"]["state"] == "running"
-    assert str(sleeper.pid) in health["gc"]["unsupported"]
+        # `sleep` is blocked all along: no CPU, counted as a measured zero rather than left out.
+        assert w.process is not None and w.process.cpu_seconds < 0.05 * w.duration, w.process
+    health = state.snapshot().health
+    assert health["gc"].state == "running"
+    assert sleeper.pid in health["gc"].unsupported
 
 
 @pytest.mark.bpf
@@ -108,7 +108,7 @@ def test_restarted_target_is_found_again_within_one_window(require_bpf):
     # The new process's first window starts where the old one's last ended: at most that window is lost.
     assert windows[2].start == windows[1].end
     assert windows[2].gc.collections > 10, "probes re-attached to the new pid"
-    assert state.snapshot()["targets"]["server"].pid == second.pid
+    assert state.snapshot().targets["server"].pid == second.pid
 
 
 def test_a_failing_store_drops_the_window_and_counts_it():
@@ -129,8 +129,8 @@ def test_a_failing_store_drops_the_window_and_counts_it():
         loop.close()
         stop(child)
     snap = state.snapshot()
-    assert snap["dropped_windows"] == 1 and snap["errors"]["store"] == 1
-    assert snap["windows_written"] == 1
+    assert snap.dropped_windows == 1 and snap.errors["store"] == 1
+    assert snap.windows_written == 1
 
 
 def test_a_stalled_tick_is_counted_late_not_merged():
@@ -153,7 +153,7 @@ def test_a_stalled_tick_is_counted_late_not_merged():
         runner.join()
         loop.close()
         stop(child)
-    assert state.snapshot()["late_ticks"] >= 1
+    assert state.snapshot().late_ticks >= 1
     # Every window still ends where the next begins: a late tick is a longer window, counted.
     for a, b in zip(windows, windows[1:]):
         assert a.end == b.start
@@ -165,7 +165,7 @@ def test_missing_target_is_shown_waiting_with_the_reason():
     loop.start()
     loop.tick()
     loop.close()
-    ghost = state.snapshot()["targets"]["ghost"]
+    ghost = state.snapshot().targets["ghost"]
     assert ghost.state == "waiting" and "no process matches" in ghost.detail
 
 

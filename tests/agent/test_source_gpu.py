@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from agent.sources.errors import ReadingError
 from agent.sources.gpu import GpuSource
+from analysis.errors import ReadingError
 
 
 def test_real_nvml_gives_figures_or_a_no_gpu_reading() -> None:
@@ -22,7 +22,7 @@ def test_real_nvml_gives_figures_or_a_no_gpu_reading() -> None:
         if reading.available:
             assert 0.0 <= reading.utilization <= 1.0
             assert reading.memory_used_bytes >= 0
-            assert health.state == "ok" and health.detail["devices"] >= 1
+            assert health.state == "running" and health.detail["devices"] >= 1
         else:
             # This host (CI included) has nvidia-ml-py but no driver: NVML's own words, no error.
             assert reading.reason.startswith("no NVIDIA GPU: ")
@@ -125,7 +125,7 @@ def test_lost_gpu_is_a_counted_reading_error() -> None:
     src = GpuSource(loader=lambda: nvml)
     with pytest.raises(ReadingError, match="NVML read failed"):
         src.read()
-    assert src.health().errors == 1 and src.health().state == "error"
+    assert src.health().errors == 1 and src.health().state == "failed"
     src.close()
     assert nvml.shutdowns == 1
 

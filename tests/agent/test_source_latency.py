@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from agent.sources.errors import ReadingError
 from agent.sources.latency import LatencySource, histogram_quantile
+from analysis.errors import ReadingError
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # A colon, as in vLLM's names (the bundled workload exports those).
@@ -145,7 +145,7 @@ def test_unreachable_server_is_a_counted_reading_error() -> None:
         with pytest.raises(ReadingError, match=f"127.0.0.1:{port}.*unreachable"):
             src.read()
     health = src.health()
-    assert health.state == "error" and health.errors == 2 and "unreachable" in health.reason
+    assert health.state == "failed" and health.errors == 2 and "unreachable" in health.reason
 
 
 def test_missing_metric_names_it_and_recovers(server: Server) -> None:
@@ -155,7 +155,7 @@ def test_missing_metric_names_it_and_recovers(server: Server) -> None:
     assert src.health().errors == 1
     good = LatencySource(server.url, METRIC)
     good.prime()
-    assert good.health().state == "ok"
+    assert good.health().state == "running"
 
 
 @pytest.fixture

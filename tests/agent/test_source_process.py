@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.sources.process import ProcessSource
-from probes.errors import TargetGone
+from analysis.errors import TargetGone
 
 CHILD = textwrap.dedent("""
     import os, sys, threading, time
@@ -81,7 +81,7 @@ def test_gone_target_raises_target_gone_and_counts(child: subprocess.Popen) -> N
     with pytest.raises(TargetGone, match=str(child.pid)):
         src.read()
     health = src.health()
-    assert health.state == "error" and health.errors == 1
+    assert health.state == "failed" and health.errors == 1
 
 
 def test_zombie_target_is_gone(child: subprocess.Popen) -> None:

@@ -15,9 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.sources.errors import SourceUnavailable
 from agent.sources.pyspy import PySpySampler, find_pyspy
-from probes.errors import TargetGone
+from analysis.errors import ReadingError, SourceUnavailable, TargetGone
 
 TARGET = textwrap.dedent("""
     import sys, threading, time
@@ -116,7 +115,8 @@ def test_active_and_idle_stacks_are_kept_apart(require_root, target, sampler_fac
     assert reading.rate_hz == rate
     effective = sampler.health().detail["last_effective_rate_hz"]
     assert 0 < effective <= rate * 1.3, effective  # overlapping segments may briefly exceed rate
-    # A read takes what was pending: the next one starts empty or with newer segments only.
+    # A read takes what was pending: the next one holds newer segments only.
+    wait_for(lambda: sampler.health().detail["segments"] > segments, 30, "one more py-spy segment")
     again = sampler.read()
     assert samples_with(again.idle, "wait_on_lock_here") <= 2 * per_segment
 
@@ -137,7 +137,7 @@ def test_killed_pyspy_is_restarted_and_counted(require_root, target, sampler_fac
     wait_for(lambda: sampler.health().detail["segments"] >= done + 2, 30, "segments after the restart")
     assert victim not in sampler.child_pids()
     assert samples_with(sampler.read().active, "burn_cpu_here") > 0
-    assert sampler.health().state == "ok"
+    assert sampler.health().state == "running"
 
 
 def test_close_leaves_no_child_and_no_zombie(require_root, target) -> None:
@@ -185,10 +185,22 @@ def test_vanished_target_raises_target_gone(require_root, target, sampler_factor
     wait_for(lambda: sampler.child_pids(), 20, "recorders to start")
     target.kill()
     target.wait()
-    wait_for(lambda: sampler.health().state == "error", 30, "the sampler to see the target gone")
+    wait_for(lambda: sampler.health().state == "failed", 30, "the sampler to see the target gone")
     with pytest.raises(TargetGone, match=str(target.pid)):
         sampler.read()
     wait_for(lambda: sampler.child_pids() == [], 10, "recorders to stop")
+
+
+def test_failed_attach_reads_as_no_reading_with_the_reason(require_root, sampler_factory) -> None:
+    not_python = subprocess.Popen(["sleep", "60"])
+    try:
+        sampler = sampler_factory(not_python.pid, backoff_initial=0.1)
+        wait_for(lambda: sampler.health().errors >= 1, 30, "py-spy to fail attaching to a non-Python process")
+        with pytest.raises(ReadingError, match="sampled nothing.*failed to attach"):
+            sampler.read()
+    finally:
+        not_python.kill()
+        not_python.wait()
 
 
 def test_missing_pyspy_is_unsupported_not_a_crash(tmp_path: Path) -> None:

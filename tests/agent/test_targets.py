@@ -15,7 +15,7 @@ import pytest
 
 from agent.config import LatencySpec, TargetSpec, UntrustedPath
 from agent.targets import diff_targets, discover, read_pidfile, read_proc
-from probes.errors import TargetGone
+from analysis.errors import TargetGone
 
 
 def fake_proc(root: Path, pid: int, comm: str, cmdline: list[str], start: int, state: str = "S") -> None:

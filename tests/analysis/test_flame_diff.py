@@ -122,9 +122,20 @@ def test_diff_folded_and_diff_profile_agree():
     assert {s: (c, b) for s, c, b in d.stacks} == {s: (after.stacks[s], before.stacks[s]) for s in after.stacks}
 
 
-def test_empty_inputs_render():
-    ET.fromstring(render_diff_svg(diff(Profile(), Profile())).encode())
-    ET.fromstring(render_diff_svg(diff(Profile({("a",): 3}), Profile())).encode())
+def _panel(svg: str) -> list[str]:
+    root = ET.fromstring(svg.encode("utf-8"))
+    (panel,) = [e for e in root.iter() if e.get("id") == "panel"]
+    return [t.text for t in panel.iter() if t.text]
+
+
+def test_empty_inputs_render_with_their_movers():
+    nothing = diff(Profile(), Profile())
+    assert nothing.movers() == []
+    assert _panel(render_diff_svg(nothing)) == ["Largest movers", "   self   total  (pp)"]
+    # Everything vanished: the one function lost its whole share, 100 percentage points.
+    gone = diff(Profile({("a",): 3}), Profile())
+    assert [(m.name, m.self_delta, m.total_delta) for m in gone.movers()] == [("a", -100.0, -100.0)]
+    assert _panel(render_diff_svg(gone))[-1] == "-100.00 -100.00  a"
 
 
 DIFF_HARNESS = r"""

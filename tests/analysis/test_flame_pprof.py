@@ -171,7 +171,10 @@ def test_py_spy_frames_carry_file_and_line():
 def test_output_is_deterministic_gzip():
     prof = parse_folded(FOLDED)
     assert to_pprof(prof) == to_pprof(parse_folded(FOLDED))
-    assert to_pprof(prof)[:2] == b"\x1f\x8b"
+    data = to_pprof(prof)
+    assert data[:2] == b"\x1f\x8b"
+    # RFC 1952: bytes 4..7 are MTIME; 0 (no time stamp) is what makes the bytes the same on every run.
+    assert data[4:8] == b"\x00\x00\x00\x00"
 
 
 @pytest.mark.parametrize("kwargs, match", [

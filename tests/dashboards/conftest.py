@@ -3,7 +3,9 @@
 import pytest
 
 from agent.metrics import build_registry
-from agent.state import AgentState, TargetStatus
+from agent.state import AgentState
+from analysis.health import Health
+from analysis.snapshot import TargetStatus
 from analysis.window import (
     GcReading,
     LatencyReading,
@@ -29,7 +31,7 @@ def make_window(target="server", pid=4242, start=1000.0, end=1005.0) -> Window:
         runqueue=RunQueueReading(histogram=Log2Histogram(unit="us", counts=[5, 10, 2]), total_seconds=0.0001),
         process=ProcessReading(cpu_seconds=2.0, rss_bytes=300 * 2**20, threads=9),
         latency=LatencyReading(p50_seconds=0.05, p95_seconds=0.09, p99_seconds=0.12, requests=40, request_rate=8.0),
-        errors={"pyspy": "py-spy exited: boom"},
+        errors={"stacks": "py-spy exited: boom"},
     )
 
 
@@ -37,8 +39,8 @@ def make_window(target="server", pid=4242, start=1000.0, end=1005.0) -> Window:
 def state():
     s = AgentState(clock=lambda: 2000.0)
     s.set_target(TargetStatus(name="server", pid=4242, state="watching", since=1000.0))
-    s.set_health("syscalls", {"state": "running", "reason": None, "lost_events": 0, "failed_stacks": 0})
-    s.set_health("gcpause", {"state": "unsupported", "reason": "no gc_collect_main in /usr/bin/python3"})
+    s.set_health("syscalls", Health(name="syscalls", state="running"))
+    s.set_health("gc", Health(name="gc", state="unsupported", reason="no gc_collect_main in /usr/bin/python3"))
     s.record_window(make_window())
     return s
 

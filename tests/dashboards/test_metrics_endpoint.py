@@ -33,5 +33,5 @@ def test_agent_health_series(client):
     assert s[("infersight_agent_cpu_seconds_total", ())] > 0
     assert s[("infersight_agent_resident_memory_bytes", ())] > 10 * 2**20
     assert s[("infersight_source_up", (("source", "syscalls"),))] == 1
-    assert s[("infersight_source_up", (("source", "gcpause"),))] == 0
-    assert s[("infersight_agent_errors_total", (("source", "pyspy"),))] == 1
+    assert s[("infersight_source_up", (("source", "gc"),))] == 0
+    assert s[("infersight_agent_errors_total", (("source", "stacks"),))] == 1

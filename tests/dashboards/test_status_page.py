@@ -1,6 +1,6 @@
 """The status page and its JSON twin show targets, source health and the latest window."""
 
-from agent.state import TargetStatus
+from analysis.snapshot import TargetStatus
 from dashboards.app import create_app
 
 
@@ -19,7 +19,7 @@ def test_json_status_matches_state(client):
     assert latest["syscalls"] == 150
     assert latest["gc_collections"] == 3
     assert latest["cpu_percent"] == 40.0
-    assert {s["source"] for s in data["sources"]} == {"syscalls", "gcpause"}
+    assert {s["source"] for s in data["sources"]} == {"syscalls", "gc"}
 
 
 def test_untrusted_target_names_are_escaped(state):

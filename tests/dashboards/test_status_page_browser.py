@@ -4,6 +4,7 @@ import shutil
 import socket
 import subprocess
 import threading
+from html.parser import HTMLParser
 
 import pytest
 from waitress.server import create_server
@@ -42,11 +43,54 @@ def test_chromium_renders_targets_sources_and_window(served, tmp_path):
     assert "50.0 / 120.0 ms" in dom
 
 
-def test_chromium_screenshot_is_a_png(served, tmp_path):
-    shot = tmp_path / "status.png"
+class _Rendered(HTMLParser):
+    """The parts of the rendered DOM a person reads: source rows (class + cells) and window figures."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[str, list[str]]] = []
+        self.figures: dict[str, str] = {}
+        self.errors: list[str] = []
+        self._tag: str | None = None
+        self._in_sources = False
+        self._term: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attr = dict(attrs)
+        if tag == "table":
+            self._in_sources = attr.get("id") == "sources"
+        elif tag == "tr" and self._in_sources:
+            self.rows.append((attr.get("class") or "", []))
+        self._tag = tag
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._in_sources = False
+        self._tag = None
+
+    def handle_data(self, data: str) -> None:
+        text = " ".join(data.split())
+        if self._tag == "td" and self._in_sources and self.rows:
+            self.rows[-1][1].append(text)
+        elif self._tag == "dt":
+            self._term = text
+        elif self._tag == "dd" and self._term:
+            self.figures[self._term] = self.figures.get(self._term, "") + text
+        elif self._tag == "li":
+            self.errors.append(text)
+
+
+def test_chromium_shows_states_reasons_and_null_readings(served, tmp_path):
     proc = subprocess.run([chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
-                           f"--screenshot={shot}", "--window-size=1200,900", f"{served}/"],
+                           "--window-size=1200,900", "--dump-dom", f"{served}/"],
                           capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    page = _Rendered()
+    page.feed(proc.stdout)
+    rows = {cells[0]: (cls, cells) for cls, cells in page.rows if cells}
+    assert rows["gc"][0] == "state-unsupported" and rows["gc"][1][1] == "unsupported"
+    assert rows["syscalls"][0] == "state-running" and rows["syscalls"][1][1] == "running"
+    # Readings the window lacks show a dash, never a zero; the ones it has show their value.
+    assert page.figures["Python samples"] == "–" and page.figures["GPU"] == "–"
+    assert page.figures["TCP retransmits"] == "2" and page.figures["GC"].startswith("3 collections")
+    assert page.errors == ["stacks: py-spy exited: boom"]

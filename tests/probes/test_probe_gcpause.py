@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.errors import TargetGone, Unsupported
+from analysis.errors import TargetGone, Unsupported
 from probes.gcpause import GcPauseConfig, GcPauseProbe, render
 from probes.libpython import find_python_image, read_elf_symbols
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from probes.errors import ProbeUnavailable
+from analysis.errors import ProbeUnavailable
 from probes.runqlat import RunqlatConfig, RunqlatProbe, render, thread_ids
 
 # "target T": prints ready, waits for one byte, starts T threads; all of them (and main)

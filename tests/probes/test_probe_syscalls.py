@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from analysis.errors import ProbeUnavailable
 from analysis.window import Log2Histogram
 from probes import target_filter
 from probes.base import TargetSlots
-from probes.errors import ProbeUnavailable
 from probes.syscall_names import SYSCALL_NAMES
 from probes.syscalls import (
     OTHER_ID,
@@ -334,7 +334,10 @@ def test_reading_is_a_log2_histogram_per_top_syscall(require_bpf, cc, children, 
     child.go()
     reading = probe.read()[child.pid]
     assert list(reading.latency) == ["getppid"]  # top 1 by count: 6000 getppid vs 3000 getcpu
-    assert isinstance(reading.latency["getppid"], Log2Histogram)
+    hist = reading.latency["getppid"]
+    assert isinstance(hist, Log2Histogram) and hist.unit == "ns"
+    # One latency sample per counted call: the histogram holds exactly the 6000 getppid.
+    assert reading.counts["getppid"] == 6_000 and hist.total() == 6_000
 
 
 @pytest.mark.bpf

@@ -13,16 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from analysis.errors import ProbeUnavailable, TargetGone, TracepointMissing
 from analysis.window import TcpFlow, TcpReading
-from probes.errors import ProbeUnavailable, TargetGone, TracepointMissing
+from probes.sockets import Endpoint, ProcSockets, owns, parse_proc_net_tcp
 from probes.tcpretrans import (
-    Endpoint,
-    ProcSockets,
     TcpRetransConfig,
     TcpRetransProbe,
     flow_from_key,
-    owns,
-    parse_proc_net_tcp,
     render,
     state_name,
     tracepoint_has_field,

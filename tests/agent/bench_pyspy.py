@@ -1,6 +1,6 @@
 """Measure PySpySampler: target slowdown (interleaved on/off pairs), py-spy CPU, attach time, gaps.
 
-Run as root: `.venv/bin/python -m agent.sources.bench_pyspy --pairs 6 --phase 4`, or with
+Run as root: `.venv/bin/python -m tests.agent.bench_pyspy --pairs 6 --phase 4`, or with
 `--workload` for py-spy's CPU per flag set and the sampler's on the bundled server under load.
 """
 

@@ -1,6 +1,6 @@
 """Benchmark: time and memory to render an SVG and a diff from 100,000 distinct stacks (a script, not library code).
 
-Run from the repository root:  .venv/bin/python -m analysis.bench_flame --runs 7
+Run from the repository root:  .venv/bin/python -m tests.analysis.bench_flame --runs 7
 Each measurement runs in a fresh child process so peaks do not leak between runs; SVG and diff
 children alternate order run by run, and results are medians with min..max.
 """
@@ -110,7 +110,7 @@ def child(task: str, n_stacks: int, traced: bool) -> dict:
 
 
 def _spawn(task: str, n_stacks: int, traced: bool) -> dict:
-    cmd = [sys.executable, "-m", "analysis.bench_flame", "--child", task, "--stacks", str(n_stacks)]
+    cmd = [sys.executable, "-m", "tests.analysis.bench_flame", "--child", task, "--stacks", str(n_stacks)]
     if traced:
         cmd.append("--traced")
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600)

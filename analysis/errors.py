@@ -1,8 +1,8 @@
-"""Domain errors for probes: each says why a probe cannot run, in words a user can act on."""
+"""Domain errors of every collector: each says why a target cannot be measured, in words a user can act on."""
 
 
 class ProbeError(Exception):
-    """Base class: a probe could not start or read."""
+    """Base class: a probe or source could not start or read."""
 
 
 class ProbeUnavailable(ProbeError):
@@ -17,10 +17,6 @@ class TracepointMissing(ProbeUnavailable):
     """A tracepoint the probe attaches to does not exist in this kernel's tracefs."""
 
 
-class SymbolNotFound(ProbeUnavailable):
-    """A uprobe target symbol is not in the binary or library."""
-
-
 class Unsupported(ProbeUnavailable):
     """The target cannot be traced by this probe (e.g. an interpreter without the needed symbol)."""
 
@@ -31,3 +27,11 @@ class TargetGone(ProbeError):
 
 class AccessDenied(ProbeError):
     """The OS refused access to the target process."""
+
+
+class ReadingError(ProbeError):
+    """A source could not produce a reading this window (endpoint down, metric missing, nothing sampled)."""
+
+
+class SourceUnavailable(ProbeError):
+    """A source cannot run on this host at all (its binary or library is missing)."""

@@ -1,6 +1,6 @@
 """Measure the agent's own cost during `make demo`: CPU (% of one core, with and without py-spy) and RSS.
 
-    sudo .venv/bin/python -m agent.bench_demo --seconds 180
+    sudo .venv/bin/python -m tests.agent.bench_demo --seconds 180
 
 Runs the demo as a child process, scrapes the agent's /metrics every few seconds, and prints
 the agent's CPU share over the steady part of the run (after the probes compiled), its peak

@@ -1,0 +1,297 @@
+"""The one registry of collectors: host-wide BPF probes and per-target user-space sources, read alike."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.sources.protocol import Source
+from agent.targets import Target
+from analysis.errors import ProbeError, Unsupported
+from analysis.health import Health
+from probes.base import Probe
+
+log = logging.getLogger("infersight.collectors")
+
+# What a collector may raise on start/read/set_targets without taking the agent down: the domain errors,
+# and what probes and libraries raise for bad state or values (counted and shown, never a silent zero).
+COLLECTOR_ERRORS = (ProbeError, ValueError, RuntimeError, OSError)
+
+
+def _syscalls() -> Probe:
+    from probes.syscalls import SyscallsProbe
+
+    return SyscallsProbe()
+
+
+def _offcpu() -> Probe:
+    from probes.offcpu import OffCpuProbe
+
+    return OffCpuProbe()
+
+
+def _gc() -> Probe:
+    from probes.gcpause import GcPauseProbe
+
+    return GcPauseProbe()
+
+
+def _tcp() -> Probe:
+    from probes.tcpretrans import TcpRetransProbe
+
+    return TcpRetransProbe()
+
+
+def _runqueue() -> Probe:
+    from probes.runqlat import RunqlatProbe
+
+    return RunqlatProbe()
+
+
+# Window field (= config key = metric label) -> probe constructor; imports are lazy because BCC costs ~76 MB.
+PROBE_FACTORIES: dict[str, Callable[[], Probe]] = {
+    "syscalls": _syscalls,
+    "offcpu": _offcpu,
+    "gc": _gc,
+    "tcp": _tcp,
+    "runqueue": _runqueue,
+}
+
+# Probes that split intervals still open at read time (off-CPU time belongs to the window it passes in).
+BOUNDARY_FIRST = ("offcpu",)
+
+SourceFactories = dict[str, Callable[[], Source]]
+
+
+@dataclass
+class Collected:
+    """One target's share of a read: Window field -> reading, and Window field -> why there is none."""
+
+    readings: dict[str, Any] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _TargetSources:
+    sources: dict[str, Source] = field(default_factory=dict)
+    broken: dict[str, Health] = field(default_factory=dict)
+
+
+class Collectors:
+    """Every collector, by the Window field it fills; one that fails to start or read is reported, never raised.
+
+    Probes are host-wide (one instance traces every target); sources are built per target by
+    `make_sources` and closed when the target goes. Both answer the same contract: a reading per
+    measured target, a reason per target they cannot measure, and `health()`.
+    """
+
+    def __init__(self, probes: Iterable[str], make_sources: Callable[[Target], SourceFactories] | None = None,
+                 probe_factories: dict[str, Callable[[], Probe]] | None = None,
+                 proc_root: Path = Path("/proc")) -> None:
+        factories = probe_factories or PROBE_FACTORIES
+        self._enabled = list(probes)
+        unknown = [n for n in self._enabled if n not in factories]
+        if unknown:
+            raise ValueError(f"unknown probe name(s) {unknown!r}; known: {sorted(factories)}")
+        self._factories = factories
+        self._make_sources = make_sources or (lambda target: {})
+        self._proc_root = proc_root
+        self._running: dict[str, Probe] = {}
+        self._failed: dict[str, Health] = {}
+        # Probes that could trace none of the targets so far (gc with no Python target): retried
+        # whenever the targets change, since the next target may be one they support.
+        self._retry: set[str] = set()
+        self._read_errors: dict[str, int] = {}
+        # Probe name -> why its last set_targets() failed; its new targets then have no reading.
+        self._target_errors: dict[str, str] = {}
+        self._targets: dict[tuple[int, int], Target] = {}
+        self._sources: dict[tuple[int, int], _TargetSources] = {}
+        # Host-wide readings of the last read, by Window field (tcp: every retransmit on the host).
+        self.host: dict[str, Any] = {}
+        # Running probe -> the targets it said it cannot measure, as of the last read.
+        self._probe_unsupported: dict[str, dict[int, str]] = {}
+
+    # -- targets --------------------------------------------------------------------------------
+
+    def start(self, targets: Iterable[Target]) -> None:
+        for target in targets:
+            self._add(target)
+        pids = self._pids()
+        for name in self._enabled:
+            self._start_probe(name, pids)
+
+    def set_targets(self, targets: Iterable[Target]) -> None:
+        """Build sources for new targets, close those of gone ones, and retarget every probe."""
+        wanted = {t.key: t for t in targets}
+        changed = set(wanted) != set(self._targets)
+        for key in [k for k in self._targets if k not in wanted]:
+            self._remove(key)
+        for key, target in wanted.items():
+            if key in self._targets:
+                self._targets[key] = target  # renamed (name <-> name#pid): same process, same sources
+            else:
+                self._add(target)
+        if not changed:
+            return
+        pids = self._pids()
+        for name, probe in list(self._running.items()):
+            self._target_errors.pop(name, None)
+            try:
+                probe.set_targets(pids)
+            except Unsupported as exc:
+                log.info("probe %s cannot trace a new target: %s", name, exc)
+            except COLLECTOR_ERRORS as exc:
+                log.warning("probe %s could not change targets: %s", name, exc)
+                self._read_errors[name] = self._read_errors.get(name, 0) + 1
+                self._target_errors[name] = f"changing its targets failed: {exc}"
+        for name in sorted(self._retry):
+            self._retry.discard(name)
+            del self._failed[name]
+            self._start_probe(name, pids)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def read(self) -> dict[tuple[int, int], Collected]:
+        """Every target's readings and missing reasons; probes first, so their cut is the window's end."""
+        probe_readings, probe_errors = self._read_probes()
+        out: dict[tuple[int, int], Collected] = {}
+        for key, target in self._targets.items():
+            collected = Collected()
+            self._probe_share(target.pid, probe_readings, probe_errors, collected)
+            self._read_sources(self._sources[key], collected)
+            out[key] = collected
+        return out
+
+    def health(self) -> dict[str, Health]:
+        """Probes by name; sources by `name:target` (one instance per target)."""
+        out = {name: h.copy() for name, h in self._failed.items()}
+        for name, probe in self._running.items():
+            h = probe.health()
+            h.errors += self._read_errors.get(name, 0)
+            out[name] = h
+        for key, entry in self._sources.items():
+            target = self._targets[key].name
+            for name, h in entry.broken.items():
+                out[f"{name}:{target}"] = h.copy()
+            for name, source in entry.sources.items():
+                out[f"{name}:{target}"] = source.health()
+        return out
+
+    def stop(self) -> None:
+        for key in list(self._targets):
+            self._remove(key)
+        for name, probe in self._running.items():
+            _stop_quietly(name, probe)
+        self._running.clear()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _pids(self) -> list[int]:
+        return [t.pid for t in self._targets.values()]
+
+    def _add(self, target: Target) -> None:
+        entry = _TargetSources()
+        for name, factory in self._make_sources(target).items():
+            try:
+                entry.sources[name] = factory()
+            except COLLECTOR_ERRORS as exc:
+                log.warning("source %s for %s unavailable: %s", name, target.name, exc)
+                entry.broken[name] = Health(name=name, state="failed", reason=str(exc), errors=1)
+        self._targets[target.key] = target
+        self._sources[target.key] = entry
+
+    def _remove(self, key: tuple[int, int]) -> None:
+        self._targets.pop(key)
+        for name, source in self._sources.pop(key).sources.items():
+            try:
+                source.close()
+            except COLLECTOR_ERRORS as exc:
+                log.warning("source %s did not close cleanly: %s", name, exc)
+
+    def _start_probe(self, name: str, pids: list[int]) -> None:
+        probe = None
+        try:
+            probe = self._factories[name]()
+            probe.start(pids)
+        except Unsupported as exc:
+            if probe is not None and probe.health().state == "running":
+                log.info("probe %s cannot trace some targets: %s", name, exc)
+                self._running[name] = probe
+                return
+            log.info("probe %s supports none of the targets: %s", name, exc)
+            self._failed[name] = Health(name=name, state="unsupported", reason=str(exc),
+                                        unsupported={pid: str(exc) for pid in pids})
+            self._retry.add(name)
+        except (*COLLECTOR_ERRORS, ImportError) as exc:
+            log.warning("probe %s unavailable: %s", name, exc)
+            self._failed[name] = Health(name=name, state="failed", reason=str(exc))
+            if probe is not None:
+                _stop_quietly(name, probe)
+        else:
+            self._running[name] = probe
+
+    def _read_probes(self) -> tuple[dict[str, dict[int, Any]], dict[str, str]]:
+        readings: dict[str, dict[int, Any]] = {}
+        errors: dict[str, str] = {}
+        self.host = {}
+        # Probes whose read cuts time at the moment it starts go first, so their boundary is the window's.
+        order = sorted(self._running.items(), key=lambda item: item[0] not in BOUNDARY_FIRST)
+        for name, probe in order:
+            try:
+                readings[name] = probe.read()
+            except COLLECTOR_ERRORS as exc:
+                self._read_errors[name] = self._read_errors.get(name, 0) + 1
+                errors[name] = f"failed: {exc}"
+                continue
+            if (host := probe.host()) is not None:
+                self.host[name] = host
+            self._probe_unsupported[name] = probe.health().unsupported
+        self._probe_unsupported = {n: u for n, u in self._probe_unsupported.items() if n in readings}
+        for name, health in self._failed.items():
+            if health.state != "unsupported":  # per-target reasons are in health.unsupported
+                errors[name] = f"{health.state}: {health.reason}"
+        return readings, errors
+
+    def _probe_share(self, pid: int, readings: dict[str, dict[int, Any]], errors: dict[str, str],
+                     out: Collected) -> None:
+        unsupported = {name: h.unsupported[pid] for name, h in self._failed.items() if pid in h.unsupported}
+        for name in readings:
+            if why := self._probe_unsupported.get(name, {}).get(pid):
+                unsupported[name] = why
+        for name in sorted({*readings, *unsupported}):
+            per_pid = readings.get(name, {})
+            # A probe's reading covers exactly the targets it measures (zero events there is a real zero);
+            # a target it left out has no reading, with the reason, never an invented empty one.
+            if pid in per_pid and name not in unsupported:
+                out.readings[name] = per_pid[pid]
+            else:
+                why = unsupported.get(name) or self._missing_reason(name, pid)
+                out.missing[name] = f"unsupported: {why}"
+        out.missing.update(errors)
+
+    def _missing_reason(self, name: str, pid: int) -> str:
+        if not (self._proc_root / str(pid)).exists():
+            return f"pid {pid} exited before {name} was read; its last counts are lost"
+        why = self._target_errors.get(name)
+        return f"{name} does not measure pid {pid}" + (f" ({why})" if why else "")
+
+    @staticmethod
+    def _read_sources(entry: _TargetSources, out: Collected) -> None:
+        for name, source in entry.sources.items():
+            try:
+                out.readings[name] = source.read()
+            except COLLECTOR_ERRORS as exc:
+                out.missing[name] = str(exc)
+        for name, health in entry.broken.items():
+            out.missing[name] = f"failed: {health.reason}"
+
+
+def _stop_quietly(name: str, probe: Probe) -> None:
+    """Stop a probe; a failure to stop is logged, since the agent is leaving that probe either way."""
+    try:
+        probe.stop()
+    except COLLECTOR_ERRORS as exc:
+        log.warning("probe %s did not stop cleanly: %s", name, exc)

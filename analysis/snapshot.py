@@ -1,0 +1,90 @@
+"""The agent's state as readers see it: a frozen Snapshot of totals, latest windows, targets and health."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from analysis.health import Health
+from analysis.window import Log2Histogram, Window
+
+
+@dataclass
+class TargetTotals:
+    """Monotonic totals since the agent started watching a target: what Prometheus counters expose."""
+
+    pid: int = 0
+    syscalls: Counter = field(default_factory=Counter)
+    offcpu_seconds: float = 0.0
+    gc_collections: int = 0
+    gc_pause_seconds: float = 0.0
+    gc_pause_histogram: Log2Histogram = field(default_factory=lambda: Log2Histogram(unit="us"))
+    runqueue_histogram: Log2Histogram = field(default_factory=lambda: Log2Histogram(unit="us"))
+    runqueue_seconds: float = 0.0
+    tcp_retransmits: int = 0
+    cpu_seconds: float = 0.0
+    requests: float = 0.0
+    windows: int = 0
+
+    def add(self, w: Window) -> None:
+        self.pid = w.pid
+        self.windows += 1
+        if w.syscalls:
+            self.syscalls.update(w.syscalls.counts)
+        if w.offcpu:
+            self.offcpu_seconds += w.offcpu.seconds
+        if w.gc:
+            self.gc_collections += w.gc.collections
+            self.gc_pause_seconds += w.gc.pause_seconds
+            self.gc_pause_histogram.add(w.gc.histogram)
+        if w.runqueue:
+            self.runqueue_histogram.add(w.runqueue.histogram)
+            self.runqueue_seconds += w.runqueue.total_seconds
+        if w.tcp:
+            self.tcp_retransmits += w.tcp.retransmits
+        if w.process:
+            self.cpu_seconds += w.process.cpu_seconds
+        if w.latency:
+            self.requests += w.latency.requests
+
+
+@dataclass
+class TargetStatus:
+    name: str
+    pid: int | None
+    state: str  # watching | gone | waiting
+    since: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A consistent copy that metrics, the page and `status` share; readers never see the agent's live objects."""
+
+    started: float
+    now: float
+    latest: dict[str, Window]
+    totals: dict[str, TargetTotals]
+    targets: dict[str, TargetStatus]
+    health: dict[str, Health]
+    # Errors by collector name (the Window field) or agent part ("store", "loop", "discovery").
+    errors: dict[str, int]
+    host_tcp_retransmits: int
+    windows_written: int
+    late_ticks: int
+    dropped_windows: int
+    last_tick_seconds: float
+
+    @property
+    def uptime_seconds(self) -> float:
+        return self.now - self.started
+
+
+def copy_totals(t: TargetTotals) -> TargetTotals:
+    return TargetTotals(
+        pid=t.pid, syscalls=Counter(t.syscalls), offcpu_seconds=t.offcpu_seconds,
+        gc_collections=t.gc_collections, gc_pause_seconds=t.gc_pause_seconds,
+        gc_pause_histogram=Log2Histogram(unit=t.gc_pause_histogram.unit, counts=list(t.gc_pause_histogram.counts)),
+        runqueue_histogram=Log2Histogram(unit=t.runqueue_histogram.unit, counts=list(t.runqueue_histogram.counts)),
+        runqueue_seconds=t.runqueue_seconds, tcp_retransmits=t.tcp_retransmits, cpu_seconds=t.cpu_seconds,
+        requests=t.requests, windows=t.windows)
