@@ -40,8 +40,9 @@ def _fmt(value: float, sig: Signal) -> str:
 
 def evidence(m: Moved) -> str:
     s = m.signal
+    floored = f" against the {_fmt(s.floor, s)} {s.unit} floor" if m.baseline < s.floor else ""
     return (f"{s.what} {_fmt(m.value, s)} {s.unit} vs {_fmt(m.baseline, s)} {s.unit} baseline "
-            f"(x{m.ratio:.3g}, z {m.z:.1f})")
+            f"(x{m.ratio:.3g}{floored}, z {m.z:.1f})")
 
 
 class Attributor:

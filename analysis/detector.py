@@ -37,7 +37,8 @@ class LatencyDetector:
 
     def __init__(self, warmup_windows: int = 24, min_requests: int = 3, open_score: float = 4.0,
                  close_score: float = 1.5, unexplained_open_score: float = 8.0, k: int = 2, m: int = 3,
-                 close_windows: int = 3, load_allowance: float = 1.0,
+                 close_windows: int = 3, load_allowance: float = 1.0, stall_fraction: float = 0.2,
+                 min_stall_requests: float = 10.0,
                  critical_score: float = 12.0, critical_ratio: float = 3.0, baseline_windows: int = 720,
                  refit_every: int = 12, profile_decay: float = 0.98, attribution_windows: int = 3,
                  max_elasticity: float = 2.0, tail_quantile: float = 0.9, min_log_scale: float = 0.05,
@@ -49,6 +50,8 @@ class LatencyDetector:
         self.close_score = close_score
         self.unexplained_open_score = unexplained_open_score
         self.load_allowance = load_allowance
+        self.stall_fraction = stall_fraction
+        self.min_stall_requests = min_stall_requests
         self.k = k
         self.m = m
         self.close_windows = close_windows
@@ -153,9 +156,11 @@ class LatencyDetector:
         expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
         score = self._score(f, expected_all) if usable else None
         values = {**read_all(f), "jsd": self.baseline_.jsd(leaves)}
-        anomalous = score is not None and score >= self.open_score and (
-            score >= self.unexplained_open_score or self._explained(values))
-        if score is not None:
+        explained = self._explained(values)
+        stalled = not usable and self._stalled(f) and explained
+        anomalous = stalled or (score is not None and score >= self.open_score and (
+            score >= self.unexplained_open_score or explained))
+        if score is not None or stalled:
             self.history_.append(anomalous)
         if anomalous:
             self.run_.append(values)
@@ -169,7 +174,7 @@ class LatencyDetector:
             return Verdict("healthy", score, expected, None, None, None)
 
         closed = None
-        if score is not None and score >= self.close_score:
+        if stalled or (score is not None and score >= self.close_score):
             self.calm_ = 0
             self.episode_values_.append(values)
             if leaves:
@@ -197,6 +202,15 @@ class LatencyDetector:
         # failures; averaging their z keeps one noisy estimate from alarming alone.
         return round(sum(parts) / len(parts), 4)
 
+    def _stalled(self, f: Features) -> bool:
+        """Far fewer requests finished than the baseline's usual count: a server (or its network) that stalls
+        shows no latency at all, only silence. Alone that is not a regression (clients may have left)."""
+        ns = [r.latency.n / (r.end - r.start) for r in self.baseline_.rows if r.end > r.start]
+        if f.requests is None or not ns:
+            return False
+        expected = median(ns) * f.duration
+        return expected >= self.min_stall_requests and f.requests < self.stall_fraction * expected
+
     def _explained(self, values: dict[str, float | None]) -> bool:
         """Whether some cause signal of this window moved: corroboration that lets a smaller latency rise count."""
         stats = self.baseline_.stats()
@@ -216,7 +230,9 @@ class LatencyDetector:
         if self.since_refit_ >= self.refit_every:
             self._refit()
 
-    def _severity(self, f: Features, score: float, expected: dict[str, float]) -> str:
+    def _severity(self, f: Features, score: float | None, expected: dict[str, float]) -> str:
+        if score is None:  # a stall: nothing finished at all, the worst latency there is
+            return "critical"
         ratio = (f.mean_seconds or 0.0) / expected["mean"] if expected.get("mean") else 0.0
         return "critical" if score >= self.critical_score or ratio >= self.critical_ratio else "warning"
 
@@ -243,25 +259,27 @@ class LatencyDetector:
             return []
         return top_shifts(self.baseline_.profile, self.episode_leaves_, self.max_functions)
 
-    def _open(self, window: Window, f: Features, score: float, expected: dict[str, float],
+    def _open(self, window: Window, f: Features, score: float | None, expected: dict[str, float],
               leaves: dict[str, float] | None) -> Regression:
         self.episode_values_.clear()
         self.episode_values_.extend(self.run_)
         self.episode_leaves_ = dict(leaves or {})
         self.calm_ = 0
         rid = f"{window.target}-{int(window.end)}"
-        if rid == self.last_id_ or (self.last_id_ or "").startswith(rid + "."):
+        if self.last_id_ is not None and self.last_id_.startswith(rid):
             rid = f"{window.target}-{window.end:.3f}"
         self.last_id_ = rid
         self.episode_ = Regression(id=rid, target=window.target, pid=window.pid, opened_at=window.end,
-                                   severity=self._severity(f, score, expected), score=score,
+                                   severity=self._severity(f, score, expected),
+                                   score=self.critical_score if score is None else score,
                                    causes=self._causes(list(self.episode_values_), window),
                                    functions=self._functions(), baseline_start=self.baseline_.start,
                                    baseline_end=self.baseline_.end)
         return self.episode_
 
-    def _rerank(self, reg: Regression, window: Window, f: Features, score: float,
+    def _rerank(self, reg: Regression, window: Window, f: Features, score: float | None,
                 expected: dict[str, float]) -> Regression:
         severity = "critical" if reg.severity == "critical" else self._severity(f, score, expected)
-        return dataclasses.replace(reg, severity=severity, score=max(reg.score, score),
+        return dataclasses.replace(reg, severity=severity, score=max(reg.score, self.critical_score if score is None
+                                                                     else score),
                                    causes=self._causes(list(self.episode_values_), window), functions=self._functions())

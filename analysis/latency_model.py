@@ -121,14 +121,17 @@ class ExpectedLatency:
         return np.array(cols, dtype=float).reshape(len(rows), len(self.inputs_))
 
     def _fit_one(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-        if x.shape[1] == 0 or np.allclose(x.std(axis=0), 0):
-            return np.zeros(x.shape[1]), float(np.median(y))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            model = HuberRegressor(max_iter=200).fit(x, y)
-        # Latency does not fall as offered load rises, and a short warm-up cannot support a steep slope:
-        # clamp each elasticity into [0, max_elasticity] and re-centre the intercept robustly.
-        coef = np.clip(model.coef_, 0.0, self.max_elasticity)
+        coef = np.zeros(x.shape[1])
+        # A load input that did not vary in the baseline says nothing about its slope (it is the intercept):
+        # its elasticity stays 0 and only the load allowance speaks for it.
+        varied = x.std(axis=0) > 1e-6
+        if varied.any():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                model = HuberRegressor(max_iter=200).fit(x[:, varied], y)
+            # Latency does not fall as offered load rises, and a short warm-up cannot support a steep slope:
+            # clamp each elasticity into [0, max_elasticity] and re-centre the intercept robustly.
+            coef[varied] = np.clip(model.coef_, 0.0, self.max_elasticity)
         return coef, float(np.median(y - x @ coef))
 
     def _predict_log(self, target: str, xrow: np.ndarray) -> float:

@@ -6,8 +6,17 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-from analysis.window import (GcReading, LatencyReading, OffCpuReading, ProcessReading, RunQueueReading, StackReading,
-                             SyscallReading, TcpReading, Window)
+from analysis.window import (
+    GcReading,
+    LatencyReading,
+    OffCpuReading,
+    ProcessReading,
+    RunQueueReading,
+    StackReading,
+    SyscallReading,
+    TcpReading,
+    Window,
+)
 
 BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, math.inf)
 
