@@ -6,6 +6,7 @@ import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 from analysis.attribution import Attributor
 from analysis.baseline import Baseline
@@ -30,6 +31,18 @@ class Verdict:
     regression: Regression | None
     opened: Regression | None
     closed: Regression | None
+
+
+class Detector(Protocol):
+    """What the agent needs of a detector: one per target, windows in time order, state that survives a restart."""
+
+    def update(self, window: Window) -> Verdict: ...
+
+    def get_state(self) -> dict: ...
+
+    def set_state(self, state: dict) -> None: ...
+
+    def reset(self) -> None: ...
 
 
 class LatencyDetector:
@@ -163,11 +176,13 @@ class LatencyDetector:
         if score is not None or stalled:
             self.history_.append(anomalous)
         if anomalous:
-            self.run_.append(values)
+            self.run_.append({**values, "leaves": leaves or {}})
+        elif not any(self.history_):
+            self.run_.clear()  # the run is over: its windows must not colour a later episode's causes
 
         if self.episode_ is None:
             if anomalous and sum(self.history_) >= self.k:
-                reg = self._open(window, f, score, expected_all, leaves)
+                reg = self._open(window, f, score, expected_all)
                 return Verdict("regression", score, expected, reg, reg, None)
             if score is not None and score < self.close_score and not any(self.history_):
                 self._learn(window, f, leaves)
@@ -259,11 +274,12 @@ class LatencyDetector:
             return []
         return top_shifts(self.baseline_.profile, self.episode_leaves_, self.max_functions)
 
-    def _open(self, window: Window, f: Features, score: float | None, expected: dict[str, float],
-              leaves: dict[str, float] | None) -> Regression:
+    def _open(self, window: Window, f: Features, score: float | None, expected: dict[str, float]) -> Regression:
         self.episode_values_.clear()
-        self.episode_values_.extend(self.run_)
-        self.episode_leaves_ = dict(leaves or {})
+        self.episode_values_.extend({k: v for k, v in run.items() if k != "leaves"} for run in self.run_)
+        self.episode_leaves_ = {}
+        for run in self.run_:
+            merge(self.episode_leaves_, run.get("leaves", {}))
         self.calm_ = 0
         rid = f"{window.target}-{int(window.end)}"
         if self.last_id_ is not None and self.last_id_.startswith(rid):
