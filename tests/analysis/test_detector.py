@@ -296,3 +296,38 @@ def test_ids_are_unique_per_target_even_for_two_episodes_in_one_second():
     vs = feed(det, synth.windows(60, 2, Load(slowdown=4.0, gc_pause=0.05)))
     assert vs[1].opened.id == f"t-{end:.3f}" == det.last_id_
     assert LatencyDetector().get_state()["last_id"] is None
+
+
+def score_of(window, **params) -> float:
+    return armed(**params).update(window).score
+
+
+def test_open_score_edge():
+    w = synth.window(60, Load(slowdown=2.0, gc_pause=0.05))  # corroborated: GC moved
+    s = score_of(w)
+    assert armed(k=1, m=1, open_score=s).update(w).opened is not None
+    assert armed(k=1, m=1, open_score=s + 0.01).update(w).opened is None
+
+
+def test_unexplained_open_score_edge():
+    w = synth.window(60, Load(slowdown=2.5))  # nothing but latency moved
+    s = score_of(w)
+    assert armed(k=1, m=1, unexplained_open_score=s).update(w).opened is not None
+    assert armed(k=1, m=1, unexplained_open_score=s + 0.01).update(w).opened is None
+
+
+def test_close_score_edge():
+    bad = Load(slowdown=4.0, gc_pause=0.05)
+    calm = synth.window(70)
+    s = score_of(calm)
+    for close_score, closes in ((s + 0.01, True), (s, False)):  # calm means strictly below close_score
+        det = armed(close_windows=1, close_score=close_score, open_score=max(4.0, close_score + 1))
+        feed(det, synth.windows(60, 3, bad))
+        assert (det.update(calm).closed is not None) is closes
+
+
+def test_min_requests_edge():
+    w = synth.window(60)
+    n = int(w.latency.requests)
+    assert armed(min_requests=n).update(w).score is not None
+    assert armed(min_requests=n + 1).update(w).score is None
