@@ -134,6 +134,13 @@ class LatencyDetector:
             got = state.get("version") if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"detector state must be a dict of version {STATE_VERSION}, got {got!r}")
         self.reset()
+        try:
+            self._restore(state)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            self.reset()
+            raise ValueError(f"detector state is malformed ({type(exc).__name__}: {exc}); reset the baseline") from None
+
+    def _restore(self, state: dict) -> None:
         self.baseline_.load(state["baseline"])
         if state.get("armed") and len(self.baseline_) >= 3:
             self._refit()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,4 +65,9 @@ BY_NAME = {s.name: s for s in SIGNALS}
 
 
 def read_all(f: Features) -> dict[str, float | None]:
-    return {s.name: s.read(f) for s in SIGNALS}
+    """Every signal of one window; a value that is not a finite number is unmeasured (None), never kept as NaN."""
+    out: dict[str, float | None] = {}
+    for s in SIGNALS:
+        v = s.read(f)
+        out[s.name] = float(v) if v is not None and math.isfinite(v) else None
+    return out

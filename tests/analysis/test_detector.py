@@ -331,3 +331,12 @@ def test_min_requests_edge():
     n = int(w.latency.requests)
     assert armed(min_requests=n).update(w).score is not None
     assert armed(min_requests=n + 1).update(w).score is None
+
+
+def test_a_malformed_state_is_one_clear_error_and_leaves_a_fresh_detector():
+    state = json.loads(_armed_state(0, 60))
+    state["baseline"]["rows"][0] = {"start": 1.0}
+    det = LatencyDetector()
+    with pytest.raises(ValueError, match="malformed"):
+        det.set_state(state)
+    assert len(det.baseline_) == 0 and det.update(synth.window(0)).state == "warmup"
