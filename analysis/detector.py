@@ -56,6 +56,7 @@ class LatencyDetector:
                  refit_every: int = 12, profile_decay: float = 0.98, attribution_windows: int = 3,
                  max_elasticity: float = 2.0, tail_quantile: float = 0.9, min_log_scale: float = 0.05,
                  min_cause_z: float = 3.0, min_cause_ratio: float = 1.5, compute_weight: float = 0.5,
+                 lock_blocked_discount: float = 0.5, profile_min_jsd: float = 0.1, max_causes: int = 4,
                  max_functions: int = 10) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
@@ -80,6 +81,9 @@ class LatencyDetector:
         self.min_cause_z = min_cause_z
         self.min_cause_ratio = min_cause_ratio
         self.compute_weight = compute_weight
+        self.lock_blocked_discount = lock_blocked_discount
+        self.profile_min_jsd = profile_min_jsd
+        self.max_causes = max_causes
         self.max_functions = max_functions
         self._check_params()
         self.reset()
@@ -259,7 +263,9 @@ class LatencyDetector:
         return "critical" if score >= self.critical_score or ratio >= self.critical_ratio else "warning"
 
     def _attributor(self) -> Attributor:
-        return Attributor(min_z=self.min_cause_z, min_ratio=self.min_cause_ratio, compute_weight=self.compute_weight)
+        return Attributor(min_z=self.min_cause_z, min_ratio=self.min_cause_ratio, compute_weight=self.compute_weight,
+                          lock_blocked_discount=self.lock_blocked_discount, profile_min_jsd=self.profile_min_jsd,
+                          max_causes=self.max_causes)
 
     def _causes(self, samples: list[dict], window: Window) -> list[Cause]:
         agg: dict[str, float | None] = {}

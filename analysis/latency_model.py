@@ -92,6 +92,7 @@ class ExpectedLatency:
         # Residuals of the mean scaled by sqrt(requests): a window's mean of n requests varies as 1/sqrt(n).
         res = [(math.log(r.mean) - self._predict_log("mean", x[i]), r.n) for i, r in enumerate(rows)]
         self.center_ = median(e for e, _ in res)
+        self.typical_n_ = median(r.n for r in rows)
         self.unit_scale_ = mad_sigma((e - self.center_) * math.sqrt(n) for e, n in res)
         # Tail: pool every baseline histogram in units of its window's expected mean, take its q-quantile.
         pooled: dict[float, float] = {}
@@ -155,7 +156,9 @@ class ExpectedLatency:
 
     def z_mean(self, mean: float, n: float, expected_mean: float) -> float:
         """Robust z of this window's log mean latency against the expectation, scaled for its request count."""
-        scale = max(self.unit_scale_ / math.sqrt(n), self.min_log_scale)
+        # Fewer requests than a typical baseline window: wider. More: no narrower than a typical window, because
+        # requests that share batches and a busy host are not independent, so noise does not shrink as 1/sqrt(n).
+        scale = max(self.unit_scale_ / math.sqrt(min(n, self.typical_n_)), self.min_log_scale)
         return (math.log(mean) - math.log(expected_mean) - self.center_) / scale
 
     def z_tail(self, buckets: tuple[tuple[float, float], ...], expected_mean: float) -> float | None:
@@ -165,4 +168,6 @@ class ExpectedLatency:
             return None
         p0 = 1 - self.tail_quantile
         k = exceed_count(buckets, self.tail_bound_ * expected_mean)
-        return (k - n * p0) / math.sqrt(self.dispersion_ * n * p0 * (1 - p0))
+        # As in z_mean: a window larger than the typical baseline window is not trusted more than one.
+        n_eff = min(n, self.typical_n_)
+        return (k / n - p0) * math.sqrt(n_eff) / math.sqrt(self.dispersion_ * p0 * (1 - p0))

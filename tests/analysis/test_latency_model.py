@@ -90,3 +90,12 @@ def test_z_tail_is_near_zero_for_a_baseline_like_window_and_large_when_all_reque
     slow = ((0.1, 0.0), (1.0, 0.0), (math.inf, 20.0))
     assert m.z_tail(slow, 0.1) > 8
     assert m.dispersion_ >= 1.0
+
+
+def test_a_window_larger_than_the_typical_baseline_window_is_not_trusted_more():
+    m = ExpectedLatency(min_log_scale=0.0).fit(rows(0.0, rates=(4,) * 30, noise=0.1))  # 20 requests per window
+    assert m.typical_n_ == 20
+    assert m.z_mean(0.15, 80, 0.1) == pytest.approx(m.z_mean(0.15, 20, 0.1))
+    slow20 = ((0.1, 10.0), (1.0, 0.0), (math.inf, 10.0))
+    slow80 = ((0.1, 40.0), (1.0, 0.0), (math.inf, 40.0))
+    assert m.z_tail(slow80, 0.1) == pytest.approx(m.z_tail(slow20, 0.1))
