@@ -50,7 +50,8 @@ class LatencyDetector:
 
     def __init__(self, warmup_windows: int = 24, min_requests: int = 3, open_score: float = 4.0,
                  close_score: float = 1.5, unexplained_open_score: float = 8.0, k: int = 2, m: int = 3,
-                 close_windows: int = 3, load_allowance: float = 1.0, stall_fraction: float = 0.2,
+                 close_windows: int = 3, load_allowance: float = 1.0, load_quantile: float = 0.9,
+                 stall_fraction: float = 0.2,
                  min_stall_requests: float = 10.0,
                  critical_score: float = 12.0, critical_ratio: float = 3.0, baseline_windows: int = 720,
                  refit_every: int = 12, profile_decay: float = 0.98, attribution_windows: int = 3,
@@ -64,6 +65,7 @@ class LatencyDetector:
         self.close_score = close_score
         self.unexplained_open_score = unexplained_open_score
         self.load_allowance = load_allowance
+        self.load_quantile = load_quantile
         self.stall_fraction = stall_fraction
         self.min_stall_requests = min_stall_requests
         self.k = k
@@ -246,7 +248,7 @@ class LatencyDetector:
 
     def _refit(self) -> None:
         self.model_ = ExpectedLatency(self.max_elasticity, self.tail_quantile, self.min_log_scale,
-                                      self.load_allowance).fit(
+                                      self.load_allowance, self.load_quantile).fit(
             self.baseline_.latency_rows())
         self.since_refit_ = 0
 

@@ -63,8 +63,9 @@ class ExpectedLatency:
     """Huber fits of log latency on log load; residual centre and per-request scale; the tail threshold."""
 
     def __init__(self, max_elasticity: float = 2.0, tail_quantile: float = 0.9, min_log_scale: float = 0.05,
-                 load_allowance: float = 1.0) -> None:
+                 load_allowance: float = 1.0, load_quantile: float = 0.9) -> None:
         self.max_elasticity = max_elasticity
+        self.load_quantile = load_quantile
         self.load_allowance = load_allowance
         self.tail_quantile = tail_quantile
         self.min_log_scale = min_log_scale
@@ -78,7 +79,8 @@ class ExpectedLatency:
         self.fill_ = {name: median(getattr(r, name) for r in rows if getattr(r, name) and getattr(r, name) > 0)
                       for name in self.inputs_}
         x = self._design(rows)
-        self.centre_ = np.median(x, axis=0) if len(self.inputs_) else np.zeros(0)
+        # The highest load the baseline routinely saw: within it the fit speaks, beyond it the allowance does.
+        self.load_ref_ = np.quantile(x, self.load_quantile, axis=0) if len(self.inputs_) else np.zeros(0)
         self.coef_: dict[str, np.ndarray] = {}
         self.intercept_: dict[str, float] = {}
         for target in TARGETS:
@@ -141,16 +143,16 @@ class ExpectedLatency:
     def expected(self, rate: float | None, tpr: float | None) -> dict[str, float]:
         """Expected latency in seconds for this load: keys of TARGETS that the baseline could fit.
 
-        A steady baseline cannot show how latency grows with load (its slope fits to ~0), so load above the
-        baseline's median may raise the expectation by up to (load / median) ** load_allowance on top of the
-        fit; load below the median never lowers it. A benign load step then does not read as a regression.
+        A steady baseline cannot show how latency grows with load (its slope fits to ~0), so load beyond the
+        baseline's load_quantile may raise the expectation by up to (load / that load) ** load_allowance over
+        the fit there; lower load never lowers it. A benign load step then does not read as a regression.
         """
         xrow = self._design([Row(n=1, rate=rate, tpr=tpr, mean=None, p50=None, p99=None, buckets=())])[0]
         out = {}
         for t in self.coef_:
             fitted = self._predict_log(t, xrow)
-            allowed = self._predict_log(t, self.centre_) + self.load_allowance * float(
-                np.maximum(xrow - self.centre_, 0.0).sum())
+            allowed = self._predict_log(t, self.load_ref_) + self.load_allowance * float(
+                np.maximum(xrow - self.load_ref_, 0.0).sum())
             out[t] = math.exp(max(fitted, allowed))
         return out
 

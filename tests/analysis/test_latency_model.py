@@ -99,3 +99,10 @@ def test_a_window_larger_than_the_typical_baseline_window_is_not_trusted_more():
     slow20 = ((0.1, 10.0), (1.0, 0.0), (math.inf, 10.0))
     slow80 = ((0.1, 40.0), (1.0, 0.0), (math.inf, 40.0))
     assert m.z_tail(slow80, 0.1) == pytest.approx(m.z_tail(slow20, 0.1))
+
+
+def test_load_within_the_baseline_range_gets_no_allowance_only_beyond_its_load_quantile():
+    m = ExpectedLatency(load_allowance=1.0, load_quantile=0.9).fit(rows(0.0, rates=(3, 4, 5) * 10, noise=0.01))
+    base = m.expected(4, 32)["mean"]
+    assert m.expected(5, 32)["mean"] == pytest.approx(base, rel=0.02)          # the p90 of the rates seen
+    assert m.expected(7.5, 32)["mean"] == pytest.approx(base * 1.5, rel=0.02)  # 1.5x beyond it
