@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from analysis.regression import Cause
 from analysis.robust import robust_z
-from analysis.signals import BY_NAME, SIGNALS, Signal
+from analysis.signals import SIGNALS, Signal
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,3 @@ class Attributor:
             causes["compute"] = Cause("compute", score, f"{text}; {old.evidence}", jsd, jsd_stats.median)
         else:
             causes["compute"] = Cause("compute", old.score, f"{old.evidence}; {text}", old.value, old.baseline)
-
-
-def signal_by_name(name: str) -> Signal:
-    return BY_NAME[name]

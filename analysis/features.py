@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 from analysis.waits import by_kind
@@ -121,7 +120,3 @@ def extract(window: Window) -> Features:
             waits = sum(n for stack, n in window.stacks.idle.items() if not is_idle_loop(stack.rsplit(";", 1)[-1]))
             f["app_wait_threads"] = waits / ticks
     return Features(**f)
-
-
-def finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
