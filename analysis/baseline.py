@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
@@ -23,6 +24,12 @@ class BaselineRow:
     signals: dict[str, float | None] = field(default_factory=dict)
     jsd: float | None = None
 
+    def to_dict(self) -> dict:
+        """Strict JSON (no Infinity): the +Inf bucket bound is written as the string "+Inf", as in a Window."""
+        d = asdict(self)
+        d["latency"]["buckets"] = [["+Inf" if math.isinf(u) else u, c] for u, c in self.latency.buckets]
+        return d
+
     @classmethod
     def from_dict(cls, d: dict) -> BaselineRow:
         la = dict(d["latency"])
@@ -31,9 +38,18 @@ class BaselineRow:
                    jsd=d.get("jsd"))
 
 
+def trim(buckets: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    """The buckets from the one before the first non-empty (its bound is that one's lower edge) to the last
+    non-empty: the same exceedance counts in a third of the space."""
+    filled = [i for i, (_, c) in enumerate(buckets) if c > 0]
+    if not filled:
+        return ()
+    return buckets[max(0, filled[0] - 1): filled[-1] + 1]
+
+
 def latency_row(f: Features) -> Row:
     return Row(n=f.requests or 0.0, rate=f.request_rate, tpr=f.tokens_per_request, mean=f.mean_seconds,
-               p50=f.p50_seconds, p99=f.p99_seconds, buckets=f.buckets)
+               p50=f.p50_seconds, p99=f.p99_seconds, buckets=trim(f.buckets))
 
 
 class Baseline:
@@ -83,7 +99,7 @@ class Baseline:
         return self._stats
 
     def to_dict(self) -> dict:
-        return {"rows": [asdict(r) for r in self.rows], "profile": dict(self.profile)}
+        return {"rows": [r.to_dict() for r in self.rows], "profile": dict(self.profile)}
 
     def load(self, d: dict) -> None:
         self.rows.clear()

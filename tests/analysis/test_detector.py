@@ -340,3 +340,26 @@ def test_a_malformed_state_is_one_clear_error_and_leaves_a_fresh_detector():
     with pytest.raises(ValueError, match="malformed"):
         det.set_state(state)
     assert len(det.baseline_) == 0 and det.update(synth.window(0)).state == "warmup"
+
+
+def test_state_is_strict_json_without_infinity():
+    det = armed()
+    feed(det, synth.windows(60, 4, FAULTS["gc"]))
+    json.dumps(det.get_state(), allow_nan=False)
+    from analysis.baseline import BaselineRow
+    from analysis.latency_model import Row
+    row = BaselineRow(0.0, 5.0, Row(n=3, rate=0.6, tpr=32, mean=20.0, p50=20.0, p99=20.0,
+                                    buckets=((10.0, 1.0), (float("inf"), 2.0))))
+    text = json.dumps(row.to_dict(), allow_nan=False)
+    assert '"+Inf"' in text and BaselineRow.from_dict(json.loads(text)) == row
+
+
+def test_baseline_rows_keep_only_the_buckets_that_matter_and_count_the_same():
+    from analysis.baseline import trim
+    from analysis.latency_model import exceed_count
+    full = extract(synth.window(3)).buckets
+    short = trim(full)
+    assert len(short) < len(full)
+    for t in (0.05, 0.1, 0.13, 0.4, 3.0):
+        assert exceed_count(short, t) == pytest.approx(exceed_count(full, t))
+    assert trim(((0.1, 0.0), (float("inf"), 0.0))) == ()
