@@ -42,3 +42,12 @@ def test_the_replay_is_deterministic_and_its_state_is_json():
     vb = [b.update(w) for w in windows]
     assert va == vb
     assert json.loads(json.dumps(a.get_state()))["version"] == 1
+
+
+def test_real_noisy_normal_traffic_and_a_plus_half_load_step_open_nothing():
+    rows = [json.loads(line) for line in gzip.open(FIXTURE.with_name("windows_normal_step.jsonl.gz"), "rt")]
+    det = LatencyDetector()  # the default warm-up: 24 windows, then 12 scored, most at +50 % load
+    verdicts = [det.update(Window.from_dict(r)) for r in rows]
+    assert [r["_label"] for r in rows].count("normal+50%") >= 10
+    assert all(v.state == "warmup" for v in verdicts[:24])
+    assert all(v.state == "healthy" and v.score is not None and v.score < 4.0 for v in verdicts[24:])
