@@ -1,0 +1,116 @@
+"""Attribution: rank the causes of a regression by how far each cause's signal moved from its baseline."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from analysis.regression import Cause
+from analysis.robust import robust_z
+from analysis.signals import SIGNALS, Signal
+
+
+@dataclass(frozen=True)
+class SignalStats:
+    """A signal's baseline: median, MAD-sigma, and how many baseline windows measured it."""
+
+    median: float
+    sigma: float
+    count: int
+
+
+@dataclass(frozen=True)
+class Moved:
+    signal: Signal
+    value: float
+    baseline: float
+    ratio: float
+    z: float
+
+    @property
+    def score(self) -> float:
+        return math.log2(self.ratio)
+
+
+def _fmt(value: float, sig: Signal) -> str:
+    v = value * sig.scale
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def evidence(m: Moved) -> str:
+    s = m.signal
+    floored = f" against the {_fmt(s.floor, s)} {s.unit} floor" if m.baseline < s.floor else ""
+    return (f"{s.what} {_fmt(m.value, s)} {s.unit} vs {_fmt(m.baseline, s)} {s.unit} baseline "
+            f"(x{m.ratio:.3g}{floored}, z {m.z:.1f})")
+
+
+class Attributor:
+    """Compares a regression's signal values with the baseline; parameters only, stateless between calls."""
+
+    def __init__(self, min_z: float = 3.0, min_ratio: float = 1.5, compute_weight: float = 0.5,
+                 lock_blocked_discount: float = 0.5, profile_min_jsd: float = 0.1, max_causes: int = 4) -> None:
+        self.min_z = min_z
+        self.min_ratio = min_ratio
+        self.compute_weight = compute_weight
+        self.lock_blocked_discount = lock_blocked_discount
+        self.profile_min_jsd = profile_min_jsd
+        self.max_causes = max_causes
+
+    def moved(self, sig: Signal, value: float | None, stats: SignalStats | None) -> Moved | None:
+        """The signal's move when it passes every gate (absolute change, z, ratio), else None."""
+        if value is None or stats is None or not math.isfinite(value):
+            return None
+        base = max(stats.median, sig.floor)
+        ratio = value / base
+        # The sigma floor is a quarter of min_change so a flat baseline cannot make noise look significant.
+        z = robust_z(value, stats.median, stats.sigma, sig.min_change / 4)
+        if value - stats.median < sig.min_change or z < self.min_z or ratio < self.min_ratio:
+            return None
+        return Moved(sig, value, stats.median, ratio, z)
+
+    def rank(self, values: Mapping[str, float | None], stats: Mapping[str, SignalStats | None],
+             jsd: float | None = None, jsd_stats: SignalStats | None = None,
+             not_measured: Mapping[str, str] | None = None) -> list[Cause]:
+        """Ranked causes, best first; a single `unknown` when nothing moved (its evidence names what was not measured)."""
+        best: dict[str, tuple[float, Moved]] = {}
+        for sig in SIGNALS:
+            m = self.moved(sig, values.get(sig.name), stats.get(sig.name))
+            if m is None:
+                continue
+            score = m.score * (self.compute_weight if sig.label == "compute" else 1.0)
+            if sig.label not in best or score > best[sig.label][0]:
+                best[sig.label] = (score, m)
+        causes: dict[str, Cause] = {}
+        for label, (score, m) in best.items():
+            causes[label] = Cause(label=label, score=round(score, 4), evidence=evidence(m), value=m.value,
+                                  baseline=m.baseline)
+        # py-spy sees threads waiting in their own code whatever they wait on; when the kernel says the new
+        # waits are sleeps, disk or a stop (blocked moved), that waiting is not evidence of a lock.
+        if "lock" in causes and "blocked" in causes and best["lock"][1].signal.name == "app_wait":
+            c = causes["lock"]
+            causes["lock"] = Cause("lock", round(c.score * self.lock_blocked_discount, 4), c.evidence, c.value, c.baseline)
+        self._add_profile(causes, jsd, jsd_stats)
+        ranked = sorted(causes.values(), key=lambda c: (-c.score, c.label))[: self.max_causes]
+        if ranked:
+            return ranked
+        missing = "; ".join(f"{k}: {v}" for k, v in sorted((not_measured or {}).items()))
+        text = "latency regressed and no measured signal moved beyond its baseline"
+        return [Cause("unknown", 0.0, text + (f" (not measured: {missing})" if missing else ""))]
+
+    def _add_profile(self, causes: dict[str, Cause], jsd: float | None, jsd_stats: SignalStats | None) -> None:
+        if jsd is None or jsd_stats is None or jsd < self.profile_min_jsd:
+            return
+        base = max(jsd_stats.median, 0.01)
+        z = robust_z(jsd, jsd_stats.median, jsd_stats.sigma, 0.02)
+        if z < self.min_z or jsd / base < self.min_ratio:
+            return
+        score = round(math.log2(jsd / base) * self.compute_weight, 4)
+        text = f"Python profile shift (Jensen-Shannon) {jsd:.2f} vs {jsd_stats.median:.2f} baseline (z {z:.1f})"
+        old = causes.get("compute")
+        if old is None:
+            causes["compute"] = Cause("compute", score, text, jsd, jsd_stats.median)
+        elif score > old.score:
+            causes["compute"] = Cause("compute", score, f"{text}; {old.evidence}", jsd, jsd_stats.median)
+        else:
+            causes["compute"] = Cause("compute", old.score, f"{old.evidence}; {text}", old.value, old.baseline)

@@ -1,0 +1,113 @@
+"""A target's baseline: the last healthy windows' compact rows, their signal statistics and pooled Python profile."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+from analysis.attribution import SignalStats
+from analysis.features import Features
+from analysis.latency_model import Row
+from analysis.profile import jensen_shannon, merge
+from analysis.robust import finite, mad_sigma, median
+from analysis.signals import read_all
+
+
+@dataclass(frozen=True)
+class BaselineRow:
+    """What the baseline keeps of one healthy window (small, JSON-friendly)."""
+
+    start: float
+    end: float
+    latency: Row
+    signals: dict[str, float | None] = field(default_factory=dict)
+    jsd: float | None = None
+
+    def to_dict(self) -> dict:
+        """Strict JSON (no Infinity): the +Inf bucket bound is written as the string "+Inf", as in a Window."""
+        d = asdict(self)
+        d["latency"]["buckets"] = [["+Inf" if math.isinf(u) else u, c] for u, c in self.latency.buckets]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BaselineRow:
+        la = dict(d["latency"])
+        la["buckets"] = tuple((float(u), float(c)) for u, c in la.get("buckets", ()))
+        return cls(start=d["start"], end=d["end"], latency=Row(**la), signals=dict(d.get("signals", {})),
+                   jsd=d.get("jsd"))
+
+
+def trim(buckets: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    """The buckets from the one before the first non-empty (its bound is that one's lower edge) to the last
+    non-empty: the same exceedance counts in a third of the space."""
+    filled = [i for i, (_, c) in enumerate(buckets) if c > 0]
+    if not filled:
+        return ()
+    return buckets[max(0, filled[0] - 1): filled[-1] + 1]
+
+
+def latency_row(f: Features) -> Row:
+    return Row(n=f.requests or 0.0, rate=f.request_rate, tpr=f.tokens_per_request, mean=f.mean_seconds,
+               p50=f.p50_seconds, p99=f.p99_seconds, buckets=trim(f.buckets))
+
+
+class Baseline:
+    """Rows of healthy windows, oldest dropped past max_rows; the profile is an exponentially decayed leaf count."""
+
+    def __init__(self, max_rows: int, profile_decay: float) -> None:
+        self.rows: deque[BaselineRow] = deque(maxlen=max_rows)
+        self.profile: dict[str, float] = {}
+        self.profile_decay = profile_decay
+        self._stats: dict[str, SignalStats | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def jsd(self, leaves: dict[str, float] | None) -> float | None:
+        if not leaves or not self.profile:
+            return None
+        return jensen_shannon(self.profile, leaves)
+
+    def add(self, start: float, end: float, features: Features, leaves: dict[str, float] | None) -> None:
+        self.rows.append(BaselineRow(start=start, end=end, latency=latency_row(features),
+                                     signals=read_all(features), jsd=self.jsd(leaves)))
+        if leaves:
+            merge(self.profile, leaves, self.profile_decay)
+        self._stats = None
+
+    @property
+    def start(self) -> float | None:
+        return self.rows[0].start if self.rows else None
+
+    @property
+    def end(self) -> float | None:
+        return self.rows[-1].end if self.rows else None
+
+    def latency_rows(self) -> list[Row]:
+        return [r.latency for r in self.rows]
+
+    def stats(self) -> dict[str, SignalStats | None]:
+        """Per signal (and 'jsd'): median and MAD-sigma over the rows that measured it; None when fewer than 3 did."""
+        if self._stats is None:
+            names = {k for r in self.rows for k in r.signals} | {"jsd"}
+            out: dict[str, SignalStats | None] = {}
+            for name in names:
+                xs = finite(r.jsd if name == "jsd" else r.signals.get(name) for r in self.rows)
+                out[name] = SignalStats(median(xs), mad_sigma(xs), len(xs)) if len(xs) >= 3 else None
+            self._stats = out
+        return self._stats
+
+    def to_dict(self) -> dict:
+        return {"rows": [r.to_dict() for r in self.rows], "profile": dict(self.profile)}
+
+    def load(self, d: dict) -> None:
+        self.rows.clear()
+        self.rows.extend(BaselineRow.from_dict(r) for r in d.get("rows", []))
+        self.profile = {str(k): float(v) for k, v in d.get("profile", {}).items()}
+        self._stats = None
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.profile = {}
+        self._stats = None

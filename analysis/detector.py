@@ -1,0 +1,316 @@
+"""LatencyDetector: per-target online baseline, expected-latency residual test, k-of-m episodes and attribution."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from analysis.attribution import Attributor
+from analysis.baseline import Baseline
+from analysis.features import Features, extract
+from analysis.latency_model import ExpectedLatency
+from analysis.profile import leaf_counts, merge, top_shifts
+from analysis.regression import Cause, FunctionShift, Regression
+from analysis.robust import median
+from analysis.signals import SIGNALS, read_all
+from analysis.window import Window
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The detector's answer for one window."""
+
+    state: str  # "warmup" | "healthy" | "regression"
+    score: float | None
+    expected: dict[str, float]
+    regression: Regression | None
+    opened: Regression | None
+    closed: Regression | None
+
+
+class Detector(Protocol):
+    """What the agent needs of a detector: one per target, windows in time order, state that survives a restart."""
+
+    def update(self, window: Window) -> Verdict: ...
+
+    def get_state(self) -> dict: ...
+
+    def set_state(self, state: dict) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class LatencyDetector:
+    """One per target. Parameters only in __init__ (docs/detector.md explains every default); feed windows in order."""
+
+    def __init__(self, warmup_windows: int = 24, min_requests: int = 3, open_score: float = 4.0,
+                 close_score: float = 1.5, unexplained_open_score: float = 8.0, k: int = 2, m: int = 3,
+                 close_windows: int = 3, load_allowance: float = 1.0, load_quantile: float = 0.9,
+                 stall_fraction: float = 0.2,
+                 min_stall_requests: float = 10.0,
+                 critical_score: float = 12.0, critical_ratio: float = 3.0, baseline_windows: int = 720,
+                 refit_every: int = 12, profile_decay: float = 0.98, attribution_windows: int = 3,
+                 max_elasticity: float = 2.0, tail_quantile: float = 0.9, min_log_scale: float = 0.05,
+                 min_cause_z: float = 3.0, min_cause_ratio: float = 1.5, compute_weight: float = 0.5,
+                 lock_blocked_discount: float = 0.5, profile_min_jsd: float = 0.1, max_causes: int = 4,
+                 max_functions: int = 10) -> None:
+        self.warmup_windows = warmup_windows
+        self.min_requests = min_requests
+        self.open_score = open_score
+        self.close_score = close_score
+        self.unexplained_open_score = unexplained_open_score
+        self.load_allowance = load_allowance
+        self.load_quantile = load_quantile
+        self.stall_fraction = stall_fraction
+        self.min_stall_requests = min_stall_requests
+        self.k = k
+        self.m = m
+        self.close_windows = close_windows
+        self.critical_score = critical_score
+        self.critical_ratio = critical_ratio
+        self.baseline_windows = baseline_windows
+        self.refit_every = refit_every
+        self.profile_decay = profile_decay
+        self.attribution_windows = attribution_windows
+        self.max_elasticity = max_elasticity
+        self.tail_quantile = tail_quantile
+        self.min_log_scale = min_log_scale
+        self.min_cause_z = min_cause_z
+        self.min_cause_ratio = min_cause_ratio
+        self.compute_weight = compute_weight
+        self.lock_blocked_discount = lock_blocked_discount
+        self.profile_min_jsd = profile_min_jsd
+        self.max_causes = max_causes
+        self.max_functions = max_functions
+        self._check_params()
+        self.reset()
+
+    def _check_params(self) -> None:
+        if self.warmup_windows < 3:
+            raise ValueError(f"warmup_windows must be >= 3, got {self.warmup_windows!r}")
+        if not 1 <= self.k <= self.m:
+            raise ValueError(f"need 1 <= k <= m, got k={self.k!r}, m={self.m!r}")
+        if not self.close_score < self.open_score <= self.unexplained_open_score:
+            raise ValueError("need close_score < open_score <= unexplained_open_score, got "
+                             f"{self.close_score!r}, {self.open_score!r}, {self.unexplained_open_score!r}")
+        if self.close_windows < 1:
+            raise ValueError(f"close_windows must be >= 1, got {self.close_windows!r}")
+        if self.baseline_windows < self.warmup_windows:
+            raise ValueError(f"baseline_windows must be >= warmup_windows, got {self.baseline_windows!r}")
+
+    # -- state -------------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the baseline and any open episode; the next windows are a new warm-up."""
+        self.baseline_ = Baseline(self.baseline_windows, self.profile_decay)
+        self.model_: ExpectedLatency | None = None
+        self.since_refit_ = 0
+        self.history_: deque[bool] = deque(maxlen=self.m)
+        self.run_: deque[dict] = deque(maxlen=self.m)  # signals of the anomalous windows in the k-of-m run
+        self.episode_: Regression | None = None
+        self.episode_values_: deque[dict] = deque(maxlen=self.attribution_windows)
+        self.episode_leaves_: dict[str, float] = {}
+        self.calm_ = 0
+        self.last_id_: str | None = None
+
+    def get_state(self) -> dict:
+        """JSON-serialisable: baseline rows, profile, and the open episode with its debouncing state."""
+        return {
+            "version": STATE_VERSION,
+            "baseline": self.baseline_.to_dict(),
+            "armed": self.model_ is not None,
+            "since_refit": self.since_refit_,
+            "history": list(self.history_),
+            "run": list(self.run_),
+            "episode": dataclasses.asdict(self.episode_) if self.episode_ is not None else None,
+            "episode_values": list(self.episode_values_),
+            "episode_leaves": dict(self.episode_leaves_),
+            "calm": self.calm_,
+            "last_id": self.last_id_,
+        }
+
+    def set_state(self, state: dict) -> None:
+        """Restore get_state()'s output: an armed baseline needs no new warm-up; an open episode stays open."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            got = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"detector state must be a dict of version {STATE_VERSION}, got {got!r}")
+        self.reset()
+        try:
+            self._restore(state)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            self.reset()
+            raise ValueError(f"detector state is malformed ({type(exc).__name__}: {exc}); reset the baseline") from None
+
+    def _restore(self, state: dict) -> None:
+        self.baseline_.load(state["baseline"])
+        if state.get("armed") and len(self.baseline_) >= 3:
+            self._refit()
+        self.since_refit_ = int(state.get("since_refit", 0))
+        self.history_.extend(bool(x) for x in state.get("history", []))
+        self.run_.extend(state.get("run", []))
+        if (ep := state.get("episode")) is not None:
+            ep = dict(ep)
+            ep["causes"] = [Cause(**c) for c in ep.get("causes", [])]
+            ep["functions"] = [FunctionShift(**f) for f in ep.get("functions", [])]
+            self.episode_ = Regression(**ep)
+        self.episode_values_.extend(state.get("episode_values", []))
+        self.episode_leaves_ = {str(k): float(v) for k, v in state.get("episode_leaves", {}).items()}
+        self.calm_ = int(state.get("calm", 0))
+        self.last_id_ = state.get("last_id")
+
+    # -- the per-window step -----------------------------------------------------------------------
+
+    def update(self, window: Window) -> Verdict:
+        f = extract(window)
+        leaves = leaf_counts(window.stacks.active) if window.stacks is not None and window.stacks.active else None
+        usable = (f.requests is not None and f.requests >= self.min_requests and f.mean_seconds is not None
+                  and f.mean_seconds > 0)
+        if self.model_ is None:
+            if usable:
+                self.baseline_.add(window.start, window.end, f, leaves)
+                if len(self.baseline_) >= self.warmup_windows:
+                    self._refit()
+            return Verdict("warmup", None, {}, None, None, None)
+
+        model = self.model_
+        expected_all = model.expected(f.request_rate, f.tokens_per_request)
+        expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
+        score = self._score(f, expected_all) if usable else None
+        values = {**read_all(f), "jsd": self.baseline_.jsd(leaves)}
+        explained = self._explained(values)
+        stalled = not usable and self._stalled(f) and explained
+        anomalous = stalled or (score is not None and score >= self.open_score and (
+            score >= self.unexplained_open_score or explained))
+        if score is not None or stalled:
+            self.history_.append(anomalous)
+        if anomalous:
+            self.run_.append({**values, "leaves": leaves or {}})
+        elif not any(self.history_):
+            self.run_.clear()  # the run is over: its windows must not colour a later episode's causes
+
+        if self.episode_ is None:
+            if anomalous and sum(self.history_) >= self.k:
+                reg = self._open(window, f, score, expected_all)
+                return Verdict("regression", score, expected, reg, reg, None)
+            if score is not None and score < self.close_score and not any(self.history_):
+                self._learn(window, f, leaves)
+            return Verdict("healthy", score, expected, None, None, None)
+
+        closed = None
+        if stalled or (score is not None and score >= self.close_score):
+            self.calm_ = 0
+            self.episode_values_.append(values)
+            if leaves:
+                merge(self.episode_leaves_, leaves)
+            self.episode_ = self._rerank(self.episode_, window, f, score, expected_all)
+        elif score is not None:
+            self.calm_ += 1
+            if self.calm_ >= self.close_windows:
+                closed = dataclasses.replace(self.episode_, closed_at=window.end)
+                self.episode_ = None
+                self.history_.clear()
+                self.run_.clear()
+                return Verdict("healthy", score, expected, None, None, closed)
+        return Verdict("regression", score, expected, self.episode_, None, None)
+
+    # -- pieces --------------------------------------------------------------------------------------
+
+    def _score(self, f: Features, expected: dict[str, float]) -> float | None:
+        model = self.model_
+        assert model is not None and f.mean_seconds is not None and f.requests is not None
+        parts = [model.z_mean(f.mean_seconds, f.requests, expected["mean"])]
+        if (zt := model.z_tail(f.buckets, expected["mean"])) is not None:
+            parts.append(zt)
+        # The mean (exact, from the histogram's sum) and the tail count (from bucket deltas) see different
+        # failures; averaging their z keeps one noisy estimate from alarming alone.
+        return round(sum(parts) / len(parts), 4)
+
+    def _stalled(self, f: Features) -> bool:
+        """Far fewer requests finished than the baseline's usual count: a server (or its network) that stalls
+        shows no latency at all, only silence. Alone that is not a regression (clients may have left)."""
+        ns = [r.latency.n / (r.end - r.start) for r in self.baseline_.rows if r.end > r.start]
+        if f.requests is None or not ns:
+            return False
+        expected = median(ns) * f.duration
+        return expected >= self.min_stall_requests and f.requests < self.stall_fraction * expected
+
+    def _explained(self, values: dict[str, float | None]) -> bool:
+        """Whether some cause signal of this window moved: corroboration that lets a smaller latency rise count."""
+        stats = self.baseline_.stats()
+        causes = self._attributor().rank({k: v for k, v in values.items() if k != "jsd"}, stats, values.get("jsd"),
+                                         stats.get("jsd"))
+        return causes[0].label != "unknown"
+
+    def _refit(self) -> None:
+        self.model_ = ExpectedLatency(self.max_elasticity, self.tail_quantile, self.min_log_scale,
+                                      self.load_allowance, self.load_quantile).fit(
+            self.baseline_.latency_rows())
+        self.since_refit_ = 0
+
+    def _learn(self, window: Window, f: Features, leaves: dict[str, float] | None) -> None:
+        self.baseline_.add(window.start, window.end, f, leaves)
+        self.since_refit_ += 1
+        if self.since_refit_ >= self.refit_every:
+            self._refit()
+
+    def _severity(self, f: Features, score: float | None, expected: dict[str, float]) -> str:
+        if score is None:  # a stall: nothing finished at all, the worst latency there is
+            return "critical"
+        ratio = (f.mean_seconds or 0.0) / expected["mean"] if expected.get("mean") else 0.0
+        return "critical" if score >= self.critical_score or ratio >= self.critical_ratio else "warning"
+
+    def _attributor(self) -> Attributor:
+        return Attributor(min_z=self.min_cause_z, min_ratio=self.min_cause_ratio, compute_weight=self.compute_weight,
+                          lock_blocked_discount=self.lock_blocked_discount, profile_min_jsd=self.profile_min_jsd,
+                          max_causes=self.max_causes)
+
+    def _causes(self, samples: list[dict], window: Window) -> list[Cause]:
+        agg: dict[str, float | None] = {}
+        for name in [s.name for s in SIGNALS] + ["jsd"]:
+            xs = [v[name] for v in samples if v.get(name) is not None and math.isfinite(v[name])]
+            agg[name] = median(xs) if xs else None
+        stats = self.baseline_.stats()
+        not_measured: dict[str, str] = {}
+        for label in {s.label for s in SIGNALS}:
+            sigs = [s for s in SIGNALS if s.label == label]
+            if all(agg.get(s.name) is None for s in sigs):
+                not_measured[label] = "; ".join(sorted({f"{s.source}: {window.errors.get(s.source, 'no reading')}"
+                                                        for s in sigs}))
+        return self._attributor().rank({k: v for k, v in agg.items() if k != "jsd"}, stats, agg.get("jsd"),
+                                       stats.get("jsd"), not_measured)
+
+    def _functions(self) -> list[FunctionShift]:
+        if not self.episode_leaves_ or not self.baseline_.profile:
+            return []
+        return top_shifts(self.baseline_.profile, self.episode_leaves_, self.max_functions)
+
+    def _open(self, window: Window, f: Features, score: float | None, expected: dict[str, float]) -> Regression:
+        self.episode_values_.clear()
+        self.episode_values_.extend({k: v for k, v in run.items() if k != "leaves"} for run in self.run_)
+        self.episode_leaves_ = {}
+        for run in self.run_:
+            merge(self.episode_leaves_, run.get("leaves", {}))
+        self.calm_ = 0
+        rid = f"{window.target}-{int(window.end)}"
+        if self.last_id_ is not None and self.last_id_.startswith(rid):
+            rid = f"{window.target}-{window.end:.3f}"
+        self.last_id_ = rid
+        self.episode_ = Regression(id=rid, target=window.target, pid=window.pid, opened_at=window.end,
+                                   severity=self._severity(f, score, expected),
+                                   score=self.critical_score if score is None else score,
+                                   causes=self._causes(list(self.episode_values_), window),
+                                   functions=self._functions(), baseline_start=self.baseline_.start,
+                                   baseline_end=self.baseline_.end)
+        return self.episode_
+
+    def _rerank(self, reg: Regression, window: Window, f: Features, score: float | None,
+                expected: dict[str, float]) -> Regression:
+        severity = "critical" if reg.severity == "critical" else self._severity(f, score, expected)
+        return dataclasses.replace(reg, severity=severity, score=max(reg.score, self.critical_score if score is None
+                                                                     else score),
+                                   causes=self._causes(list(self.episode_values_), window), functions=self._functions())

@@ -1,0 +1,122 @@
+"""Per-window features: the numbers the detector and attribution read, None where a source did not measure."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from analysis.waits import by_kind
+from analysis.window import Window
+
+# Leaf frames of py-spy idle stacks where a thread waits for work rather than inside the work: the
+# standard library's waiting primitives and event loops. Idle samples anywhere else are a thread
+# blocked in the middle of its own code (a lock, a sleep, a disk write): the lock signal.
+IDLE_LOOP_FILES = ("threading.py", "queue.py", "selectors.py", "socket.py", "socketserver.py", "selector_events.py",
+                   "base_events.py", "asyncio/", "wasyncore.py", "multiprocessing/connection.py", "concurrent/futures/")
+
+
+@dataclass(frozen=True)
+class Features:
+    """One window's features; every field None when its source was off, failed or saw no requests."""
+
+    duration: float
+    requests: float | None = None
+    request_rate: float | None = None
+    tokens_per_second: float | None = None
+    tokens_per_request: float | None = None
+    mean_seconds: float | None = None
+    p50_seconds: float | None = None
+    p95_seconds: float | None = None
+    p99_seconds: float | None = None
+    waiting: float | None = None
+    running: float | None = None
+    ttft_seconds: float | None = None
+    tpot_seconds: float | None = None
+    # Latency histogram delta of this window: (upper bound, requests), ascending, +Inf last.
+    buckets: tuple[tuple[float, float], ...] = ()
+    syscalls_per_second: float | None = None
+    syscalls_per_request: float | None = None
+    top_syscalls: dict[str, float] = field(default_factory=dict)
+    # Off-CPU seconds per second by wait kind (analysis.waits.WAIT_KINDS).
+    offcpu: dict[str, float] | None = None
+    gc_pause_per_second: float | None = None
+    gc_max_pause_seconds: float | None = None
+    retransmits_per_second: float | None = None
+    runqueue_per_second: float | None = None
+    cpu_per_second: float | None = None
+    cpu_per_token: float | None = None
+    rss_bytes: float | None = None
+    voluntary_switches_per_second: float | None = None
+    involuntary_switches_per_second: float | None = None
+    # Threads waiting off-CPU inside their own code, on average over the window: py-spy idle samples whose
+    # leaf is not an idle loop (IDLE_LOOP_FILES), per sampling tick.
+    app_wait_threads: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _buckets(raw: dict[str, float]) -> tuple[tuple[float, float], ...]:
+    pairs = []
+    for bound, count in raw.items():
+        try:
+            pairs.append((float(bound), float(count)))
+        except ValueError:
+            continue  # a malformed bound cannot be placed; the others still describe the window
+    return tuple(sorted(pairs))
+
+
+def is_idle_loop(leaf: str) -> bool:
+    """Whether a py-spy leaf frame ('func (file.py:line)') is a library wait for work."""
+    return any(name in leaf for name in IDLE_LOOP_FILES)
+
+
+def extract(window: Window) -> Features:
+    """The features of one window; a section that is None gives None features, never zeros."""
+    dur = window.duration
+    if not dur > 0:
+        raise ValueError(f"window has no duration: start {window.start!r}, end {window.end!r}")
+    f: dict = {"duration": dur}
+    la = window.latency
+    requests = None
+    if la is not None:
+        requests = la.requests
+        f["requests"] = la.requests
+        f["request_rate"] = la.request_rate
+        f["tokens_per_second"] = la.tokens_per_second
+        if la.tokens_per_second is not None and la.requests > 0:
+            f["tokens_per_request"] = la.tokens_per_second * dur / la.requests
+        if la.requests > 0:
+            f.update(mean_seconds=la.mean_seconds, p50_seconds=la.p50_seconds, p95_seconds=la.p95_seconds,
+                     p99_seconds=la.p99_seconds, buckets=_buckets(la.buckets))
+        f.update(waiting=la.waiting, running=la.running, ttft_seconds=la.ttft_mean_seconds,
+                 tpot_seconds=la.tpot_mean_seconds)
+    if window.syscalls is not None:
+        total = float(sum(window.syscalls.counts.values()))
+        f["syscalls_per_second"] = total / dur
+        if requests:
+            f["syscalls_per_request"] = total / requests
+        top = sorted(window.syscalls.counts.items(), key=lambda kv: -kv[1])[:5]
+        f["top_syscalls"] = {name: count / dur for name, count in top}
+    if window.offcpu is not None:
+        f["offcpu"] = {kind: us / 1e6 / dur for kind, us in by_kind(window.offcpu.stacks).items()}
+    if window.gc is not None:
+        f["gc_pause_per_second"] = window.gc.pause_seconds / dur
+        f["gc_max_pause_seconds"] = window.gc.max_pause_seconds
+    if window.tcp is not None:
+        f["retransmits_per_second"] = window.tcp.retransmits / dur
+    if window.runqueue is not None:
+        f["runqueue_per_second"] = window.runqueue.total_seconds / dur
+    if window.process is not None:
+        p = window.process
+        f.update(cpu_per_second=p.cpu_seconds / dur, rss_bytes=float(p.rss_bytes),
+                 voluntary_switches_per_second=p.voluntary_ctx_switches / dur,
+                 involuntary_switches_per_second=p.involuntary_ctx_switches / dur)
+        tokens = la.tokens_per_second * dur if la is not None and la.tokens_per_second is not None else None
+        if tokens is not None and tokens > 0:
+            f["cpu_per_token"] = p.cpu_seconds / tokens
+    if window.stacks is not None:
+        ticks = window.stacks.samples or window.stacks.rate_hz * dur
+        if ticks > 0:
+            waits = sum(n for stack, n in window.stacks.idle.items() if not is_idle_loop(stack.rsplit(";", 1)[-1]))
+            f["app_wait_threads"] = waits / ticks
+    return Features(**f)

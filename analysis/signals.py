@@ -1,0 +1,73 @@
+"""The per-cause signals attribution compares to the baseline: how each is read from Features, its floors and units."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from analysis.features import Features
+
+# Kernel wait kinds that mean "waiting on something other than another thread or the network".
+BLOCKED_KINDS = ("sleep", "blockio", "stopped", "other")
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One cause signal. floor: smallest baseline used as a ratio's denominator; min_change: smallest absolute
+    rise that counts; scale: multiplier to the display unit."""
+
+    name: str
+    label: str
+    what: str
+    read: Callable[[Features], float | None]
+    floor: float
+    min_change: float
+    unit: str
+    scale: float = 1.0
+    source: str = ""
+
+
+def _blocked(f: Features) -> float | None:
+    return None if f.offcpu is None else sum(f.offcpu[k] for k in BLOCKED_KINDS)
+
+
+def _futex(f: Features) -> float | None:
+    return None if f.offcpu is None else f.offcpu["futex"]
+
+
+def _runq_per_cpu(f: Features) -> float | None:
+    # Waiting for a CPU per second of CPU used: a busier server waits more in proportion, a hogged one far more.
+    if f.runqueue_per_second is None or f.cpu_per_second is None:
+        return None
+    return f.runqueue_per_second / max(f.cpu_per_second, 0.01)
+
+
+SIGNALS: tuple[Signal, ...] = (
+    Signal("gc_pause", "gc", "GC pause", lambda f: f.gc_pause_per_second, 0.001, 0.005, "ms/s", 1000, "gc"),
+    Signal("app_wait", "lock", "threads waiting inside their own code", lambda f: f.app_wait_threads,
+           0.05, 0.2, "threads", 1, "stacks"),
+    Signal("futex", "lock", "futex off-CPU", _futex, 0.05, 0.3, "s/s", 1, "offcpu"),
+    Signal("blocked", "blocked", "off-CPU in sleep, disk I/O, stopped or other waits", _blocked, 0.01, 0.1, "s/s", 1,
+           "offcpu"),
+    Signal("syscalls", "syscalls", "syscalls per request", lambda f: f.syscalls_per_request, 10.0, 200.0, "/req", 1,
+           "syscalls"),
+    Signal("retransmits", "network", "TCP retransmits", lambda f: f.retransmits_per_second, 0.2, 1.0, "/s", 1, "tcp"),
+    Signal("runqueue", "cpu_contention", "run-queue wait per CPU second", _runq_per_cpu, 0.05, 0.5, "s/s", 1,
+           "runqueue"),
+    Signal("involuntary", "cpu_contention", "involuntary context switches", lambda f: f.involuntary_switches_per_second,
+           1.0, 20.0, "/s", 1, "process"),
+    Signal("cpu_per_token", "compute", "CPU per token", lambda f: f.cpu_per_token, 1e-4, 0.0005, "ms/token", 1000,
+           "process"),
+)
+
+BY_NAME = {s.name: s for s in SIGNALS}
+
+
+def read_all(f: Features) -> dict[str, float | None]:
+    """Every signal of one window; a value that is not a finite number is unmeasured (None), never kept as NaN."""
+    out: dict[str, float | None] = {}
+    for s in SIGNALS:
+        v = s.read(f)
+        out[s.name] = float(v) if v is not None and math.isfinite(v) else None
+    return out

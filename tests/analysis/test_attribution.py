@@ -1,0 +1,119 @@
+"""Attribution: every label from its own signal, each gate at its edge, ranking, discounts and `unknown`."""
+
+import pytest
+
+from analysis.attribution import Attributor, SignalStats
+from analysis.signals import BY_NAME, SIGNALS
+
+# A quiet baseline for every signal: values at these medians move nothing.
+QUIET = {"gc_pause": 0.0008, "app_wait": 0.1, "futex": 30.0, "blocked": 0.001, "syscalls": 400.0,
+         "retransmits": 0.0, "runqueue": 0.3, "involuntary": 5.0, "cpu_per_token": 0.002}
+STATS = {name: SignalStats(median=v, sigma=v * 0.05, count=30) for name, v in QUIET.items()}
+
+
+def rank(**moved):
+    return Attributor().rank({**QUIET, **moved}, STATS)
+
+
+@pytest.mark.parametrize(("signal", "value", "label", "words"), [
+    ("gc_pause", 0.041, "gc", "GC pause 41 ms/s vs 0.8 ms/s baseline (x41 against the 1 ms/s floor, z"),
+    ("app_wait", 0.6, "lock", "threads waiting inside their own code 0.6 threads vs 0.1 threads baseline (x6"),
+    ("blocked", 0.5, "blocked", "off-CPU in sleep, disk I/O, stopped or other waits 0.5 s/s"),
+    ("syscalls", 50000.0, "syscalls", "syscalls per request 50,000 /req vs 400 /req baseline (x125"),
+    ("retransmits", 10.0, "network", "TCP retransmits 10 /s vs 0 /s baseline (x50 against the 0.2 /s floor"),
+    ("runqueue", 3.0, "cpu_contention", "run-queue wait per CPU second 3 s/s vs 0.3 s/s baseline (x10"),
+    ("cpu_per_token", 0.006, "compute", "CPU per token 6 ms/token vs 2 ms/token baseline (x3"),
+])
+def test_each_label_from_its_signal_with_evidence_in_words_and_numbers(signal, value, label, words):
+    causes = rank(**{signal: value})
+    assert [c.label for c in causes] == [label]
+    assert causes[0].evidence.startswith(words)
+    assert causes[0].value == value and causes[0].baseline == QUIET[signal]
+
+
+def test_lock_from_futex_when_python_stacks_are_missing():
+    values = {**QUIET, "app_wait": None, "futex": 1.2}
+    stats = {**STATS, "futex": SignalStats(0.2, 0.02, 30)}
+    assert Attributor().rank(values, stats)[0].label == "lock"
+
+
+def test_the_ranking_puts_the_largest_move_first():
+    causes = rank(gc_pause=0.08, syscalls=900.0)
+    assert [c.label for c in causes] == ["gc", "syscalls"]
+    assert causes[0].score > causes[1].score > 0
+
+
+def test_min_change_edge():
+    stats = {"gc_pause": SignalStats(0.0, 0.0, 30)}
+    a = Attributor()
+    assert a.rank({"gc_pause": 0.005}, stats)[0].label == "gc"        # exactly min_change (5 ms/s)
+    assert a.rank({"gc_pause": 0.0049}, stats)[0].label == "unknown"  # just below
+
+
+def test_z_edge():
+    stats = {"runqueue": SignalStats(1.0, 1.0, 30)}
+    a = Attributor(min_z=3.0)
+    assert a.rank({"runqueue": 4.0}, stats)[0].label == "cpu_contention"  # z = 3.0
+    assert a.rank({"runqueue": 3.99}, stats)[0].label == "unknown"
+
+
+def test_ratio_edge_and_the_floor_that_keeps_tiny_baselines_from_huge_ratios():
+    stats = {"syscalls": SignalStats(1000.0, 10.0, 30)}
+    a = Attributor(min_ratio=1.5)
+    assert a.rank({"syscalls": 1500.0}, stats)[0].label == "syscalls"
+    assert a.rank({"syscalls": 1499.0}, stats)[0].label == "unknown"
+    # A retransmit baseline of 0 is floored at 0.2/s: 10/s reads x50, not infinity.
+    c = a.rank({"retransmits": 10.0}, {"retransmits": SignalStats(0.0, 0.0, 30)})[0]
+    assert c.score == pytest.approx(5.6439, abs=1e-3)
+
+
+def test_a_sigma_of_zero_is_floored_so_a_flat_baseline_needs_a_real_change():
+    # futex min_change 0.3 s/s: sigma floor 0.075; +0.2 s/s is below min_change whatever the z.
+    stats = {"futex": SignalStats(0.2, 0.0, 30)}
+    assert Attributor().rank({"futex": 0.4}, stats)[0].label == "unknown"
+
+
+def test_compute_is_weighted_below_a_specific_cause_of_the_same_ratio():
+    causes = rank(cpu_per_token=0.008, gc_pause=0.0032 * 2)
+    assert causes[0].label == "gc"
+    compute = next(c for c in causes if c.label == "compute")
+    assert compute.score == pytest.approx(0.5 * 2.0)  # x4 ratio, log2 4 = 2, weight 0.5
+
+
+def test_waiting_in_own_code_is_not_a_lock_when_the_kernel_says_the_waits_are_sleeps_or_disk():
+    alone = rank(app_wait=0.8)
+    both = rank(app_wait=0.8, blocked=0.5)
+    assert alone[0].label == "lock"
+    lock_alone = alone[0].score
+    lock_both = next(c for c in both if c.label == "lock").score
+    assert lock_both == pytest.approx(lock_alone * 0.5)
+    assert both[0].label == "blocked"
+
+
+def test_profile_shift_names_compute_and_its_edge():
+    jstats = SignalStats(0.05, 0.01, 30)
+    causes = Attributor().rank(QUIET, STATS, jsd=0.3, jsd_stats=jstats)
+    assert causes[0].label == "compute" and "Jensen-Shannon" in causes[0].evidence
+    below = Attributor(profile_min_jsd=0.1).rank(QUIET, STATS, jsd=0.099, jsd_stats=SignalStats(0.01, 0.001, 30))
+    assert below[0].label == "unknown"
+    # CPU per token and profile shift both moved: one compute cause carrying both pieces of evidence.
+    both = Attributor().rank({**QUIET, "cpu_per_token": 0.006}, STATS, jsd=0.3, jsd_stats=jstats)
+    assert [c.label for c in both] == ["compute"] and "CPU per token" in both[0].evidence
+
+
+def test_unknown_when_nothing_moved_names_what_was_not_measured():
+    causes = Attributor().rank(QUIET, STATS, not_measured={"gc": "gc: uprobe failed"})
+    assert [c.label for c in causes] == ["unknown"]
+    assert causes[0].score == 0 and "not measured: gc: gc: uprobe failed" in causes[0].evidence
+
+
+def test_a_signal_without_a_baseline_or_value_is_not_a_cause():
+    assert Attributor().rank({"gc_pause": 1.0}, {"gc_pause": None})[0].label == "unknown"
+    assert Attributor().rank({"gc_pause": None}, STATS)[0].label == "unknown"
+
+
+def test_every_signal_has_a_known_label_and_positive_floors():
+    from analysis.regression import CAUSE_LABELS
+    assert {s.label for s in SIGNALS} == set(CAUSE_LABELS) - {"unknown"}
+    assert all(s.floor > 0 and s.min_change > 0 for s in SIGNALS)
+    assert BY_NAME["gc_pause"].unit == "ms/s"

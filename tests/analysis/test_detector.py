@@ -1,0 +1,365 @@
+"""LatencyDetector on synthetic windows: warm-up, every rule at its edge, every label, missing sections, persistence."""
+
+import functools
+import json
+
+import pytest
+
+from analysis.detector import LatencyDetector, Verdict
+from analysis.features import extract
+from tests.analysis import synth
+from tests.analysis.synth import Load
+
+WARM = 24
+FAULTS = {
+    "gc": Load(slowdown=2.0, gc_pause=0.05),
+    "lock": Load(slowdown=2.0, lock_wait_threads=0.6),
+    "blocked": Load(slowdown=2.0, fsync=0.4),
+    "syscalls": Load(slowdown=2.0, syscalls_per_request=50000),
+    "network": Load(slowdown=2.0, retransmits=50),
+    "cpu_contention": Load(slowdown=2.0, runq_per_cpu=3.0),
+    "compute": Load(slowdown=2.0, cpu_per_token=0.006, hot_function="attention_without_cache"),
+}
+
+
+def feed(det: LatencyDetector, windows) -> list[Verdict]:
+    return [det.update(w) for w in windows]
+
+
+@functools.cache
+def _armed_state(seed: int, count: int) -> str:
+    det = LatencyDetector()
+    feed(det, synth.windows(0, count, seed=seed))
+    return json.dumps(det.get_state())
+
+
+def armed(seed: int = 0, count: int = 60, **params) -> LatencyDetector:
+    """A detector that has seen `count` healthy windows (built once per seed, then restored: it is the slow part)."""
+    det = LatencyDetector(**params)
+    det.set_state(json.loads(_armed_state(seed, count)))
+    return det
+
+
+def opened(verdicts: list[Verdict]) -> list[int]:
+    return [i for i, v in enumerate(verdicts) if v.opened is not None]
+
+
+def test_warm_up_counts_windows_with_requests_and_arms_after_warmup_windows():
+    det = LatencyDetector(warmup_windows=WARM)
+    idle = [synth.window(i, Load(rate=0.0)) for i in range(5)]  # no request finished: not a baseline window
+    vs = feed(det, idle + synth.windows(5, WARM))
+    assert all(v.state == "warmup" and v.score is None and v.expected == {} for v in vs)
+    after = det.update(synth.window(5 + WARM))
+    assert after.state == "healthy" and after.score is not None and set(after.expected) == {"p50", "p99"}
+    assert len(det.baseline_) == WARM + 1
+
+
+def test_default_warm_up_arms_within_a_few_minutes_at_a_5_s_interval():
+    assert LatencyDetector().warmup_windows * 5 <= 180
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_steady_load_and_benign_load_steps_of_plus_and_minus_half_never_open(seed):
+    det = LatencyDetector()
+    ws = (synth.windows(0, 100, seed=seed) + synth.windows(100, 40, Load(rate=6.0), seed)
+          + synth.windows(140, 40, Load(rate=2.0), seed) + synth.windows(180, 40, Load(tokens=48.0), seed))
+    vs = feed(det, ws)
+    assert opened(vs) == [] and all(v.state != "regression" for v in vs)
+
+
+@pytest.mark.parametrize("label", sorted(FAULTS))
+def test_every_label_is_found_and_ranked_first(label):
+    det = armed(seed=3)
+    vs = feed(det, synth.windows(60, 12, FAULTS[label], seed=3))
+    first = opened(vs)
+    assert len(first) == 1 and first[0] <= 4
+    reg = vs[-1].regression
+    assert reg is not None and reg.top_cause == label, reg.causes
+    assert any(ch.isdigit() for ch in reg.causes[0].evidence)
+
+
+def test_a_sigstop_reads_as_blocked():
+    det = armed(seed=5)
+    vs = feed(det, synth.windows(60, 10, Load(slowdown=2.0, stopped=8.0), seed=5))
+    assert vs[-1].regression.top_cause == "blocked" and "8" in vs[-1].regression.causes[0].evidence
+
+
+def test_k_of_m_debouncing_opens_on_the_kth_anomalous_window_and_opened_at_is_its_end():
+    bad = Load(slowdown=4.0, gc_pause=0.05)
+    for k, m in ((2, 3), (3, 3), (1, 1)):
+        det = armed(k=k, m=m)
+        vs = feed(det, synth.windows(60, 5, bad))
+        assert opened(vs) == [k - 1]
+        assert all(v.state == "healthy" for v in vs[: k - 1])
+        reg = vs[k - 1].opened
+        end = synth.window(60 + k - 1).end
+        assert reg.opened_at == end and reg.id == f"t-{int(end)}" and reg.is_open
+
+
+def test_k_of_m_needs_k_anomalous_within_the_last_m_scored_windows():
+    bad, ok = Load(slowdown=4.0, gc_pause=0.05), Load()
+    det = armed(k=2, m=3)
+    seq = [synth.window(60, bad), synth.window(61, ok), synth.window(62, bad)]  # 2 of 3: opens on the third
+    assert opened(feed(det, seq)) == [2]
+    det = armed(k=2, m=3)
+    seq = [synth.window(60, bad), synth.window(61, ok), synth.window(62, ok), synth.window(63, bad)]  # 1 of 3
+    assert opened(feed(det, seq)) == []
+
+
+def test_close_after_close_windows_calm_windows_and_a_noisy_one_resets_the_count():
+    det = armed(close_windows=3)
+    feed(det, synth.windows(60, 4, Load(slowdown=4.0, gc_pause=0.05)))
+    calm = feed(det, synth.windows(64, 2))
+    assert all(v.state == "regression" and v.closed is None for v in calm)
+    again = det.update(synth.window(66, Load(slowdown=4.0, gc_pause=0.05)))
+    assert again.state == "regression"
+    vs = feed(det, synth.windows(67, 3))
+    assert [v.closed is not None for v in vs] == [False, False, True]
+    closed = vs[-1].closed
+    assert closed.closed_at == synth.window(69).end and not closed.is_open and vs[-1].regression is None
+
+
+def test_hysteresis_a_window_between_close_and_open_score_keeps_the_episode_open():
+    # close_score far below any normal score: no window is calm enough, so normal traffic never closes it.
+    det = armed(close_score=-50.0)
+    feed(det, synth.windows(60, 4, Load(slowdown=4.0, gc_pause=0.05)))
+    vs = feed(det, synth.windows(64, 20))
+    assert all(v.state == "regression" and v.score < det.open_score for v in vs)
+
+
+def test_baseline_is_frozen_while_open_and_learns_while_healthy():
+    det = armed()
+    size = len(det.baseline_)
+    feed(det, synth.windows(60, 6, Load(slowdown=4.0, gc_pause=0.05)))
+    assert len(det.baseline_) == size
+    feed(det, synth.windows(66, 20))
+    assert len(det.baseline_) > size
+
+
+def test_baseline_refits_every_refit_every_healthy_windows():
+    det = armed(refit_every=5)
+    det.since_refit_ = 0
+    model = det.model_
+    feed(det, synth.windows(60, 4))
+    assert det.model_ is model and det.since_refit_ == 4
+    feed(det, synth.windows(64, 1))
+    assert det.model_ is not model and det.since_refit_ == 0
+
+
+@pytest.mark.parametrize(("slowdown", "severity"), [(1.8, "warning"), (4.0, "critical")])
+def test_severity_by_latency_ratio(slowdown, severity):
+    det = armed()
+    vs = feed(det, synth.windows(60, 4, Load(slowdown=slowdown, gc_pause=0.05)))
+    assert vs[opened(vs)[0]].opened.severity == severity
+
+
+def test_critical_ratio_and_critical_score_edges():
+    det = armed(critical_ratio=1.01, critical_score=1000.0)
+    vs = feed(det, synth.windows(60, 4, Load(slowdown=1.8, gc_pause=0.05)))
+    assert vs[opened(vs)[0]].opened.severity == "critical"
+    det = armed(critical_ratio=1000.0, critical_score=4.0)
+    vs = feed(det, synth.windows(60, 4, Load(slowdown=1.8, gc_pause=0.05)))
+    assert vs[opened(vs)[0]].opened.severity == "critical"
+
+
+def test_an_unexplained_slowdown_opens_only_past_the_unexplained_score_and_reads_unknown():
+    mild = Load(slowdown=1.8)  # scores ~4-6: past open_score, short of the unexplained score
+    assert opened(feed(armed(), synth.windows(60, 8, mild))) == []
+    vs = feed(armed(unexplained_open_score=4.0), synth.windows(60, 8, mild))
+    assert opened(vs) and vs[-1].regression.top_cause == "unknown"
+    vs = feed(armed(), synth.windows(60, 8, Load(slowdown=4.0)))
+    assert opened(vs) and vs[-1].regression.top_cause == "unknown"
+
+
+def test_missing_sections_the_detector_keeps_working_and_says_what_it_could_not_measure():
+    blind = ("gc", "offcpu", "stacks")
+    det = LatencyDetector()
+    feed(det, [synth.strip(w, *blind) for w in synth.windows(0, 60)])
+    vs = feed(det, [synth.strip(w, *blind) for w in synth.windows(60, 8, Load(slowdown=4.0, gc_pause=0.05))])
+    reg = vs[-1].regression
+    assert reg is not None and reg.top_cause == "unknown"
+    assert "gc: gc probe failed (test)" in reg.causes[0].evidence
+    assert "offcpu: offcpu probe failed (test)" in reg.causes[0].evidence
+    # The same run with py-spy alone missing still finds a GC regression.
+    det = LatencyDetector()
+    feed(det, [synth.strip(w, "stacks") for w in synth.windows(0, 60)])
+    vs = feed(det, [synth.strip(w, "stacks") for w in synth.windows(60, 8, Load(slowdown=4.0, gc_pause=0.05))])
+    assert vs[-1].regression.top_cause == "gc" and vs[-1].regression.functions == []
+
+
+def test_no_latency_source_no_score_no_episode():
+    det = armed()
+    vs = feed(det, [synth.strip(w, "latency") for w in synth.windows(60, 10, Load(gc_pause=0.05))])
+    assert all(v.score is None and v.state == "healthy" for v in vs)
+
+
+def test_a_stall_with_retransmits_opens_a_critical_network_regression_and_silence_alone_does_not():
+    det = armed()
+    vs = feed(det, synth.windows(60, 4, Load(rate=0.0, retransmits=70)))
+    assert opened(vs) == [1]
+    reg = vs[1].opened
+    assert reg.severity == "critical" and reg.top_cause == "network" and vs[1].score is None
+    quiet = armed()
+    assert opened(feed(quiet, synth.windows(60, 6, Load(rate=0.0)))) == []
+
+
+def test_stall_fraction_edge():
+    # Baseline: ~20 requests per window. A window with 3 requests is a stall at fraction 0.2, not at 0.1.
+    w = synth.window(60, Load(rate=0.6, retransmits=70))
+    assert w.latency.requests < 4
+    assert armed(stall_fraction=0.2, min_requests=5)._stalled(extract(w))
+    assert not armed(stall_fraction=0.1, min_requests=5)._stalled(extract(w))
+
+
+def test_functions_that_grew_and_the_baseline_interval_are_on_the_regression():
+    det = armed()
+    vs = feed(det, synth.windows(60, 6, FAULTS["compute"]))
+    reg = vs[-1].regression
+    assert reg.functions and reg.functions[0].function == "attention_without_cache (app/hot.py)"
+    assert reg.functions[0].delta > 0.3
+    assert reg.baseline_start == synth.window(0).start and reg.baseline_end == synth.window(59).end
+
+
+def test_causes_are_reranked_while_the_episode_is_open():
+    det = armed()
+    feed(det, synth.windows(60, 5, FAULTS["gc"]))
+    vs = feed(det, synth.windows(65, 5, FAULTS["syscalls"]))
+    assert vs[-1].regression.top_cause == "syscalls"
+    assert vs[-1].regression.id == vs[0].regression.id
+
+
+def test_get_state_set_state_through_json_keeps_the_baseline_no_second_warm_up():
+    det = armed(seed=7)
+    restored = LatencyDetector()
+    restored.set_state(json.loads(json.dumps(det.get_state())))
+    later = synth.windows(60, 30, seed=7) + synth.windows(90, 6, FAULTS["lock"], seed=7)
+    a, b = feed(det, later), feed(restored, later)
+    assert b[0].state == "healthy"
+    assert [(v.state, v.score, v.expected) for v in a] == [(v.state, v.score, v.expected) for v in b]
+
+
+def test_an_open_regression_stays_open_across_a_restart_and_closes_like_the_original():
+    det = armed(seed=8)
+    feed(det, synth.windows(60, 4, FAULTS["gc"], seed=8))
+    assert det.episode_ is not None
+    restored = LatencyDetector()
+    restored.set_state(json.loads(json.dumps(det.get_state())))
+    assert restored.episode_ == det.episode_
+    after = synth.windows(64, 8, seed=8)
+    a, b = feed(det, after), feed(restored, after)
+    assert b[0].state == "regression" and b[0].regression.id == a[0].regression.id
+    closes_a = [v.closed.closed_at for v in a if v.closed]
+    closes_b = [v.closed.closed_at for v in b if v.closed]
+    assert closes_a == closes_b and len(closes_b) == 1
+
+
+def test_state_of_a_detector_still_warming_up_resumes_its_warm_up():
+    det = LatencyDetector(warmup_windows=WARM)
+    feed(det, synth.windows(0, 10))
+    restored = LatencyDetector(warmup_windows=WARM)
+    restored.set_state(json.loads(json.dumps(det.get_state())))
+    vs = feed(restored, synth.windows(10, WARM - 10))
+    assert vs[-1].state == "warmup" and restored.update(synth.window(WARM)).state == "healthy"
+
+
+def test_reset_forgets_the_baseline_and_any_open_episode():
+    det = armed()
+    feed(det, synth.windows(60, 4, FAULTS["gc"]))
+    det.reset()
+    assert det.episode_ is None and len(det.baseline_) == 0
+    assert det.update(synth.window(64)).state == "warmup"
+
+
+@pytest.mark.parametrize("state", [{}, {"version": 99}, [], "x"])
+def test_a_state_of_another_version_or_shape_is_one_clear_error(state):
+    with pytest.raises(ValueError, match="version"):
+        LatencyDetector().set_state(state)
+
+
+@pytest.mark.parametrize(("params", "words"), [
+    ({"warmup_windows": 2}, "warmup_windows"),
+    ({"k": 4, "m": 3}, "k <= m"),
+    ({"close_score": 5.0, "open_score": 4.0}, "close_score < open_score"),
+    ({"unexplained_open_score": 3.0}, "unexplained_open_score"),
+    ({"close_windows": 0}, "close_windows"),
+    ({"baseline_windows": 10}, "baseline_windows"),
+])
+def test_bad_parameters_are_one_clear_error(params, words):
+    with pytest.raises(ValueError, match=words):
+        LatencyDetector(**params)
+
+
+def test_ids_are_unique_per_target_even_for_two_episodes_in_one_second():
+    det = armed()
+    end = synth.window(61).end
+    det.last_id_ = f"t-{int(end)}"  # an episode already opened in this very second (sub-second windows)
+    vs = feed(det, synth.windows(60, 2, Load(slowdown=4.0, gc_pause=0.05)))
+    assert vs[1].opened.id == f"t-{end:.3f}" == det.last_id_
+    assert LatencyDetector().get_state()["last_id"] is None
+
+
+def score_of(window, **params) -> float:
+    return armed(**params).update(window).score
+
+
+def test_open_score_edge():
+    w = synth.window(60, Load(slowdown=2.0, gc_pause=0.05))  # corroborated: GC moved
+    s = score_of(w)
+    assert armed(k=1, m=1, open_score=s).update(w).opened is not None
+    assert armed(k=1, m=1, open_score=s + 0.01).update(w).opened is None
+
+
+def test_unexplained_open_score_edge():
+    w = synth.window(60, Load(slowdown=2.5))  # nothing but latency moved
+    s = score_of(w)
+    assert armed(k=1, m=1, unexplained_open_score=s).update(w).opened is not None
+    assert armed(k=1, m=1, unexplained_open_score=s + 0.01).update(w).opened is None
+
+
+def test_close_score_edge():
+    bad = Load(slowdown=4.0, gc_pause=0.05)
+    calm = synth.window(70)
+    s = score_of(calm)
+    for close_score, closes in ((s + 0.01, True), (s, False)):  # calm means strictly below close_score
+        det = armed(close_windows=1, close_score=close_score, open_score=max(4.0, close_score + 1))
+        feed(det, synth.windows(60, 3, bad))
+        assert (det.update(calm).closed is not None) is closes
+
+
+def test_min_requests_edge():
+    w = synth.window(60)
+    n = int(w.latency.requests)
+    assert armed(min_requests=n).update(w).score is not None
+    assert armed(min_requests=n + 1).update(w).score is None
+
+
+def test_a_malformed_state_is_one_clear_error_and_leaves_a_fresh_detector():
+    state = json.loads(_armed_state(0, 60))
+    state["baseline"]["rows"][0] = {"start": 1.0}
+    det = LatencyDetector()
+    with pytest.raises(ValueError, match="malformed"):
+        det.set_state(state)
+    assert len(det.baseline_) == 0 and det.update(synth.window(0)).state == "warmup"
+
+
+def test_state_is_strict_json_without_infinity():
+    det = armed()
+    feed(det, synth.windows(60, 4, FAULTS["gc"]))
+    json.dumps(det.get_state(), allow_nan=False)
+    from analysis.baseline import BaselineRow
+    from analysis.latency_model import Row
+    row = BaselineRow(0.0, 5.0, Row(n=3, rate=0.6, tpr=32, mean=20.0, p50=20.0, p99=20.0,
+                                    buckets=((10.0, 1.0), (float("inf"), 2.0))))
+    text = json.dumps(row.to_dict(), allow_nan=False)
+    assert '"+Inf"' in text and BaselineRow.from_dict(json.loads(text)) == row
+
+
+def test_baseline_rows_keep_only_the_buckets_that_matter_and_count_the_same():
+    from analysis.baseline import trim
+    from analysis.latency_model import exceed_count
+    full = extract(synth.window(3)).buckets
+    short = trim(full)
+    assert len(short) < len(full)
+    for t in (0.05, 0.1, 0.13, 0.4, 3.0):
+        assert exceed_count(short, t) == pytest.approx(exceed_count(full, t))
+    assert trim(((0.1, 0.0), (float("inf"), 0.0))) == ()
