@@ -73,8 +73,8 @@ class DetectorConfig:
     """The latency-regression detector (docs/detector.md explains each knob)."""
 
     enabled: bool = True
-    # Windows learned before the detector judges; at the default 5 s interval, 3 minutes.
-    warmup_windows: int = 36
+    # Windows learned before the detector judges; at the default 5 s interval, 2 minutes.
+    warmup_windows: int = 24
 
     def __post_init__(self) -> None:
         _require_range("warmup_windows", self.warmup_windows, 8, 100_000)

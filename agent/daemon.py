@@ -119,6 +119,8 @@ class Agent:
     def close(self) -> None:
         self.stop_event.set()
         self.loop.close()
+        if self.detection is not None:
+            self.detection.flush()
         self.web.stop()
         self.store.close()
         log.info("stopped")

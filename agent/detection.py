@@ -55,6 +55,7 @@ class TargetFinding:
 class _Tracked:
     detector: Detector
     identity: str
+    unsaved: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,12 @@ class Detection:
 
     def __init__(self, store: FindingsStore, make_detector: Callable[[], Detector],
                  identity: Callable[[str], str | None] = lambda target: None,
-                 listeners: Iterable[RegressionListener] = ()) -> None:
+                 listeners: Iterable[RegressionListener] = (), save_every: int = 12) -> None:
         self._store = store
         self._make = make_detector
         self._identity = identity
         self._listeners = list(listeners)
+        self._save_every = save_every
         self._tracked: dict[str, _Tracked] = {}
         self._findings: dict[str, TargetFinding] = {}
         self._opened: Counter[tuple[str, str]] = Counter()
@@ -95,7 +97,11 @@ class Detection:
         for regression in (verdict.opened, verdict.regression, verdict.closed):
             if regression is not None:
                 self._store.save_regression(regression)
-        self._store.save_detector_state(window.target, tracked.identity, tracked.detector.get_state())
+        tracked.unsaved += 1
+        # A baseline can hold hundreds of KB of JSON: saved every `save_every` windows, but at once while an
+        # episode starts, lasts or ends, so a restart never loses an open regression.
+        if verdict.opened or verdict.closed or verdict.regression or tracked.unsaved >= self._save_every:
+            self._save(window.target, tracked)
         with self._lock:
             if verdict.opened is not None:
                 self._opened[(window.target, verdict.opened.top_cause)] += 1
@@ -104,6 +110,16 @@ class Detection:
                 regression=verdict.regression, window_end=window.end)
         self._notify(verdict)
         return verdict
+
+    def _save(self, target: str, tracked: _Tracked) -> None:
+        self._store.save_detector_state(target, tracked.identity, tracked.detector.get_state())
+        tracked.unsaved = 0
+
+    def flush(self) -> None:
+        """Save every baseline learned since its last save (at shutdown)."""
+        for target, tracked in self._tracked.items():
+            if tracked.unsaved:
+                self._save(target, tracked)
 
     def _notify(self, verdict: Any) -> None:
         for listener in self._listeners:

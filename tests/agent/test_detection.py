@@ -138,13 +138,17 @@ def test_restart_restores_the_baseline_and_keeps_the_episode_open(tmp_path: Path
 def test_a_new_served_program_drops_the_saved_baseline(tmp_path: Path):
     path = tmp_path / "store"
     with Store.open(path) as store:
-        Detection(store, make_detector=ScriptedDetector, identity=lambda t: "serve --model a").observe(window(0))
+        first = Detection(store, make_detector=ScriptedDetector, identity=lambda t: "serve --model a")
+        first.observe(window(0))
+        first.flush()
     with Store.open(path) as store:
         made: list[ScriptedDetector] = []
         detection = Detection(store, make_detector=lambda: made.append(ScriptedDetector()) or made[-1],
                               identity=lambda t: "serve --model b")
         detection.observe(window(1))
         assert made[0].log == [] and made[0].learned == 1
+        assert store.detector_state("server") is None  # the old model's baseline is gone at once
+        detection.flush()
         assert store.detector_state("server")[0] == "serve --model b"
 
 
@@ -193,3 +197,16 @@ def test_cli_refuses_unknown_target_and_missing_store_in_one_line(tmp_path: Path
     assert err.count("\n") == 1 and "no target 'nosuch' in the store" in err
     assert cli_main(["regressions", "--store", str(tmp_path / "absent")]) == 2
     assert "no store at" in capsys.readouterr().err
+
+
+def test_healthy_baselines_are_saved_every_n_windows_and_flushed_at_shutdown(store):
+    detection = Detection(store, make_detector=lambda: ScriptedDetector(open_at=99), save_every=3)
+    for i in range(2):
+        detection.observe(window(i))
+    assert store.detector_state("server") is None
+    detection.observe(window(2))
+    assert store.detector_state("server")[1]["learned"] == 3
+    detection.observe(window(3))
+    assert store.detector_state("server")[1]["learned"] == 3
+    detection.flush()
+    assert store.detector_state("server")[1]["learned"] == 4
