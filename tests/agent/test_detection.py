@@ -210,3 +210,25 @@ def test_healthy_baselines_are_saved_every_n_windows_and_flushed_at_shutdown(sto
     assert store.detector_state("server")[1]["learned"] == 3
     detection.flush()
     assert store.detector_state("server")[1]["learned"] == 4
+
+
+def test_agent_restart_mid_run_with_the_real_detector_changes_nothing(tmp_path: Path):
+    """Real windows (tests/analysis/fixtures), the real detector: stopping the agent while a regression is open
+    and starting it again on the same store gives the verdicts an uninterrupted run gives, with no new warm-up."""
+    from analysis.detector import LatencyDetector
+    from tests.analysis.test_detector_replay import load
+
+    windows, _ = load()
+    straight = Detection(Store.open(tmp_path / "a"), make_detector=lambda: LatencyDetector(warmup_windows=6))
+    expected = [(v.state, v.regression and v.regression.id) for v in map(straight.observe, windows)]
+    cut = next(i for i, (state, _) in enumerate(expected) if state == "regression") + 2
+
+    path = tmp_path / "b"
+    got = []
+    for part in (windows[:cut], windows[cut:]):
+        with Store.open(path) as store:
+            detection = Detection(store, make_detector=lambda: LatencyDetector(warmup_windows=6))
+            got += [(v.state, v.regression and v.regression.id) for v in map(detection.observe, part)]
+            detection.flush()
+    assert got == expected
+    assert got[cut][0] == "regression" and "warmup" not in [s for s, _ in got[cut:]]
