@@ -23,12 +23,17 @@ from dashboards.app import create_app
 
 log = logging.getLogger("infersight.daemon")
 
+# More than dashboards.limits lets slow endpoints hold, so /metrics and the page always find a thread.
+WEB_THREADS = 6
+
 
 class WebServer:
     """waitress on its own thread, serving the status page and /metrics."""
 
     def __init__(self, app, host: str, port: int) -> None:
-        self._server = create_server(app, host=host, port=port, threads=4, ident="infersight")
+        # channel_request_lookahead > 0 lets a handler ask whether its client is still there.
+        self._server = create_server(app, host=host, port=port, threads=WEB_THREADS, ident="infersight",
+                                     channel_request_lookahead=1)
         self._thread = threading.Thread(target=self._server.run, name="web", daemon=True)
 
     @property

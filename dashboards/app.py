@@ -8,12 +8,15 @@ from flask import Flask
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
+from dashboards.limits import LIST_SLOTS, PROFILE_SLOTS, Gate
+
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     """Build the app. config keys: STATE (the agent's live state), STORE (its store), REGISTRY (prometheus),
     PYSPY_RATE_HZ and INTERVAL_SECONDS (to label and time profiles)."""
     app = Flask(__name__)
-    app.config.update(STATE=None, STORE=None, REGISTRY=None, PYSPY_RATE_HZ=None, INTERVAL_SECONDS=5.0)
+    app.config.update(STATE=None, STORE=None, REGISTRY=None, PYSPY_RATE_HZ=None, INTERVAL_SECONDS=5.0,
+                      PROFILE_GATE=Gate(PROFILE_SLOTS, "profile"), LIST_GATE=Gate(LIST_SLOTS, "list request"))
     if config:
         app.config.update(config)
 

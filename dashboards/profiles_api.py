@@ -8,6 +8,7 @@ from flask import Blueprint, Response, abort, current_app, jsonify, request
 
 from agent.profiles import from_store
 from analysis.flamegraph.export import DIFF_FORMATS, FORMATS, PROFILE_KINDS, export, export_diff
+from dashboards.limits import Busy, wait_while_present
 
 bp = Blueprint("profiles", __name__)
 
@@ -48,6 +49,13 @@ def _target(store) -> str:
     if target not in names:
         abort(404, description=f"no stored profiles for target {target!r}")
     return target
+
+
+def _busy(message: str) -> Response:
+    resp = jsonify(error=message)
+    resp.status_code = 429
+    resp.headers["Retry-After"] = "5"
+    return resp
 
 
 def _send(exported, filename: str) -> Response:
@@ -115,15 +123,22 @@ def pprof_profile():
     interval = float(current_app.config.get("INTERVAL_SECONDS") or 5.0)
     sleep = current_app.config.get("SLEEP") or time.sleep
     clock = current_app.config.get("CLOCK") or time.time
-    start = clock()
-    sleep(seconds)
-    # Wait for the window that covers the end of the span to be stored (at most one interval + slack).
-    deadline = start + seconds + interval + 5.0
-    while clock() < deadline:
-        latest = store.latest(target)
-        if latest is not None and latest.end >= start + seconds:
-            break
-        sleep(0.25)
+    # waitress gives this when channel_request_lookahead > 0: a profile must not outlive its client.
+    gone = request.environ.get("waitress.client_disconnected") or (lambda: False)
+    try:
+        with current_app.config["PROFILE_GATE"].claim(target, exclusive=True):
+            start = clock()
+            if not wait_while_present(seconds, gone, sleep=sleep, clock=clock):
+                return Response(status=499)
+            # Wait for the window that covers the end of the span to be stored (one interval + slack).
+            deadline = start + seconds + interval + 5.0
+            while clock() < deadline and not gone():
+                latest = store.windows(target=target, limit=1, with_profiles=False)
+                if latest and latest[0].end >= start + seconds:
+                    break
+                sleep(0.25)
+    except Busy as exc:
+        return _busy(str(exc))
     profile = from_store(store, target, start, start + seconds, kind)
     exported = export(profile, "pprof", kind=kind, title=f"{target} — {kind}",
                       rate_hz=current_app.config.get("PYSPY_RATE_HZ"))

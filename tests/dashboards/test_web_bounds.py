@@ -1,0 +1,89 @@
+"""The web server stays responsive under slow and abandoned requests: profile pool, per-target lock, caps."""
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from agent.daemon import WebServer
+from agent.metrics import build_registry
+from agent.state import AgentState
+from agent.store import Store
+from analysis.window import StackReading, Window
+from dashboards.app import create_app
+
+
+def _window(start: float, target: str = "server") -> Window:
+    return Window(target=target, pid=100, start=start, end=start + 5,
+                  stacks=StackReading(active={"main;serve;decode": 10}, idle={}, rate_hz=49.0))
+
+
+@pytest.fixture
+def served(tmp_path):
+    store = Store.open(tmp_path / "store")
+    now = time.time()
+    for i in range(4):
+        store.add_window(_window(now - 20 + 5 * i))
+        store.add_window(_window(now - 20 + 5 * i, target="other"))
+    state = AgentState()
+    app = create_app({"STATE": state, "STORE": store, "REGISTRY": build_registry(state),
+                      "PYSPY_RATE_HZ": 49, "INTERVAL_SECONDS": 1.0})
+    web = WebServer(app, "127.0.0.1", 0)
+    web.start()
+    yield web.url, app
+    web.stop()
+    store.close()
+
+
+def _get(url: str, timeout: float = 30.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_twenty_slow_profiles_leave_metrics_fast(served):
+    url, _ = served
+    answers: list[int] = []
+
+    def profile(i: int) -> None:
+        target = "server" if i % 2 else "other"
+        answers.append(_get(f"{url}/debug/pprof/profile?seconds=4&target={target}")[0])
+
+    threads = [threading.Thread(target=profile, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    worst = 0.0
+    for _ in range(5):
+        began = time.monotonic()
+        code, body = _get(f"{url}/metrics", timeout=10)
+        worst = max(worst, time.monotonic() - began)
+        assert code == 200 and b"infersight_agent_uptime_seconds" in body
+    for t in threads:
+        t.join(timeout=30)
+    assert worst < 0.1, f"/metrics took {worst * 1000:.0f} ms while 20 profiles were pending"
+    # One profile per target at a time: the rest were told to come back, not queued.
+    assert answers.count(200) <= 2 and answers.count(429) >= 18, answers
+
+
+def test_abandoned_profile_frees_its_slot(served):
+    url, _ = served
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"GET /debug/pprof/profile?seconds=60&target=server HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    time.sleep(1.0)
+    code, _ = _get(f"{url}/debug/pprof/profile?seconds=1&target=server")
+    assert code == 429, "a second profile of the same target waits for the first"
+    sock.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        code, _ = _get(f"{url}/debug/pprof/profile?seconds=1&target=server")
+        if code == 200:
+            break
+        time.sleep(0.3)
+    assert code == 200, "the abandoned 60 s profile still held its target 5 s after its client went"
