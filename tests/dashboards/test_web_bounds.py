@@ -87,3 +87,37 @@ def test_abandoned_profile_frees_its_slot(served):
             break
         time.sleep(0.3)
     assert code == 200, "the abandoned 60 s profile still held its target 5 s after its client went"
+
+
+def _fat_window(start: float) -> Window:
+    # ~60 KB of distinct folded stacks, like a busy server's window.
+    stacks = {f"main;serve;layer_{i};op_{i * 7919 % 1000}": i + 1 for i in range(1200)}
+    return Window(target="server", pid=100, start=start, end=start + 5,
+                  stacks=StackReading(active=stacks, idle={}, rate_hz=49.0))
+
+
+def test_window_list_is_capped_in_count_and_bytes(tmp_path):
+    import tracemalloc
+
+    from dashboards import api
+
+    store = Store.open(tmp_path / "store")
+    for i in range(400):
+        store.add_window(_fat_window(1000.0 + 5 * i))
+    client = create_app({"STORE": store, "TESTING": True}).test_client()
+    resp = client.get("/api/windows?limit=10000")
+    assert resp.status_code == 400 and str(api.MAX_WINDOWS) in resp.get_json()["error"]
+    tracemalloc.start()
+    resp = client.get(f"/api/windows?limit={api.MAX_WINDOWS}")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    body = resp.get_data()
+    assert resp.status_code == 200 and len(body) <= api.MAX_RESPONSE_BYTES
+    got = resp.get_json()
+    assert 0 < len(got) < 400 and got[-1]["start"] == 1000.0 + 5 * 399, "the newest windows, oldest first"
+    assert "until=" in resp.headers["X-Infersight-Truncated"]
+    assert peak < 4 * api.MAX_RESPONSE_BYTES, f"building the answer took {peak >> 20} MiB"
+    # The next page picks up exactly where the cut was.
+    nxt = client.get(f"/api/windows?limit={api.MAX_WINDOWS}&until={got[0]['start']}").get_json()
+    assert nxt[-1]["start"] == got[0]["start"] - 5
+    store.close()
