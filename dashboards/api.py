@@ -34,9 +34,12 @@ def _float_arg(name: str) -> float | None:
     if raw is None or raw == "":
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
         abort(400, description=f"{name} must be a number (unix seconds), got {raw!r}")
+    return value
 
 
 @bp.get("/windows")

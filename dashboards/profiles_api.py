@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 import time
 
 from flask import Blueprint, Response, abort, current_app, jsonify, request
@@ -34,9 +36,12 @@ def _time(name: str, default: float | None = None) -> float | None:
     if raw is None or raw == "":
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
         abort(400, description=f"{name} must be unix seconds, got {raw!r}")
+    return value
 
 
 def _target(store) -> str:
@@ -117,7 +122,8 @@ def pprof_profile():
     target = _target(store)
     kind = _choice("kind", PROFILE_KINDS, "active")
     raw = request.args.get("seconds", "30")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PPROF_SECONDS:
+    # ASCII digits only: str.isdigit() accepts '²', which int() then refuses.
+    if not re.fullmatch(r"[0-9]{1,4}", raw) or not 1 <= int(raw) <= MAX_PPROF_SECONDS:
         abort(400, description=f"seconds must be an integer in 1..{MAX_PPROF_SECONDS}, got {raw!r}")
     seconds = int(raw)
     interval = float(current_app.config.get("INTERVAL_SECONDS") or 5.0)

@@ -121,3 +121,13 @@ def test_window_list_is_capped_in_count_and_bytes(tmp_path):
     nxt = client.get(f"/api/windows?limit={api.MAX_WINDOWS}&until={got[0]['start']}").get_json()
     assert nxt[-1]["start"] == got[0]["start"] - 5
     store.close()
+
+
+@pytest.mark.parametrize("query", ["/api/windows?limit=%C2%B2", "/api/windows?limit=%D9%A3",
+                                   "/debug/pprof/profile?seconds=%C2%B2&target=server",
+                                   "/api/windows?since=nan", "/api/windows?until=inf",
+                                   "/api/flamegraph?target=server&from=nan"])
+def test_unicode_digits_and_non_finite_numbers_are_a_400(served, query):
+    url, _ = served
+    code, body = _get(url + query)
+    assert code == 400 and b"Traceback" not in body, body
