@@ -18,6 +18,7 @@ from agent.metrics import build_registry
 from agent.probeset import ProbeSet
 from agent.state import AgentState
 from agent.store import Store
+from agent.target_policy import make_discover
 from agent.target_sources import make_target_sources
 from dashboards.app import create_app
 
@@ -67,6 +68,7 @@ class Agent:
             probes=ProbeSet(config.probes.enabled()),
             make_sources=lambda t: make_target_sources(t, config),
             state=self.state,
+            discover_fn=make_discover(config, self.state),
             sink=self.store.add_window,
             interval=config.interval_seconds,
         )

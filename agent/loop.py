@@ -197,6 +197,10 @@ class CollectionLoop:
         diff = diff_targets(self.watched, current)
         for t in diff.same:
             # A regex target is renamed when its number of matches changes (name <-> name#pid).
+            if self._watched[t.key].target.name != t.name:
+                self._state.forget_target(self._watched[t.key].target.name)
+                self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="watching", since=now,
+                                                    detail=redact_cmdline(t.cmdline)[:300]))
             self._watched[t.key].target = t
         for t in diff.removed:
             watched = self._watched.pop(t.key)
@@ -204,6 +208,7 @@ class CollectionLoop:
             self._gone.add(t.name)
             self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="gone", since=now,
                                                 detail="process exited"))
+            self._state.forget_target(t.name)
             report.gone.append(t.name)
             log.info("target %s pid %d is gone", t.name, t.pid)
         for t in diff.added:

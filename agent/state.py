@@ -70,6 +70,7 @@ class AgentState:
         self._totals: dict[str, TargetTotals] = {}
         self._targets: dict[str, TargetStatus] = {}
         self._health: dict[str, dict[str, Any]] = {}
+        self._skipped: dict[str, Any] = {}  # spec name -> agent.targets.Skipped
         self.host_tcp_retransmits = 0
         self.errors: Counter = Counter()  # source -> errors
         self.windows_written = 0
@@ -88,6 +89,22 @@ class AgentState:
     def set_target(self, status: TargetStatus) -> None:
         with self._lock:
             self._targets[status.name] = status
+
+    def set_skipped(self, skipped: dict[str, Any]) -> None:
+        with self._lock:
+            self._skipped = dict(skipped)
+
+    def forget_target(self, name: str) -> None:
+        """Drop an exited target's figures, so /metrics stops exposing its series (a regex target that
+        matches short-lived processes would otherwise leave series behind for every pid it ever saw).
+        A per-process name (`spec#pid`) leaves the page too; a plain name stays listed as gone."""
+        with self._lock:
+            self._latest.pop(name, None)
+            self._totals.pop(name, None)
+            for source in [s for s in self._health if s.endswith(f":{name}")]:
+                del self._health[source]
+            if "#" in name:
+                self._targets.pop(name, None)
 
     def set_health(self, source: str, health: dict[str, Any]) -> None:
         with self._lock:
@@ -119,6 +136,7 @@ class AgentState:
                 "totals": {k: _copy_totals(v) for k, v in self._totals.items()},
                 "targets": dict(self._targets),
                 "health": {k: dict(v) for k, v in self._health.items()},
+                "skipped": dict(self._skipped),
                 "errors": dict(self.errors),
                 "host_tcp_retransmits": self.host_tcp_retransmits,
                 "windows_written": self.windows_written,

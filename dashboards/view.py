@@ -47,6 +47,9 @@ def status(snapshot: dict[str, Any]) -> dict[str, Any]:
             {"name": t.name, "pid": t.pid, "state": t.state, "since": t.since, "detail": t.detail}
             for t in sorted(snapshot["targets"].values(), key=lambda t: t.name)
         ],
+        # A process_regex that matched more than the agent watches says so (allowed_users, max_targets).
+        "skipped": [{"target": name, "line": sk.line()}
+                    for name, sk in sorted(snapshot.get("skipped", {}).items()) if sk.line()],
         "sources": [{"source": name, **health,
                      "error_count": health.get("errors", health.get("read_errors", snapshot["errors"].get(name, 0)))}
                     for name, health in sorted(snapshot["health"].items())],

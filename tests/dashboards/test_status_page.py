@@ -48,3 +48,16 @@ def test_windows_endpoint_rejects_bad_arguments(state):
     resp = client.get("/api/windows?since=yesterday")
     assert resp.status_code == 400 and "'yesterday'" in resp.get_json()["error"]
     assert client.get("/api/windows?since=1&until=2").status_code == 200
+
+
+def test_an_over_matching_regex_is_shown_on_the_page_and_in_metrics(state, client):
+    from agent.targets import Skipped
+
+    state.set_skipped({"workload": Skipped(matched=25, not_allowed=20, over_limit=3, max_targets=16)})
+    page = client.get("/").get_data(as_text=True)
+    assert "target workload: matched 25 processes; not watched: 20 owned by users not in allowed_users, " \
+           "3 over max_targets (16)" in page
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'infersight_target_processes_skipped{reason="not_allowed_user",target="workload"} 20.0' in text
+    assert 'infersight_target_processes_skipped{reason="max_targets",target="workload"} 3.0' in text
+    assert 'infersight_target_processes_matched{target="workload"} 25.0' in text
