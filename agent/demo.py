@@ -17,8 +17,12 @@ from pathlib import Path
 from agent import logs
 from agent.config import Config, LatencySpec, TargetSpec
 from agent.daemon import Agent
+from agent.secretfile import write_secret
 
 log = logging.getLogger("infersight.demo")
+
+# The workload reads its admin token from here (workload/api.py); the agent never imports the workload.
+ADMIN_TOKEN_ENV = "WORKLOAD_ADMIN_TOKEN"
 
 
 def _wait_http(url: str, timeout: float) -> bool:
@@ -43,6 +47,15 @@ def _stop(proc: subprocess.Popen, name: str) -> None:
             proc.wait()
 
 
+def start_server(var: Path, port: int, token: str) -> subprocess.Popen:
+    """The workload server, its admin token in a 0600 file and the environment, never on the command line
+    (any local user reads argv with ps, then could switch faults on a root-run server)."""
+    write_secret(var / "admin-token", token)
+    env = {**os.environ, ADMIN_TOKEN_ENV: token}
+    return subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", str(port),
+                             "--pidfile", str(var / "workload.pid")], env=env)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__)
     parser.add_argument("--var", type=Path, default=Path("var"), help="folder for the store and pidfile")
@@ -61,8 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     token = secrets.token_hex(8)
     server_url = f"http://127.0.0.1:{args.port}"
 
-    server = subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", str(args.port),
-                               "--pidfile", str(args.var / "workload.pid"), "--admin-token", token])
+    server = start_server(args.var, args.port, token)
     children = [(server, "workload")]
     agent: Agent | None = None
     loop_thread: threading.Thread | None = None
@@ -87,7 +99,7 @@ infersight demo is running (Ctrl-C stops everything)
   status page      {agent.web.url}/
   agent metrics    {agent.web.url}/metrics
   workload         {server_url}/v1/completions   (metrics: {server_url}/metrics)
-  faults           .venv/bin/python -m workload fault gc on --url {server_url} --token {token}
+  faults           .venv/bin/python -m workload fault gc on --url {server_url} --token-file {args.var / 'admin-token'}
                    (gc, lock, syscall, netloss, cpuhog, nocache; 'off' to stop)
   store            {args.var / 'store'}
 """, flush=True)
