@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -28,13 +29,22 @@ log = logging.getLogger("infersight.daemon")
 WEB_THREADS = 6
 
 
+class ListenError(OSError):
+    """The status page cannot listen where configured; one line naming the address and what to do."""
+
+
 class WebServer:
     """waitress on its own thread, serving the status page and /metrics."""
 
     def __init__(self, app, host: str, port: int) -> None:
-        # channel_request_lookahead > 0 lets a handler ask whether its client is still there.
-        self._server = create_server(app, host=host, port=port, threads=WEB_THREADS, ident="infersight",
-                                     channel_request_lookahead=1)
+        try:
+            # channel_request_lookahead > 0 lets a handler ask whether its client is still there.
+            self._server = create_server(app, host=host, port=port, threads=WEB_THREADS, ident="infersight",
+                                         channel_request_lookahead=1)
+        except OSError as exc:
+            hint = ("another process (another infersight?) listens there; stop it or change `listen`"
+                    if exc.errno == errno.EADDRINUSE else "change `listen` in the config")
+            raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; {hint}") from None
         self._thread = threading.Thread(target=self._server.run, name="web", daemon=True)
 
     @property

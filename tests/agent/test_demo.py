@@ -60,3 +60,73 @@ def test_demo_server_token_is_in_a_0600_file_and_never_in_argv(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=20)
+
+
+@pytest.fixture
+def listener():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def test_demo_names_a_busy_port_in_one_line(tmp_path, listener):
+    run = subprocess.run([sys.executable, "-m", "agent.demo", "--var", str(tmp_path / "var"), "--port",
+                          str(listener)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert run.returncode == 1
+    assert run.stderr.strip().count("\n") == 0 and f"port {listener} " in run.stderr, run.stderr
+    assert f"by pid {os.getpid()}" in run.stderr and "--port" in run.stderr
+
+
+def test_agent_on_a_busy_port_is_one_line_naming_it(tmp_path, listener):
+    config = tmp_path / "infersight.toml"
+    config.write_text(f'listen = "127.0.0.1:{listener}"\nstore_dir = "store"\n'
+                      '[[targets]]\nname = "x"\npid = 1\n')
+    os.chmod(tmp_path, 0o755)
+    run = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert f"cannot listen on 127.0.0.1:{listener}: Address already in use" in run.stderr
+
+
+def test_children_left_by_a_killed_demo_are_stopped_and_strangers_are_not(tmp_path):
+    from agent import demo_guard
+
+    var = tmp_path / "var"
+    var.mkdir()
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        demo_guard.record_children(var, [(ours.pid, "workload")])
+        # A recorded pid whose start time differs is a stranger that reused the pid.
+        (var / demo_guard.PIDS_FILE).write_text((var / demo_guard.PIDS_FILE).read_text()
+                                                + f"{stranger.pid} 1 load\n")
+        said = demo_guard.stop_stale(var)
+        assert said == [f"stopped the workload (pid {ours.pid}) left running by an earlier demo"]
+        assert ours.wait(timeout=5) is not None and stranger.poll() is None
+    finally:
+        for p in (ours, stranger):
+            p.kill()
+            p.wait()
+
+
+def test_demo_children_die_with_a_killed_demo():
+    code = ("import subprocess, sys, time\nfrom agent.demo_guard import die_with_parent\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+            "preexec_fn=die_with_parent)\nprint(c.pid, flush=True)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    child = int(parent.stdout.readline())
+    parent.kill()  # kill -9 of the demo
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{child}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.1)
+    os.kill(child, 9)
+    pytest.fail(f"child {child} outlived the killed demo")
