@@ -17,7 +17,7 @@ from workload.engine import Engine, resolve_device
 from workload.faults import FaultTuning, build_faults
 from workload.metrics import create_metrics
 from workload.scheduler import Scheduler, SchedulerConfig
-from workload.server import Serving, create_app
+from workload.server import MAX_BODY_BYTES, RESERVED_THREADS, Serving, create_app
 from workload.tokenfile import TokenFileError, read_token_file
 
 log = logging.getLogger("workload.serve")
@@ -58,13 +58,15 @@ def serve(args: argparse.Namespace) -> int:
     # The app needs the bound port (netloss targets it), the server needs an app: bind first, wire after.
     apps: list = []
     server = create_server(lambda environ, start: apps[0](environ, start), host=args.host, port=args.port, threads=args.http_threads,
-                           channel_timeout=30, clear_untrusted_proxy_headers=True)
+                           channel_timeout=30, clear_untrusted_proxy_headers=True,
+                           max_request_body_size=MAX_BODY_BYTES)
     port = int(server.effective_port)
     faults = build_faults(scheduler, port, FaultTuning(),
                           lambda name, active: metrics.fault_active.labels(name).set(int(active)))
     for name in faults.faults:
         metrics.fault_active.labels(name).set(0)
-    limits = Limits(max_prompt_bytes=min(args.max_prompt_bytes, config.max_seq - 2), max_seq=config.max_seq)
+    limits = Limits(max_prompt_bytes=min(args.max_prompt_bytes, config.max_seq - 2), max_seq=config.max_seq,
+                    max_inflight=max(1, args.http_threads - RESERVED_THREADS))
     token = _admin_token(args)
     apps.append(create_app(Serving(scheduler, metrics, registry, faults, limits, token, config.name)))
 

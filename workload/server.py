@@ -21,6 +21,11 @@ from workload.scheduler import NotServing, QueueFull, Request, Scheduler
 
 # A finished stream never waits longer than this for the next token before giving up.
 TOKEN_TIMEOUT_S = 120.0
+# A completion request is a prompt of a few hundred bytes and four numbers; waitress refuses a larger
+# body from its headers, before reading it (serve.py passes this as max_request_body_size).
+MAX_BODY_BYTES = 64 << 10
+# HTTP threads kept free of completions for /health, /metrics and /admin.
+RESERVED_THREADS = 4
 
 
 @dataclass
@@ -72,7 +77,10 @@ def metrics() -> Response:
 @api.post("/v1/completions")
 def completions() -> Response:
     serving = _serving()
-    body = request.get_json(silent=True)
+    try:
+        body = request.get_json(silent=True)
+    except RecursionError:
+        body = None  # nested deeper than the JSON parser goes: not a completion request either
     if body is None:
         serving.metrics.rejected.labels(serving.model_name, "bad_json").inc()
         return _error(400, "body is not valid JSON (Content-Type: application/json)", "invalid_request_error")
@@ -81,6 +89,24 @@ def completions() -> Response:
     except BadRequest as exc:
         serving.metrics.rejected.labels(serving.model_name, "invalid").inc()
         return _error(400, str(exc), "invalid_request_error")
+    inflight: threading.BoundedSemaphore | None = current_app.config.get("INFLIGHT")
+    if inflight is not None and not inflight.acquire(blocking=False):
+        serving.metrics.rejected.labels(serving.model_name, "queue_full").inc()
+        return _error(429, f"{serving.limits.max_inflight} completions are in flight (the limit); retry",
+                      "rate_limit_error", {"Retry-After": "1"})
+    try:
+        response = _submit(serving, parsed)
+    except BaseException:
+        if inflight is not None:
+            inflight.release()
+        raise
+    if inflight is not None:
+        # Runs when the server has sent the whole response, streamed or not, or the client went.
+        response.call_on_close(inflight.release)
+    return response
+
+
+def _submit(serving: Serving, parsed) -> Response:
     prompt_ids = tokenizer.encode(parsed.prompt)
     seq = Sequence(prompt_ids, parsed.max_tokens, parsed.temperature, parsed.seed)
     try:
@@ -208,6 +234,9 @@ def create_app(serving: Serving) -> Flask:
     app = Flask(__name__)
     app.register_error_handler(500, _internal_error)
     app.config["SERVING"] = serving
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    if serving.limits.max_inflight:
+        app.config["INFLIGHT"] = threading.BoundedSemaphore(serving.limits.max_inflight)
     app.register_blueprint(api)
     app.register_blueprint(admin)
     return app
