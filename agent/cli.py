@@ -66,11 +66,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return code
     from agent import daemon
     from agent.config import ConfigError
+    from agent.pidlock import AlreadyRunning
+    from agent.store import StoreError
 
     try:
         return daemon.run(config)
     except ConfigError as exc:  # store directory trust is checked when the agent opens it
         return _fail(f"config error: {exc}")
+    except (AlreadyRunning, StoreError) as exc:
+        return _fail(f"cannot start: {exc}", 1)
     except OSError as exc:
         return _fail(f"cannot start: {exc}", 1)
 

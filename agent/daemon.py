@@ -16,6 +16,7 @@ from agent import logs
 from agent.config import Config, check_config_paths
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
+from agent.pidlock import PidLock
 from agent.probeset import ProbeSet
 from agent.state import AgentState
 from agent.store import Store
@@ -56,7 +57,8 @@ class WebServer:
 
     def stop(self) -> None:
         self._server.close()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
 
 class Agent:
@@ -67,12 +69,24 @@ class Agent:
         self.state = AgentState()
         check_config_paths(config)
         os.makedirs(config.store_dir, mode=0o700, exist_ok=True)
-        self.store = Store.open(Path(config.store_dir))
+        # Before the store opens: two agents would write overlapping windows into one history.
+        self.lock = PidLock(Path(config.store_dir))
+        self.lock.acquire()
+        try:
+            self.store = Store.open(Path(config.store_dir))
+        except BaseException:
+            self.lock.release()
+            raise
         self.registry = build_registry(self.state)
         self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
                                "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds})
         host, port = config.listen_address
-        self.web = WebServer(self.app, host, port)
+        try:
+            self.web = WebServer(self.app, host, port)
+        except BaseException:
+            self.store.close()
+            self.lock.release()
+            raise
         self.loop = CollectionLoop(
             specs=config.targets,
             probes=ProbeSet(config.probes.enabled()),
@@ -112,6 +126,7 @@ class Agent:
         self.loop.close()
         self.web.stop()
         self.store.close()
+        self.lock.release()
         log.info("stopped")
 
 

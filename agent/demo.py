@@ -19,6 +19,7 @@ from agent import logs
 from agent.config import Config, ConfigError, LatencySpec, TargetSpec, parse_listen
 from agent.daemon import Agent, ListenError
 from agent.demo_guard import PIDS_FILE, die_with_parent, port_in_use, record_children, stop_stale
+from agent.pidlock import AlreadyRunning
 from agent.secretfile import write_secret
 from agent.store import StoreError
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                             latency=LatencySpec.from_preset("workload", url=f"{server_url}/metrics"))
         try:
             agent = Agent(Config(store_dir=(args.var / "store").resolve(), listen=args.listen, targets=(target,)))
-        except (ConfigError, StoreError, ListenError) as exc:
+        except (ConfigError, StoreError, ListenError, AlreadyRunning) as exc:
             print(f"make demo: {exc}", file=sys.stderr)
             return 1
         agent.web.start()

@@ -130,3 +130,24 @@ def test_demo_children_die_with_a_killed_demo():
         time.sleep(0.1)
     os.kill(child, 9)
     pytest.fail(f"child {child} outlived the killed demo")
+
+
+def test_a_second_agent_on_the_same_store_refuses_in_one_line(tmp_path):
+    from agent.config import Config, TargetSpec
+    from agent.daemon import Agent
+    from agent.pidlock import AlreadyRunning
+
+    store = tmp_path / "store"
+    first = Agent(Config(store_dir=store, listen=f"127.0.0.1:{_free_port()}",
+                         targets=(TargetSpec(name="x", pid=1),)))
+    try:
+        with pytest.raises(AlreadyRunning, match=f"another infersight agent \\(pid {os.getpid()}\\) is using"):
+            Agent(Config(store_dir=store, listen=f"127.0.0.1:{_free_port()}", targets=(TargetSpec(name="x", pid=1),)))
+    finally:
+        first.store.close()
+        first.web.stop()
+        first.lock.release()
+    again = Agent(Config(store_dir=store, listen=f"127.0.0.1:{_free_port()}", targets=(TargetSpec(name="x", pid=1),)))
+    again.store.close()
+    again.web.stop()
+    again.lock.release()
