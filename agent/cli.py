@@ -107,9 +107,14 @@ def _cmd_flamegraph(args: argparse.Namespace) -> int:
     if args.duration is not None and (code := _require_root("flamegraph --duration")) is not None:
         return code
     try:
+        flamegraph_cmd.check_output(args.output)
         where = flamegraph_cmd.write(flamegraph_cmd.build(args, config), args.output)
+    except flamegraph_cmd.NoSamples as exc:
+        return _fail(str(exc), 1)
     except (flamegraph_cmd.UsageError, ValueError) as exc:
         return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"cannot write {args.output!r}: {exc.strerror or exc}", 1)
     except ProbeError as exc:
         return _fail(f"cannot capture: {exc}", 1)
     if where != "stdout":
