@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from agent.probeset import ProbeSet
 from agent.state import AgentState, TargetStatus
 from agent.targets import Target, diff_targets, discover
+from analysis.redact import redact_text
 from analysis.window import GcReading, OffCpuReading, RunQueueReading, SyscallReading, TcpReading, Window
 from probes.errors import ProbeError
 
@@ -42,7 +43,7 @@ def redact_cmdline(argv: tuple[str, ...] | list[str]) -> str:
         elif "=" in arg and _SECRET_FLAG.match(arg.split("=", 1)[0]):
             out.append(arg.split("=", 1)[0] + "=***")
         else:
-            out.append(arg)
+            out.append(redact_text(arg))
             hide_next = bool(_SECRET_FLAG.match(arg))
     return " ".join(out)
 

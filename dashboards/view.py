@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from analysis.redact import redact_text
 from analysis.window import Window
 
 
@@ -36,6 +37,22 @@ def window_summary(w: Window) -> dict[str, Any]:
 
 
 def status(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """Everything the page and /api/status show; every string in it has URL credentials hidden, whichever
+    source put them there (a target's command line, a scrape error, a health reason)."""
+    return _redacted(_status(snapshot))
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted(v) for v in value]
+    return value
+
+
+def _status(snapshot: dict[str, Any]) -> dict[str, Any]:
     return {
         "now": round(snapshot["now"]),
         "uptime_seconds": round(snapshot["now"] - snapshot["started"], 1),

@@ -61,3 +61,16 @@ def test_an_over_matching_regex_is_shown_on_the_page_and_in_metrics(state, clien
     assert 'infersight_target_processes_skipped{reason="not_allowed_user",target="workload"} 20.0' in text
     assert 'infersight_target_processes_skipped{reason="max_targets",target="workload"} 3.0' in text
     assert 'infersight_target_processes_matched{target="workload"} 25.0' in text
+
+
+def test_credentials_in_urls_are_never_shown(state, client):
+    from agent.state import TargetStatus
+
+    state.set_target(TargetStatus(name="vllm", pid=7, state="watching", since=1.0,
+                                  detail="python -m vllm --upstream https://bob:hunter2@10.1.1.1/v1"))
+    state.set_health("latency:vllm", {"state": "error", "errors": 3,
+                                      "reason": "latency endpoint http://bob:hunter2@h:8000/metrics unreachable",
+                                      "detail": {"url": "http://bob:hunter2@h:8000/metrics"}})
+    for path in ("/", "/api/status"):
+        text = client.get(path).get_data(as_text=True)
+        assert "hunter2" not in text and "***@h:8000/metrics" in text, path
