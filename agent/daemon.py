@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import signal
@@ -30,6 +31,15 @@ log = logging.getLogger("infersight.daemon")
 WEB_THREADS = 6
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class ListenError(OSError):
     """The status page cannot listen where configured; one line naming the address and what to do."""
 
@@ -47,6 +57,10 @@ class WebServer:
                     if exc.errno == errno.EADDRINUSE else "change `listen` in the config")
             raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; {hint}") from None
         self._thread = threading.Thread(target=self._server.run, name="web", daemon=True)
+        if not _is_loopback(host):
+            log.warning("listening on %s:%d: the status page, /metrics and the JSON API have no authentication "
+                        "and are reachable from the network; listen on 127.0.0.1 unless a firewall limits "
+                        "who can connect", host, port)
 
     @property
     def url(self) -> str:

@@ -8,6 +8,7 @@ from flask import Flask
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
+from dashboards.hostcheck import HostCheck
 from dashboards.limits import LIST_SLOTS, PROFILE_SLOTS, Gate
 
 
@@ -32,4 +33,5 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     registry: CollectorRegistry | None = app.config["REGISTRY"]
     if registry is not None:
         app.wsgi_app = DispatcherMiddleware(app.wsgi_app, {"/metrics": make_wsgi_app(registry)})
+    app.wsgi_app = HostCheck(app.wsgi_app, app.config.get("ALLOWED_HOST_NAMES"))
     return app

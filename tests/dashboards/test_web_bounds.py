@@ -131,3 +131,29 @@ def test_unicode_digits_and_non_finite_numbers_are_a_400(served, query):
     url, _ = served
     code, body = _get(url + query)
     assert code == 400 and b"Traceback" not in body, body
+
+
+@pytest.mark.parametrize("host, code", [("127.0.0.1:9464", 200), ("localhost:9464", 200), ("[::1]:9464", 200),
+                                        ("attacker.example:9464", 421), ("rebind.attacker.example.", 421),
+                                        ("10.1.2.3", 200)])
+def test_host_header_guards_against_dns_rebinding(served, host, code):
+    url, _ = served
+    host_port = url.removeprefix("http://")
+    for path in ("/api/status", "/metrics"):
+        with socket.create_connection(tuple([host_port.split(":")[0], int(host_port.split(":")[1])])) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.split(b" ")[1] == str(code).encode(), (path, answer[:200])
+
+
+def test_listening_beyond_loopback_is_warned_about(caplog):
+    import logging
+
+    from agent.daemon import WebServer as Web
+
+    with caplog.at_level(logging.WARNING, logger="infersight.daemon"):
+        web = Web(create_app({"TESTING": True}), "0.0.0.0", 0)
+        web.stop()
+    assert any("reachable from the network" in r.getMessage() for r in caplog.records)
