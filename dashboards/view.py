@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from analysis.redact import redact_text
+from analysis.own_syscalls import OWN_SYSCALLS
 from analysis.window import Window
 
 
 def window_summary(w: Window) -> dict[str, Any]:
     """The figures a person reads first: latency, rate, CPU, memory, and each probe's headline number."""
-    top_syscalls = sorted((w.syscalls.counts.items() if w.syscalls else []), key=lambda kv: -kv[1])[:5]
+    top_syscalls = [(f"{name} ({OWN_SYSCALLS[name]})" if name in OWN_SYSCALLS else name, n) for name, n in
+                    sorted((w.syscalls.counts.items() if w.syscalls else []), key=lambda kv: -kv[1])[:5]]
     return {
         "target": w.target,
         "pid": w.pid,

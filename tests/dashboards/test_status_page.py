@@ -74,3 +74,13 @@ def test_credentials_in_urls_are_never_shown(state, client):
     for path in ("/", "/api/status"):
         text = client.get(path).get_data(as_text=True)
         assert "hunter2" not in text and "***@h:8000/metrics" in text, path
+
+
+def test_the_syscall_our_gc_probe_causes_is_named_as_ours(state, client):
+    from analysis.window import SyscallReading
+    from tests.dashboards.conftest import make_window
+
+    w = make_window()
+    w.syscalls = SyscallReading(counts={"uretprobe": 900, "futex": 10})
+    state.record_window(w)
+    assert "uretprobe (infersight&#39;s GC probe) 900" in client.get("/").get_data(as_text=True)
