@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from analysis.redact import redact_text
 from analysis.own_syscalls import OWN_SYSCALLS
+from analysis.redact import redact_text
 from analysis.window import Window
 
 
