@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agent.probeset import PROBE_FACTORIES
 
     parser = Parser(prog="infersight", description="eBPF + py-spy observability for inference hosts")
+    parser.add_argument("--version", action="version", version=f"infersight {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
     doctor = sub.add_parser("doctor", help="check this host's requirements, one line each")
@@ -194,7 +196,36 @@ def _probe_list(known: list[str]):
     return parse
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("infersight")
+    except PackageNotFoundError:
+        return "unknown (not installed: run 'make setup')"
+
+
+# Options whose value may be a relative time such as -10m, which argparse would take for an option.
+_TIME_OPTIONS = frozenset({"--from", "--to", "--baseline-from", "--baseline-to"})
+_RELATIVE = re.compile(r"-\d")
+
+
+def _join_negative_times(argv: list[str]) -> list[str]:
+    """`--from -10m` -> `--from=-10m`, so both spellings work."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in _TIME_OPTIONS and i + 1 < len(argv) and _RELATIVE.match(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = _join_negative_times(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
