@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -224,9 +225,16 @@ def _join_negative_times(argv: list[str]) -> list[str]:
     return out
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _join_negative_times(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
+    # SIGTERM stops every command the way Ctrl-C does: `finally` blocks unload probes and stop py-spy.
+    # `run` and `collect` install their own handlers, which stop their loops at the next tick.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.func(args)
     except KeyboardInterrupt:
