@@ -17,7 +17,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     PYSPY_RATE_HZ and INTERVAL_SECONDS (to label and time profiles)."""
     app = Flask(__name__)
     app.config.update(STATE=None, STORE=None, REGISTRY=None, PYSPY_RATE_HZ=None, INTERVAL_SECONDS=5.0,
-                      PROFILE_GATE=Gate(PROFILE_SLOTS, "profile"), LIST_GATE=Gate(LIST_SLOTS, "list request"))
+                      PROFILE_GATE=Gate(PROFILE_SLOTS, "profile"), LIST_GATE=Gate(LIST_SLOTS, "list or export request"))
     if config:
         app.config.update(config)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -78,7 +79,20 @@ def targets():
                     for t in _store().targets()])
 
 
+def _gated(view):
+    """Exports read every window of their range: they share the list gate, so they cannot take every thread."""
+    @functools.wraps(view)
+    def wrapper(*args, **kwargs):
+        try:
+            with current_app.config["LIST_GATE"].claim():
+                return view(*args, **kwargs)
+        except Busy as exc:
+            return _busy(str(exc))
+    return wrapper
+
+
 @bp.get("/api/flamegraph")
+@_gated
 def flamegraph():
     store = _store()
     target = _target(store)
@@ -95,6 +109,7 @@ def flamegraph():
 
 
 @bp.get("/api/flamegraph/diff")
+@_gated
 def flamegraph_diff():
     store = _store()
     target = _target(store)

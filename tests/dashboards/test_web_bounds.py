@@ -157,3 +157,15 @@ def test_listening_beyond_loopback_is_warned_about(caplog):
         web = Web(create_app({"TESTING": True}), "0.0.0.0", 0)
         web.stop()
     assert any("reachable from the network" in r.getMessage() for r in caplog.records)
+
+
+def test_exports_and_lists_share_a_small_gate(served):
+    url, app = served
+    gate = app.config["LIST_GATE"]
+    with gate.claim(), gate.claim():
+        for path in ("/api/flamegraph?target=server&format=folded", "/api/windows?limit=5",
+                     "/api/flamegraph/diff?target=server&format=json&baseline_to=1e12"):
+            code, body = _get(url + path)
+            assert code == 429 and b"already running" in body, (path, body)
+        assert _get(url + "/metrics")[0] == 200
+    assert _get(url + "/api/flamegraph?target=server&format=folded")[0] == 200
