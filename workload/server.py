@@ -13,7 +13,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from workload import tokenizer
-from workload.api import BadRequest, Limits, parse_completion
+from workload.api import ADMIN_TOKEN_ENV, BadRequest, Limits, parse_completion
 from workload.engine import Sequence
 from workload.faults import FaultSet, UnknownFault, gc_debug
 from workload.metrics import ServerMetrics
@@ -181,7 +181,8 @@ admin = Blueprint("admin", __name__, url_prefix="/admin")
 def check_token() -> Response | None:
     token = _serving().admin_token
     if not token:
-        return _error(403, "admin endpoints are disabled: start the server with --admin-token", "permission_error")
+        return _error(403, "admin endpoints are disabled: start the server with --admin-token-file or "
+                           f"${ADMIN_TOKEN_ENV}", "permission_error")
     sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
     if not hmac.compare_digest(sent.encode(), token.encode()):
         return _error(401, "missing or wrong admin token (Authorization: Bearer ...)", "permission_error")
