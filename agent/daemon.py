@@ -93,7 +93,8 @@ class Agent:
             raise
         self.registry = build_registry(self.state)
         self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
-                               "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds})
+                               "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
+                               "CHECK_HOST": _is_loopback(config.listen_address[0])})
         host, port = config.listen_address
         try:
             self.web = WebServer(self.app, host, port)

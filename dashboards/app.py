@@ -33,5 +33,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     registry: CollectorRegistry | None = app.config["REGISTRY"]
     if registry is not None:
         app.wsgi_app = DispatcherMiddleware(app.wsgi_app, {"/metrics": make_wsgi_app(registry)})
-    app.wsgi_app = HostCheck(app.wsgi_app, app.config.get("ALLOWED_HOST_NAMES"))
+    # Off only when the agent listens beyond loopback: then the network reaches it anyway, and a
+    # Prometheus server may scrape it by any of the host's DNS names.
+    if app.config.get("CHECK_HOST", True):
+        app.wsgi_app = HostCheck(app.wsgi_app)
     return app

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 
 
 def own_names() -> frozenset[str]:
-    names = {"localhost", "localhost.localdomain", socket.gethostname(), socket.getfqdn()}
+    # gethostname() only: getfqdn() asks DNS, which may hang for seconds on a host without it.
+    names = {"localhost", "localhost.localdomain", socket.gethostname()}
     return frozenset(n.lower() for n in names if n)
 
 
