@@ -12,6 +12,9 @@ from probes.errors import AccessDenied, TargetGone
 
 PROC = Path("/proc")
 _PIDFILE_MAX_BYTES = 64
+# A process sets its own argv (up to ARG_MAX, megabytes): read enough to match and show, no more, or
+# a user's processes with huge command lines would cost the agent that much memory every window.
+CMDLINE_MAX_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ def read_proc(pid: int, proc_root: Path = PROC) -> ProcInfo:
     base = f"{proc_root}/{pid}"
     try:
         stat_text = _read(f"{base}/stat").decode(errors="replace")
-        raw_cmdline = _read(f"{base}/cmdline")
+        raw_cmdline = _read(f"{base}/cmdline", CMDLINE_MAX_BYTES)
     except (FileNotFoundError, ProcessLookupError):
         raise TargetGone(f"process {pid} does not exist (no {base})") from None
     except PermissionError as exc:
@@ -88,13 +91,15 @@ def read_proc(pid: int, proc_root: Path = PROC) -> ProcInfo:
                     state=rest[0], cmdline=cmdline)
 
 
-def _read(path: str) -> bytes:
+def _read(path: str, limit: int | None = None) -> bytes:
     # Plain os calls: a scan reads two files per process every window, and pathlib + text I/O cost ~2x.
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
+        chunks, size = [], 0
+        while (limit is None or size < limit) and (chunk := os.read(fd, 65536 if limit is None
+                                                                     else min(65536, limit - size))):
             chunks.append(chunk)
+            size += len(chunk)
         return b"".join(chunks)
     finally:
         os.close(fd)

@@ -239,3 +239,20 @@ def test_a_pid_target_of_a_user_not_allowed_is_refused_with_a_reason(proc: Path)
     problems: dict[str, str] = {}
     assert discover([spec(pid=300)], proc, allowed_uids=frozenset({0}), problems=problems) == []
     assert "uid 1234" in problems["w"] and "allowed_users" in problems["w"]
+
+
+def test_a_huge_command_line_is_read_only_up_to_a_cap() -> None:
+    from agent.targets import CMDLINE_MAX_BYTES
+
+    # A process controls its own argv: 1 MiB of it must not cost the agent 1 MiB per process per window.
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", *["x" * 100_000] * 10])
+    try:
+        deadline = time.monotonic() + 5
+        info = read_proc(proc.pid)
+        while time.monotonic() < deadline and len(" ".join(info.cmdline)) < 1000:
+            time.sleep(0.05)  # until exec has replaced the forked child's argv
+            info = read_proc(proc.pid)
+        assert 1000 < len(" ".join(info.cmdline)) <= CMDLINE_MAX_BYTES
+    finally:
+        proc.kill()
+        proc.wait()
