@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -66,11 +68,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return code
     from agent import daemon
     from agent.config import ConfigError
+    from agent.pidlock import AlreadyRunning
+    from agent.store import StoreError
 
     try:
         return daemon.run(config)
     except ConfigError as exc:  # store directory trust is checked when the agent opens it
         return _fail(f"config error: {exc}")
+    except (AlreadyRunning, StoreError) as exc:
+        return _fail(f"cannot start: {exc}", 1)
     except OSError as exc:
         return _fail(f"cannot start: {exc}", 1)
 
@@ -103,9 +109,14 @@ def _cmd_flamegraph(args: argparse.Namespace) -> int:
     if args.duration is not None and (code := _require_root("flamegraph --duration")) is not None:
         return code
     try:
+        flamegraph_cmd.check_output(args.output)
         where = flamegraph_cmd.write(flamegraph_cmd.build(args, config), args.output)
+    except flamegraph_cmd.NoSamples as exc:
+        return _fail(str(exc), 1)
     except (flamegraph_cmd.UsageError, ValueError) as exc:
         return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"cannot write {args.output!r}: {exc.strerror or exc}", 1)
     except ProbeError as exc:
         return _fail(f"cannot capture: {exc}", 1)
     if where != "stdout":
@@ -150,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agent.collectors import PROBE_FACTORIES
 
     parser = Parser(prog="infersight", description="eBPF + py-spy observability for inference hosts")
+    parser.add_argument("--version", action="version", version=f"infersight {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
     doctor = sub.add_parser("doctor", help="check this host's requirements, one line each")
@@ -226,8 +238,44 @@ def _probe_list(known: list[str]):
     return parse
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("infersight")
+    except PackageNotFoundError:
+        return "unknown (not installed: run 'make setup')"
+
+
+# Options whose value may be a relative time such as -10m, which argparse would take for an option.
+_TIME_OPTIONS = frozenset({"--from", "--to", "--baseline-from", "--baseline-to"})
+_RELATIVE = re.compile(r"-\d")
+
+
+def _join_negative_times(argv: list[str]) -> list[str]:
+    """`--from -10m` -> `--from=-10m`, so both spellings work."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in _TIME_OPTIONS and i + 1 < len(argv) and _RELATIVE.match(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = _join_negative_times(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
+    # SIGTERM stops every command the way Ctrl-C does: `finally` blocks unload probes and stop py-spy.
+    # `run` and `collect` install their own handlers, which stop their loops at the next tick.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.func(args)
     except KeyboardInterrupt:

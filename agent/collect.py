@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -28,8 +29,16 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
     config = Config(interval_seconds=max(interval, 1.0), pyspy_rate_hz=pyspy_rate, probes=ProbesConfig(**enabled),
                     targets=(spec,))
 
+    stop = threading.Event()
+
     def emit(window: Window) -> None:
-        print(window.to_json() if as_json else summary_line(window_summary(window)), flush=True)
+        try:
+            print(window.to_json() if as_json else summary_line(window_summary(window)), flush=True)
+        except BrokenPipeError:
+            # The reader went (`| head`): stop like on Ctrl-C, unloading the probes. Later writes and the
+            # interpreter's final flush go to /dev/null instead of raising again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            stop.set()
 
     state = AgentState()
     collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config, pyspy=pyspy))
@@ -44,7 +53,6 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
         if not health.up and not name.startswith("gpu:"):
             print(f"infersight: {name}: {health.state}: {health.reason}", file=sys.stderr)
 
-    stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     deadline = time.monotonic() + duration if duration else None
     try:

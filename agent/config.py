@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import ipaddress
 import os
+import pwd
 import re
 import stat as stat_mod
 import tomllib
@@ -161,6 +162,10 @@ class Config:
     pyspy_rate_hz: int = 49
     pyspy_nonblocking: bool = True
     log_level: str = "info"
+    # Besides root: whose processes a target may select. Another user's process is never traced by
+    # default, or any local user could make the root agent run py-spy on whatever it starts.
+    allowed_users: tuple[str, ...] = ()
+    max_targets: int = 16
     probes: ProbesConfig = field(default_factory=ProbesConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     targets: tuple[TargetSpec, ...] = field(default_factory=default_targets)
@@ -172,6 +177,12 @@ class Config:
         _require_range("pyspy_rate_hz", self.pyspy_rate_hz, 1, 1000)
         _require_choice("log_level", self.log_level, LOG_LEVELS)
         parse_listen(self.listen)
+        _require_range("max_targets", self.max_targets, 1, 1024)
+        for i, user in enumerate(self.allowed_users):
+            try:
+                pwd.getpwnam(user)
+            except KeyError:
+                raise FieldError(f"allowed_users[{i}]", f"no such user on this host, got {user!r}") from None
         if not self.targets:
             raise FieldError("targets", "must name at least one target, got []")
         seen: set[str] = set()
@@ -183,6 +194,11 @@ class Config:
     @property
     def listen_address(self) -> tuple[str, int]:
         return parse_listen(self.listen)
+
+    @property
+    def allowed_uids(self) -> frozenset[int]:
+        """root, and the users in allowed_users (resolved now: a user renamed later is not matched)."""
+        return frozenset({0, *(pwd.getpwnam(u).pw_uid for u in self.allowed_users)})
 
     @property
     def retention_seconds(self) -> float:
@@ -226,7 +242,8 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
     if origin is tuple:
         (item_hint, _) = typing.get_args(hint)
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected an array of tables, got {value!r} ({_toml_type(value)})")
+            items = "tables" if dataclasses.is_dataclass(item_hint) else "strings"
+            raise ConfigError(f"{key}: expected an array of {items}, got {value!r} ({_toml_type(value)})")
         return tuple(_convert(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value))
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import logging
 import os
 import signal
@@ -18,21 +20,50 @@ from agent.detection import Detection
 from agent.detection_metrics import DetectionCollector
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
+from agent.pidlock import PidLock
 from agent.state import AgentState
 from agent.store import Store
+from agent.target_policy import make_discover
 from agent.target_sources import source_factories
 from analysis.window import Window
 from dashboards.app import create_app
 
 log = logging.getLogger("infersight.daemon")
 
+# More than dashboards.limits lets slow endpoints hold, so /metrics and the page always find a thread.
+WEB_THREADS = 6
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ListenError(OSError):
+    """The status page cannot listen where configured; one line naming the address and what to do."""
+
 
 class WebServer:
     """waitress on its own thread, serving the status page and /metrics."""
 
     def __init__(self, app, host: str, port: int) -> None:
-        self._server = create_server(app, host=host, port=port, threads=4, ident="infersight")
+        try:
+            # channel_request_lookahead > 0 lets a handler ask whether its client is still there.
+            self._server = create_server(app, host=host, port=port, threads=WEB_THREADS, ident="infersight",
+                                         channel_request_lookahead=1)
+        except OSError as exc:
+            hint = ("another process (another infersight?) listens there; stop it or change `listen`"
+                    if exc.errno == errno.EADDRINUSE else "change `listen` in the config")
+            raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; {hint}") from None
         self._thread = threading.Thread(target=self._server.run, name="web", daemon=True)
+        if not _is_loopback(host):
+            log.warning("listening on %s:%d: the status page, /metrics and the JSON API have no authentication "
+                        "and are reachable from the network; listen on 127.0.0.1 unless a firewall limits "
+                        "who can connect", host, port)
 
     @property
     def url(self) -> str:
@@ -43,7 +74,8 @@ class WebServer:
 
     def stop(self) -> None:
         self._server.close()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
 
 class Agent:
@@ -54,7 +86,14 @@ class Agent:
         self.state = AgentState()
         check_config_paths(config)
         os.makedirs(config.store_dir, mode=0o700, exist_ok=True)
-        self.store = Store.open(Path(config.store_dir))
+        # Before the store opens: two agents would write overlapping windows into one history.
+        self.lock = PidLock(Path(config.store_dir))
+        self.lock.acquire()
+        try:
+            self.store = Store.open(Path(config.store_dir))
+        except BaseException:
+            self.lock.release()
+            raise
         self.registry = build_registry(self.state)
         self.detection: Detection | None = None
         if config.detector.enabled:
@@ -64,13 +103,20 @@ class Agent:
             self.registry.register(DetectionCollector(self.detection.snapshot))
         self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
                                "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
-                               "FINDINGS": self.detection.snapshot if self.detection else None})
+                               "FINDINGS": self.detection.snapshot if self.detection else None,
+                               "CHECK_HOST": _is_loopback(config.listen_address[0])})
         host, port = config.listen_address
-        self.web = WebServer(self.app, host, port)
+        try:
+            self.web = WebServer(self.app, host, port)
+        except BaseException:
+            self.store.close()
+            self.lock.release()
+            raise
         self.loop = CollectionLoop(
             specs=config.targets,
             collectors=Collectors(config.probes.enabled(), make_sources=lambda t: source_factories(t, config)),
             state=self.state,
+            discover_fn=make_discover(config, self.state),
             sink=self._sink,
             interval=config.interval_seconds,
         )
@@ -123,6 +169,7 @@ class Agent:
             self.detection.flush()
         self.web.stop()
         self.store.close()
+        self.lock.release()
         log.info("stopped")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import secrets
@@ -15,10 +16,17 @@ import urllib.request
 from pathlib import Path
 
 from agent import logs
-from agent.config import Config, LatencySpec, TargetSpec
-from agent.daemon import Agent
+from agent.config import Config, ConfigError, LatencySpec, TargetSpec, parse_listen
+from agent.daemon import Agent, ListenError
+from agent.demo_guard import PIDS_FILE, die_with_parent, port_in_use, record_children, stop_stale
+from agent.pidlock import AlreadyRunning
+from agent.secretfile import write_secret
+from agent.store import StoreError
 
 log = logging.getLogger("infersight.demo")
+
+# The workload reads its admin token from here (workload/api.py); the agent never imports the workload.
+ADMIN_TOKEN_ENV = "WORKLOAD_ADMIN_TOKEN"
 
 
 def _wait_http(url: str, timeout: float) -> bool:
@@ -43,6 +51,24 @@ def _stop(proc: subprocess.Popen, name: str) -> None:
             proc.wait()
 
 
+def start_server(var: Path, port: int, token: str) -> subprocess.Popen:
+    """The workload server, its admin token in a 0600 file and the environment, never on the command line
+    (any local user reads argv with ps, then could switch faults on a root-run server)."""
+    write_secret(var / "admin-token", token)
+    env = {**os.environ, ADMIN_TOKEN_ENV: token}
+    return subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", str(port),
+                             "--pidfile", str(var / "workload.pid")], env=env, preexec_fn=die_with_parent)
+
+
+def _serves_pid(url: str, pid: int) -> bool:
+    """The server answering at `url` is the process `pid` (its /health says which pid it is)."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+            return json.load(resp).get("pid") == pid
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__)
     parser.add_argument("--var", type=Path, default=Path("var"), help="folder for the store and pidfile")
@@ -58,28 +84,50 @@ def main(argv: list[str] | None = None) -> int:
     logs.setup("info")
     args.var.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(args.var, 0o700)
-    token = secrets.token_hex(8)
+    for line in stop_stale(args.var):
+        print(f"make demo: {line}", file=sys.stderr)
+    try:
+        listen_host, listen_port = parse_listen(args.listen)
+    except ValueError as exc:
+        print(f"make demo: --listen {exc}", file=sys.stderr)
+        return 2
+    for host, port, flag in (("127.0.0.1", args.port, "--port"), (listen_host, listen_port, "--listen")):
+        if (busy := port_in_use(host, port)) is not None:
+            print(f"make demo: {busy}; stop that process or pick another with {flag}", file=sys.stderr)
+            return 1
+    token = secrets.token_hex(16)
     server_url = f"http://127.0.0.1:{args.port}"
 
-    server = subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", str(args.port),
-                               "--pidfile", str(args.var / "workload.pid"), "--admin-token", token])
+    server = start_server(args.var, args.port, token)
     children = [(server, "workload")]
+    record_children(args.var, [(server.pid, "workload")])
     agent: Agent | None = None
     loop_thread: threading.Thread | None = None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        if not _wait_http(f"{server_url}/health", timeout=120):
-            print("make demo: the workload did not come up within 120 s", file=sys.stderr)
+        if not _wait_http(f"{server_url}/health", timeout=120) or server.poll() is not None:
+            print(f"make demo: the workload did not come up within 120 s (exit status {server.poll()})",
+                  file=sys.stderr)
+            return 1
+        if not _serves_pid(server_url, server.pid):
+            # Someone took the port between our check and the server's bind: never watch a stranger.
+            print(f"make demo: another process answers on port {args.port}, not the workload we started; "
+                  f"stop it or pick another with --port", file=sys.stderr)
             return 1
         load = subprocess.Popen([sys.executable, "-m", "workload", "load", "--url", server_url,
                                  "--rate", str(args.rate), "--duration", str(args.duration or 7 * 86400),
-                                 "--no-progress"], stdout=subprocess.DEVNULL)
+                                 "--no-progress"], stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
         children.append((load, "load"))
+        record_children(args.var, [(server.pid, "workload"), (load.pid, "load")])
         # The demo watches exactly the server it started (by pidfile), not every bundled server on the host.
         target = TargetSpec(name="workload", pidfile=(args.var / "workload.pid").resolve(),
                             latency=LatencySpec.from_preset("workload", url=f"{server_url}/metrics"))
-        agent = Agent(Config(store_dir=(args.var / "store").resolve(), listen=args.listen, targets=(target,)))
+        try:
+            agent = Agent(Config(store_dir=(args.var / "store").resolve(), listen=args.listen, targets=(target,)))
+        except (ConfigError, StoreError, ListenError, AlreadyRunning) as exc:
+            print(f"make demo: {exc}", file=sys.stderr)
+            return 1
         agent.web.start()
         agent.loop.start()
         print(f"""
@@ -87,7 +135,7 @@ infersight demo is running (Ctrl-C stops everything)
   status page      {agent.web.url}/
   agent metrics    {agent.web.url}/metrics
   workload         {server_url}/v1/completions   (metrics: {server_url}/metrics)
-  faults           .venv/bin/python -m workload fault gc on --url {server_url} --token {token}
+  faults           .venv/bin/python -m workload fault gc on --url {server_url} --token-file {args.var / 'admin-token'}
                    (gc, lock, syscall, netloss, cpuhog, nocache; 'off' to stop)
   store            {args.var / 'store'}
 """, flush=True)
@@ -107,6 +155,7 @@ infersight demo is running (Ctrl-C stops everything)
             agent.close()
         for proc, name in reversed(children):
             _stop(proc, name)
+        (args.var / PIDS_FILE).unlink(missing_ok=True)
         print("infersight demo stopped", flush=True)
     return 0
 

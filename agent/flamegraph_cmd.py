@@ -17,6 +17,30 @@ class UsageError(ValueError):
     """A combination of options that cannot work; the message says which."""
 
 
+class NoSamples(ValueError):
+    """The range or process gave nothing to draw; an empty file would look like a result, so it is an error."""
+
+
+def check_output(output: str | None) -> None:
+    """Refuse an -o that cannot be written before anything is captured (a live capture takes minutes)."""
+    if output is None or output == "-":
+        return
+    path = Path(output)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UsageError(f"-o {output!r} is a directory; name a file in it")
+    if not parent.is_dir():
+        raise UsageError(f"-o {output!r}: folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"-o {output!r}: folder {str(parent)!r} is not writable")
+
+
+def _nonempty(profile, kind: str, what: str):
+    if profile.total() == 0:
+        raise NoSamples(f"no {kind} samples {what}; nothing written")
+    return profile
+
+
 def _store(config: Config, store_dir: Path | None):
     from agent.store import DB_NAME, Store
 
@@ -61,16 +85,21 @@ def build(args, config: Config) -> Exported:
 
     if not stored:
         pid = args.pid if args.pid is not None else _live_pid(config, args.target)
-        profile = capture_live(pid, args.duration, kind=args.kind, rate_hz=config.pyspy_rate_hz)
+        profile = _nonempty(capture_live(pid, args.duration, kind=args.kind, rate_hz=config.pyspy_rate_hz),
+                            args.kind, f"from pid {pid} in {args.duration:g} s (is it a Python process?)")
         return export(profile, args.format, kind=args.kind, title=title, rate_hz=config.pyspy_rate_hz)
 
     store = _store(config, args.store)
     try:
         target = args.target or _resolve_target_name(store, args.pid, args.since, args.until)
-        current = from_store(store, target, args.since, args.until, args.kind)
+        stored_names = ", ".join(t.name for t in store.targets()) or "none"
+        current = _nonempty(from_store(store, target, args.since, args.until, args.kind), args.kind,
+                            f"for target {target!r} in that range (stored targets: {stored_names})")
         if not baseline:
             return export(current, args.format, kind=args.kind, title=title, rate_hz=config.pyspy_rate_hz)
-        base = from_store(store, target, args.baseline_from, args.baseline_to, args.kind)
+        # Against an empty baseline every function would read as a mover.
+        base = _nonempty(from_store(store, target, args.baseline_from, args.baseline_to, args.kind), args.kind,
+                         f"for target {target!r} in the baseline range")
         fmt = args.format if args.format in ("svg", "folded") else "json"
         if args.format not in ("svg", "folded", "json"):
             raise UsageError(f"a diff exports as svg, folded or json, not {args.format!r}")
@@ -88,9 +117,14 @@ def write(exported: Exported, output: str | None) -> str:
         return "stdout"
     path = Path(output)
     # Write beside the destination and rename, so a reader never sees half a file.
+    check_output(output)
     fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(exported.data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(exported.data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)  # never leave a root-owned temporary file behind
+        raise
     return str(path)

@@ -14,6 +14,7 @@ from agent.collectors import Collected, Collectors
 from agent.state import AgentState
 from agent.targets import Target, diff_targets, discover
 from analysis.errors import ProbeError
+from analysis.redact import redact_text
 from analysis.snapshot import TargetStatus
 from analysis.window import Window
 
@@ -33,7 +34,7 @@ def redact_cmdline(argv: tuple[str, ...] | list[str]) -> str:
         elif "=" in arg and _SECRET_FLAG.match(arg.split("=", 1)[0]):
             out.append(arg.split("=", 1)[0] + "=***")
         else:
-            out.append(arg)
+            out.append(redact_text(arg))
             hide_next = bool(_SECRET_FLAG.match(arg))
     return " ".join(out)
 
@@ -161,12 +162,17 @@ class CollectionLoop:
         diff = diff_targets(self.watched, current)
         for t in diff.same:
             # A regex target is renamed when its number of matches changes (name <-> name#pid).
+            if self._watched[t.key].target.name != t.name:
+                self._state.forget_target(self._watched[t.key].target.name)
+                self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="watching", since=now,
+                                                    detail=redact_cmdline(t.cmdline)[:300]))
             self._watched[t.key].target = t
         for t in diff.removed:
             self._watched.pop(t.key)
             self._gone.add(t.name)
             self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="gone", since=now,
                                                 detail="process exited"))
+            self._state.forget_target(t.name)
             report.gone.append(t.name)
             log.info("target %s pid %d is gone", t.name, t.pid)
         for t in diff.added:

@@ -90,6 +90,18 @@ class TargetCollector(Collector):
         yield from (syscalls, offcpu, gc_count, gc_pause, runq, retrans, cpu, requests, rss, threads, latency,
                     rate, pid)
 
+        matched = GaugeMetricFamily("infersight_target_processes_matched",
+                                    "Processes a target's process_regex matched at the last discovery.",
+                                    labels=["target"])
+        skipped = GaugeMetricFamily("infersight_target_processes_skipped",
+                                    "Processes a target's process_regex matched but the agent does not watch, "
+                                    "by reason (not_allowed_user, max_targets).", labels=["target", "reason"])
+        for name, sk in sorted(snap.skipped.items()):
+            matched.add_metric([name], sk.matched)
+            skipped.add_metric([name, "not_allowed_user"], sk.not_allowed)
+            skipped.add_metric([name, "max_targets"], sk.over_limit)
+        yield from (matched, skipped)
+
         host = CounterMetricFamily("infersight_host_tcp_retransmits", "TCP retransmits on the whole host.")
         host.add_metric([], snap.host_tcp_retransmits)
         yield host

@@ -7,7 +7,7 @@ import time
 from collections import Counter
 
 from analysis.health import Health
-from analysis.snapshot import Snapshot, TargetStatus, TargetTotals, copy_totals
+from analysis.snapshot import Skipped, Snapshot, TargetStatus, TargetTotals, copy_totals
 from analysis.window import Window
 
 
@@ -22,6 +22,7 @@ class AgentState:
         self._totals: dict[str, TargetTotals] = {}
         self._targets: dict[str, TargetStatus] = {}
         self._health: dict[str, Health] = {}
+        self._skipped: dict[str, Skipped] = {}
         self.host_tcp_retransmits = 0
         self.errors: Counter = Counter()  # source -> errors
         self.windows_written = 0
@@ -40,6 +41,22 @@ class AgentState:
     def set_target(self, status: TargetStatus) -> None:
         with self._lock:
             self._targets[status.name] = status
+
+    def set_skipped(self, skipped: dict[str, Skipped]) -> None:
+        with self._lock:
+            self._skipped = dict(skipped)
+
+    def forget_target(self, name: str) -> None:
+        """Drop an exited target's figures, so /metrics stops exposing its series (a regex target that
+        matches short-lived processes would otherwise leave series behind for every pid it ever saw).
+        A per-process name (`spec#pid`) leaves the page too; a plain name stays listed as gone."""
+        with self._lock:
+            self._latest.pop(name, None)
+            self._totals.pop(name, None)
+            for source in [s for s in self._health if s.endswith(f":{name}")]:
+                del self._health[source]
+            if "#" in name:
+                self._targets.pop(name, None)
 
     def set_health(self, source: str, health: Health) -> None:
         with self._lock:
@@ -77,4 +94,5 @@ class AgentState:
                 late_ticks=self.late_ticks,
                 dropped_windows=self.dropped_windows,
                 last_tick_seconds=self.last_tick_seconds,
+                skipped=dict(self._skipped),
             )

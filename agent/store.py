@@ -138,6 +138,22 @@ def _split_profiles(window: Window) -> tuple[dict, dict[str, dict[str, int]]]:
     return data, {k: v for k, v in profiles.items() if v}
 
 
+def _owner_only(path: Path) -> None:
+    """Create the database file 0600 (or make an existing one so) before SQLite opens it: SQLite gives its
+    -wal and -shm files the database's mode, and the umask or a 0755 directory must not decide who reads
+    the history (command lines, stacks)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm", "-journal"):
+        try:
+            os.chmod(f"{path}{suffix}", 0o600, follow_symlinks=False)
+        except FileNotFoundError:
+            pass
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     # isolation_level=None: no implicit transactions; every write below says BEGIN IMMEDIATE / COMMIT.
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
@@ -174,6 +190,10 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot create store directory {str(directory)!r}: {exc.strerror}") from None
         path = directory / DB_NAME
+        try:
+            _owner_only(path)
+        except OSError as exc:
+            raise StoreError(f"cannot create store {str(path)!r}: {exc.strerror}") from None
         try:
             conn = _connect(path)
         except sqlite3.DatabaseError as exc:

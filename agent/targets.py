@@ -9,9 +9,13 @@ from pathlib import Path
 
 from agent.config import ConfigError, StatFn, TargetSpec, check_trusted_path
 from analysis.errors import AccessDenied, TargetGone
+from analysis.snapshot import Skipped
 
 PROC = Path("/proc")
 _PIDFILE_MAX_BYTES = 64
+# A process sets its own argv (up to ARG_MAX, megabytes): read enough to match and show, no more, or
+# a user's processes with huge command lines would cost the agent that much memory every window.
+CMDLINE_MAX_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,8 @@ class Target:
         return (self.pid, self.start_time)
 
 
+
+
 @dataclass(frozen=True)
 class TargetDiff:
     added: tuple[Target, ...]
@@ -55,7 +61,7 @@ def read_proc(pid: int, proc_root: Path = PROC) -> ProcInfo:
     base = f"{proc_root}/{pid}"
     try:
         stat_text = _read(f"{base}/stat").decode(errors="replace")
-        raw_cmdline = _read(f"{base}/cmdline")
+        raw_cmdline = _read(f"{base}/cmdline", CMDLINE_MAX_BYTES)
     except (FileNotFoundError, ProcessLookupError):
         raise TargetGone(f"process {pid} does not exist (no {base})") from None
     except PermissionError as exc:
@@ -70,16 +76,35 @@ def read_proc(pid: int, proc_root: Path = PROC) -> ProcInfo:
                     state=rest[0], cmdline=cmdline)
 
 
-def _read(path: str) -> bytes:
+def _read(path: str, limit: int | None = None) -> bytes:
     # Plain os calls: a scan reads two files per process every window, and pathlib + text I/O cost ~2x.
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
+        chunks, size = [], 0
+        while (limit is None or size < limit) and (chunk := os.read(fd, 65536 if limit is None
+                                                                     else min(65536, limit - size))):
             chunks.append(chunk)
+            size += len(chunk)
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_uids(pid: int, proc_root: Path = PROC) -> tuple[int, ...]:
+    """Real, effective, saved and filesystem uid from /proc/PID/status.
+
+    Not the owner of /proc/PID: a process that makes itself non-dumpable shows that directory as root's.
+    """
+    try:
+        text = _read(f"{proc_root}/{pid}/status").decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        raise TargetGone(f"process {pid} does not exist (no {proc_root}/{pid}/status)") from None
+    except PermissionError as exc:
+        raise AccessDenied(f"cannot read {proc_root}/{pid}/status: {exc.strerror}") from None
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            return tuple(int(v) for v in line.split()[1:])
+    raise TargetGone(f"process {pid}: no Uid line in {proc_root}/{pid}/status")
 
 
 def list_pids(proc_root: Path = PROC) -> list[int]:
@@ -126,13 +151,18 @@ def _match(spec: TargetSpec, info: ProcInfo) -> bool:
 def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: int | None = None,
              problems: dict[str, str] | None = None, stat: StatFn = os.lstat,
              readlink: Callable[[str], str] = os.readlink,
-             trusted_uids: frozenset[int] | None = None) -> list[Target]:
+             trusted_uids: frozenset[int] | None = None, allowed_uids: frozenset[int] | None = None,
+             max_targets: int | None = None, skipped: dict[str, Skipped] | None = None) -> list[Target]:
     """The processes that the specs select right now, in spec order.
 
     A spec that selects nothing leaves one line in `problems[spec.name]` (pidfile missing or untrusted,
     pid gone, no regex match) so the status page can say why. A regex that matches one process names it
     after the spec; several are named `name#pid`. The agent (`own_pid`) never matches; a process already
     claimed by an earlier spec is not claimed again.
+
+    With `allowed_uids`, a process any of whose uids is outside that set is never selected: another
+    user must not be able to make a root agent trace (and run py-spy as root on) processes it starts.
+    At most `max_targets` are selected in all; `skipped[spec.name]` counts what a spec matched but lost.
     """
     own = os.getpid() if own_pid is None else own_pid
     found: list[Target] = []
@@ -144,6 +174,7 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
             problems[spec.name] = why
 
     for spec in specs:
+        left = None if max_targets is None else max(0, max_targets - len(found))
         infos: list[ProcInfo] = []
         if spec.process_regex is not None:
             if scanned is None:
@@ -167,12 +198,42 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
         infos = [i for i in infos if i.pid not in claimed]
         if taken and not infos:
             note(spec, f"process {taken[0].pid} is already watched as target {claimed[taken[0].pid]!r}")
+        matched = len(infos)
+        if allowed_uids is not None:
+            refused = _not_allowed(infos, allowed_uids, proc_root)
+            infos = [i for i in infos if i.pid not in refused]
+            if refused and not infos:
+                pid, uid = next(iter(refused.items()))
+                note(spec, f"process {pid} runs as uid {uid}, not root or a user in allowed_users; "
+                           f"a root agent traces only processes of users it trusts")
+        over = infos[left:] if left is not None else []
+        infos = infos[:left] if left is not None else infos
+        if over and not infos:
+            note(spec, f"max_targets ({max_targets}) reached: process {over[0].pid} is not watched")
+        if skipped is not None and spec.process_regex is not None:
+            skipped[spec.name] = Skipped(matched=matched, not_allowed=matched - len(infos) - len(over),
+                                         over_limit=len(over), max_targets=max_targets)
         for info in infos:
             name = spec.name if len(infos) == 1 else f"{spec.name}#{info.pid}"
             claimed[info.pid] = name
             found.append(Target(name=name, pid=info.pid, start_time=info.start_time, cmdline=info.cmdline,
                                 spec=spec))
     return found
+
+
+def _not_allowed(infos: list[ProcInfo], allowed: frozenset[int], proc_root: Path) -> dict[int, int]:
+    """pid -> the first uid outside `allowed`, for the processes that have one (or have exited)."""
+    refused: dict[int, int] = {}
+    for info in infos:
+        try:
+            uids = read_uids(info.pid, proc_root)
+        except (TargetGone, AccessDenied):
+            refused[info.pid] = -1
+            continue
+        bad = [u for u in uids if u not in allowed]
+        if bad:
+            refused[info.pid] = bad[0]
+    return refused
 
 
 def diff_targets(old: Iterable[Target], new: Iterable[Target]) -> TargetDiff:

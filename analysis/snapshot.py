@@ -58,6 +58,24 @@ class TargetStatus:
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """What one spec matched but the agent does not watch, and why; shown on the page and in /metrics."""
+
+    matched: int = 0
+    not_allowed: int = 0  # owned by a user other than root and allowed_users
+    over_limit: int = 0  # beyond max_targets
+    max_targets: int | None = None
+
+    def line(self) -> str:
+        why = []
+        if self.not_allowed:
+            why.append(f"{self.not_allowed} owned by users not in allowed_users")
+        if self.over_limit:
+            why.append(f"{self.over_limit} over max_targets" + (f" ({self.max_targets})" if self.max_targets else ""))
+        return f"matched {self.matched} processes; not watched: {', '.join(why)}" if why else ""
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """A consistent copy that metrics, the page and `status` share; readers never see the agent's live objects."""
 
@@ -74,6 +92,8 @@ class Snapshot:
     late_ticks: int
     dropped_windows: int
     last_tick_seconds: float
+    # Spec name -> what its regex matched but the agent does not watch (allowed_users, max_targets).
+    skipped: dict[str, Skipped] = field(default_factory=dict)
 
     @property
     def uptime_seconds(self) -> float:

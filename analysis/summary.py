@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from analysis.own_syscalls import OWN_SYSCALLS
 from analysis.window import Window
 
 
 def window_summary(w: Window) -> dict[str, Any]:
     """Headline figures as plain JSON values; None where the window has no reading (never a zero)."""
-    top_syscalls = sorted((w.syscalls.counts.items() if w.syscalls else []), key=lambda kv: -kv[1])[:5]
+    top_syscalls = [(f"{name} ({OWN_SYSCALLS[name]})" if name in OWN_SYSCALLS else name, n) for name, n in
+                    sorted((w.syscalls.counts.items() if w.syscalls else []), key=lambda kv: -kv[1])[:5]]
     gpu = w.gpu
     return {
         "target": w.target,

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, abort, current_app, jsonify, request
+import json
+import math
+import re
+
+from flask import Blueprint, Response, abort, current_app, jsonify, request
 
 from dashboards import view
+from dashboards.limits import Busy
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
-MAX_WINDOWS = 10_000
+# Hard caps: one request may never make the agent build more than this (a window with its stacks is
+# ~40 KB; 10,000 of them once grew the agent by 1.4 GB). Older windows: ask again with until=.
+MAX_WINDOWS = 1000
+MAX_RESPONSE_BYTES = 8 << 20
+_PAGE = 25
+_LIMIT_RE = re.compile(r"[0-9]{1,7}")
 
 
 @bp.get("/status")
@@ -24,9 +34,12 @@ def _float_arg(name: str) -> float | None:
     if raw is None or raw == "":
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
         abort(400, description=f"{name} must be a number (unix seconds), got {raw!r}")
+    return value
 
 
 @bp.get("/windows")
@@ -35,15 +48,63 @@ def windows():
     if store is None:
         abort(503, description="no store is configured")
     limit_raw = request.args.get("limit", "100")
-    if not limit_raw.isdigit() or not 1 <= int(limit_raw) <= MAX_WINDOWS:
+    # ASCII digits only: str.isdigit() accepts '²', which int() then refuses.
+    if not _LIMIT_RE.fullmatch(limit_raw) or not 1 <= int(limit_raw) <= MAX_WINDOWS:
         abort(400, description=f"limit must be an integer in 1..{MAX_WINDOWS}, got {limit_raw!r}")
-    found = store.windows(target=request.args.get("target") or None, since=_float_arg("since"),
-                          until=_float_arg("until"), limit=int(limit_raw))
-    return jsonify([w.to_dict() for w in found])
+    target, since, until = request.args.get("target") or None, _float_arg("since"), _float_arg("until")
+    try:
+        with current_app.config["LIST_GATE"].claim():
+            parts, cut = _newest_first(store, target, since, until, int(limit_raw))
+    except Busy as exc:
+        resp = jsonify(error=str(exc))
+        resp.status_code, resp.headers["Retry-After"] = 429, "2"
+        return resp
+    resp = Response("[" + ",".join(reversed(parts)) + "]", mimetype="application/json")
+    if cut is not None:
+        resp.headers["X-Infersight-Truncated"] = (f"{MAX_RESPONSE_BYTES} byte cap reached after {len(parts)} windows; "
+                                                  f"older ones: ask again with until={cut!r}")
+    return resp
+
+
+def _newest_first(store, target: str | None, since: float | None, until: float | None,
+                  limit: int) -> tuple[list[str], float | None]:
+    """JSON texts of the newest `limit` windows, newest first, read a page at a time and stopped at the
+    byte cap; with the `until=` that continues the list when the cap cut it short."""
+    parts: list[str] = []
+    starts: list[float] = []
+    seen: set[tuple[str, float]] = set()
+    size = 2
+    bound = until
+    while len(parts) < limit:
+        page = [w for w in store.windows(target=target, since=since, until=bound, limit=_PAGE)[::-1]
+                if (w.target, w.start) not in seen]
+        if not page:
+            break
+        for w in page:
+            text = json.dumps(w.to_dict(), separators=(",", ":"))
+            if size + len(text) + 1 > MAX_RESPONSE_BYTES:
+                # `until` is exclusive: windows sharing the cut's start go to the next answer, all of them.
+                while starts and starts[-1] == w.start:
+                    starts.pop()
+                    parts.pop()
+                if not parts:
+                    abort(413, description=f"one window at start {w.start!r} is larger than the "
+                                           f"{MAX_RESPONSE_BYTES} byte cap; use the flame graph endpoints")
+                return parts, starts[-1]
+            parts.append(text)
+            starts.append(w.start)
+            seen.add((w.target, w.start))
+            size += len(text) + 1
+            # Next page: inclusive of this start, then deduplicated (several targets share a start).
+            bound = math.nextafter(w.start, math.inf)
+            if len(parts) == limit:
+                break
+    return parts, None
 
 
 @bp.errorhandler(400)
 @bp.errorhandler(404)
+@bp.errorhandler(413)
 @bp.errorhandler(503)
 def _json_error(err):
     return jsonify(error=err.description), err.code

@@ -9,6 +9,9 @@ from flask import Flask
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
+from dashboards.hostcheck import HostCheck
+from dashboards.limits import LIST_SLOTS, PROFILE_SLOTS, Gate
+
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     """Build the app. config keys: STATE (the agent's live state), STORE (its store), REGISTRY (prometheus),
@@ -16,7 +19,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     detector's latest findings, or None)."""
     app = Flask(__name__)
     app.config.update(STATE=None, STORE=None, REGISTRY=None, PYSPY_RATE_HZ=None, INTERVAL_SECONDS=5.0,
-                      FINDINGS=None)
+                      FINDINGS=None, PROFILE_GATE=Gate(PROFILE_SLOTS, "profile"),
+                      LIST_GATE=Gate(LIST_SLOTS, "list or export request"))
     if config:
         app.config.update(config)
 
@@ -34,4 +38,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     registry: CollectorRegistry | None = app.config["REGISTRY"]
     if registry is not None:
         app.wsgi_app = DispatcherMiddleware(app.wsgi_app, {"/metrics": make_wsgi_app(registry)})
+    # Off only when the agent listens beyond loopback: then the network reaches it anyway, and a
+    # Prometheus server may scrape it by any of the host's DNS names.
+    if app.config.get("CHECK_HOST", True):
+        app.wsgi_app = HostCheck(app.wsgi_app)
     return app

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import math
+import re
 import time
 
 from flask import Blueprint, Response, abort, current_app, jsonify, request
 
 from analysis.flamegraph.export import DIFF_FORMATS, FORMATS, PROFILE_KINDS, export, export_diff
 from analysis.flamegraph.stored import from_store
+from dashboards.limits import Busy, wait_while_present
 
 bp = Blueprint("profiles", __name__)
 
@@ -33,9 +37,12 @@ def _time(name: str, default: float | None = None) -> float | None:
     if raw is None or raw == "":
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
         abort(400, description=f"{name} must be unix seconds, got {raw!r}")
+    return value
 
 
 def _target(store) -> str:
@@ -48,6 +55,13 @@ def _target(store) -> str:
     if target not in names:
         abort(404, description=f"no stored profiles for target {target!r}")
     return target
+
+
+def _busy(message: str) -> Response:
+    resp = jsonify(error=message)
+    resp.status_code = 429
+    resp.headers["Retry-After"] = "5"
+    return resp
 
 
 def _send(exported, filename: str) -> Response:
@@ -65,7 +79,20 @@ def targets():
                     for t in _store().targets()])
 
 
+def _gated(view):
+    """Exports read every window of their range: they share the list gate, so they cannot take every thread."""
+    @functools.wraps(view)
+    def wrapper(*args, **kwargs):
+        try:
+            with current_app.config["LIST_GATE"].claim():
+                return view(*args, **kwargs)
+        except Busy as exc:
+            return _busy(str(exc))
+    return wrapper
+
+
 @bp.get("/api/flamegraph")
+@_gated
 def flamegraph():
     store = _store()
     target = _target(store)
@@ -82,6 +109,7 @@ def flamegraph():
 
 
 @bp.get("/api/flamegraph/diff")
+@_gated
 def flamegraph_diff():
     store = _store()
     target = _target(store)
@@ -109,21 +137,29 @@ def pprof_profile():
     target = _target(store)
     kind = _choice("kind", PROFILE_KINDS, "active")
     raw = request.args.get("seconds", "30")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PPROF_SECONDS:
+    # ASCII digits only: str.isdigit() accepts '²', which int() then refuses.
+    if not re.fullmatch(r"[0-9]{1,4}", raw) or not 1 <= int(raw) <= MAX_PPROF_SECONDS:
         abort(400, description=f"seconds must be an integer in 1..{MAX_PPROF_SECONDS}, got {raw!r}")
     seconds = int(raw)
     interval = float(current_app.config.get("INTERVAL_SECONDS") or 5.0)
     sleep = current_app.config.get("SLEEP") or time.sleep
     clock = current_app.config.get("CLOCK") or time.time
-    start = clock()
-    sleep(seconds)
-    # Wait for the window that covers the end of the span to be stored (at most one interval + slack).
-    deadline = start + seconds + interval + 5.0
-    while clock() < deadline:
-        latest = store.latest(target)
-        if latest is not None and latest.end >= start + seconds:
-            break
-        sleep(0.25)
+    # waitress gives this when channel_request_lookahead > 0: a profile must not outlive its client.
+    gone = request.environ.get("waitress.client_disconnected") or (lambda: False)
+    try:
+        with current_app.config["PROFILE_GATE"].claim(target, exclusive=True):
+            start = clock()
+            if not wait_while_present(seconds, gone, sleep=sleep, clock=clock):
+                return Response(status=499)
+            # Wait for the window that covers the end of the span to be stored (one interval + slack).
+            deadline = start + seconds + interval + 5.0
+            while clock() < deadline and not gone():
+                latest = store.windows(target=target, limit=1, with_profiles=False)
+                if latest and latest[0].end >= start + seconds:
+                    break
+                sleep(0.25)
+    except Busy as exc:
+        return _busy(str(exc))
     profile = from_store(store, target, start, start + seconds, kind)
     exported = export(profile, "pprof", kind=kind, title=f"{target} — {kind}",
                       rate_hz=current_app.config.get("PYSPY_RATE_HZ"))

@@ -148,10 +148,15 @@ def render(config: SyscallsConfig) -> str:
     return "\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + c_helpers.lost() + BPF_TEXT
 
 
+# Newer than the generated 6.1 table. 335 is the syscall a uretprobe's return trampoline makes (Linux
+# 6.11+): in a target it is caused by infersight's own GC probe (uretprobe on gc_collect_main).
+NEWER_SYSCALL_NAMES: dict[int, str] = {335: "uretprobe"}
+
+
 def syscall_name(nr: int) -> str:
     if nr == OTHER_ID:
         return "syscall_other"
-    return SYSCALL_NAMES.get(nr, f"syscall_{nr}")
+    return SYSCALL_NAMES.get(nr) or NEWER_SYSCALL_NAMES.get(nr) or f"syscall_{nr}"
 
 
 def _percpu_sum(values: Any) -> int:

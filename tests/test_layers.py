@@ -16,7 +16,8 @@ ALLOWED = {
     "agent": {"analysis", "probes", "dashboards"},
 }
 # Collectors take only the records from analysis/, never its models or flame graph code.
-RECORDS = {"analysis.window", "analysis.health", "analysis.errors"}
+# The records, and redaction: a collector hides credentials in what it reports (URLs, command lines) at the source.
+RECORDS = {"analysis.window", "analysis.health", "analysis.errors", "analysis.redact"}
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:

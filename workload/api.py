@@ -23,6 +23,9 @@ class CompletionRequest:
 class Limits:
     max_prompt_bytes: int
     max_seq: int
+    # Completions in flight at once (0: unbounded). Below the HTTP thread count, so a burst gets 429
+    # at once instead of queueing in the server, and /health and /metrics always find a thread.
+    max_inflight: int = 0
 
 
 def parse_completion(body: Any, limits: Limits) -> CompletionRequest:
@@ -33,7 +36,11 @@ def parse_completion(body: Any, limits: Limits) -> CompletionRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise BadRequest(f"'prompt' must be a string, got {type(prompt).__name__}")
-    prompt_bytes = len(prompt.encode("utf-8"))
+    try:
+        prompt_bytes = len(prompt.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        # JSON's "\ud800" escapes decode to a lone surrogate, which is no character at all.
+        raise BadRequest(f"'prompt' is not valid Unicode: lone surrogate at index {exc.start}") from None
     if prompt_bytes > limits.max_prompt_bytes:
         raise BadRequest(f"prompt is {prompt_bytes} bytes; the limit is {limits.max_prompt_bytes}")
     max_tokens = body.get("max_tokens", 16)

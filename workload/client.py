@@ -7,9 +7,11 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from workload.api import ADMIN_TOKEN_ENV
+from workload.tokenfile import TokenFileError, read_token_file
 
 
 class ClientError(RuntimeError):
@@ -110,11 +112,18 @@ def fault_main(argv: list[str]) -> int:
     parser.add_argument("name", help="gc, lock, syscall, netloss, cpuhog or nocache")
     parser.add_argument("state", choices=["on", "off"])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--token-file", type=Path, help="file (mode 0600) holding the admin token")
     parser.add_argument("--token", default=os.environ.get(ADMIN_TOKEN_ENV),
-                        help=f"admin token (default ${ADMIN_TOKEN_ENV})")
+                        help=f"admin token (default ${ADMIN_TOKEN_ENV}); on the command line every local user "
+                             "can read it with ps: prefer --token-file")
     args = parser.parse_args(argv)
+    if args.token_file is not None:
+        try:
+            args.token = read_token_file(args.token_file)
+        except TokenFileError as exc:
+            parser.error(str(exc))
     if not args.token:
-        parser.error(f"an admin token is required: --token or ${ADMIN_TOKEN_ENV}")
+        parser.error(f"an admin token is required: --token-file, ${ADMIN_TOKEN_ENV} or --token")
     try:
         state = set_fault(args.url, args.name, args.state == "on", args.token)
     except (ClientError, OSError) as exc:

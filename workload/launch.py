@@ -1,5 +1,6 @@
 """Start `python -m workload serve` as a child process and wait for its URL (benchmarks, demos)."""
 
+import os
 import re
 import select
 import signal
@@ -10,6 +11,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from workload.api import ADMIN_TOKEN_ENV
 
 URL_PATTERN = re.compile(r" at (http://[\d.]+:\d+)")
 
@@ -27,8 +30,10 @@ class Launched:
 
 @contextmanager
 def launched_server(*flags: str, token: str = "bench-token", timeout_s: float = 90.0) -> Iterator[Launched]:
-    proc = subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", "0", "--admin-token", token,
-                             *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The token goes through the environment (/proc/PID/environ is readable by its owner only), never argv.
+    proc = subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", "0", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, ADMIN_TOKEN_ENV: token})
     try:
         url = _await_url(proc, timeout_s)
         yield Launched(proc, url, token)

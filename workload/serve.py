@@ -17,7 +17,8 @@ from workload.engine import Engine, resolve_device
 from workload.faults import FaultTuning, build_faults
 from workload.metrics import create_metrics
 from workload.scheduler import Scheduler, SchedulerConfig
-from workload.server import Serving, create_app
+from workload.server import MAX_BODY_BYTES, RESERVED_THREADS, Serving, create_app
+from workload.tokenfile import TokenFileError, read_token_file
 
 log = logging.getLogger("workload.serve")
 
@@ -36,8 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-threads", type=int, default=32)
     parser.add_argument("--no-cache", action="store_true", help="start with the KV cache disabled")
     parser.add_argument("--pidfile", type=Path)
+    parser.add_argument("--admin-token-file", type=Path, default=None,
+                        help=f"file (mode 0600) holding the token for /admin (else ${ADMIN_TOKEN_ENV}); "
+                             "without one /admin is disabled")
     parser.add_argument("--admin-token", default=None,
-                        help=f"token for /admin (else ${ADMIN_TOKEN_ENV}); without one /admin is disabled")
+                        help="the token itself: every local user can read it with ps; prefer the file or "
+                             f"${ADMIN_TOKEN_ENV}")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -53,14 +58,16 @@ def serve(args: argparse.Namespace) -> int:
     # The app needs the bound port (netloss targets it), the server needs an app: bind first, wire after.
     apps: list = []
     server = create_server(lambda environ, start: apps[0](environ, start), host=args.host, port=args.port, threads=args.http_threads,
-                           channel_timeout=30, clear_untrusted_proxy_headers=True)
+                           channel_timeout=30, clear_untrusted_proxy_headers=True,
+                           max_request_body_size=MAX_BODY_BYTES)
     port = int(server.effective_port)
     faults = build_faults(scheduler, port, FaultTuning(),
                           lambda name, active: metrics.fault_active.labels(name).set(int(active)))
     for name in faults.faults:
         metrics.fault_active.labels(name).set(0)
-    limits = Limits(max_prompt_bytes=min(args.max_prompt_bytes, config.max_seq - 2), max_seq=config.max_seq)
-    token = args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
+    limits = Limits(max_prompt_bytes=min(args.max_prompt_bytes, config.max_seq - 2), max_seq=config.max_seq,
+                    max_inflight=max(1, args.http_threads - RESERVED_THREADS))
+    token = _admin_token(args)
     apps.append(create_app(Serving(scheduler, metrics, registry, faults, limits, token, config.name)))
 
     def stop(signum: int, frame: object) -> None:
@@ -85,6 +92,19 @@ def serve(args: argparse.Namespace) -> int:
         if args.pidfile:
             args.pidfile.unlink(missing_ok=True)
     return 0
+
+
+def _admin_token(args: argparse.Namespace) -> str | None:
+    if args.admin_token:
+        log.warning("--admin-token is on the command line, where every local user can read it (ps); "
+                    "use --admin-token-file or $%s", ADMIN_TOKEN_ENV)
+        return args.admin_token
+    if args.admin_token_file is not None:
+        try:
+            return read_token_file(args.admin_token_file)
+        except TokenFileError as exc:
+            raise SystemExit(f"workload: {exc}") from None
+    return os.environ.get(ADMIN_TOKEN_ENV) or None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from workload import tokenizer
-from workload.api import BadRequest, Limits, parse_completion
+from workload.api import ADMIN_TOKEN_ENV, BadRequest, Limits, parse_completion
 from workload.engine import Sequence
 from workload.faults import FaultSet, UnknownFault, gc_debug
 from workload.metrics import ServerMetrics
@@ -21,6 +21,11 @@ from workload.scheduler import NotServing, QueueFull, Request, Scheduler
 
 # A finished stream never waits longer than this for the next token before giving up.
 TOKEN_TIMEOUT_S = 120.0
+# A completion request is a prompt of a few hundred bytes and four numbers; waitress refuses a larger
+# body from its headers, before reading it (serve.py passes this as max_request_body_size).
+MAX_BODY_BYTES = 64 << 10
+# HTTP threads kept free of completions for /health, /metrics and /admin.
+RESERVED_THREADS = 4
 
 
 @dataclass
@@ -72,7 +77,10 @@ def metrics() -> Response:
 @api.post("/v1/completions")
 def completions() -> Response:
     serving = _serving()
-    body = request.get_json(silent=True)
+    try:
+        body = request.get_json(silent=True)
+    except RecursionError:
+        body = None  # nested deeper than the JSON parser goes: not a completion request either
     if body is None:
         serving.metrics.rejected.labels(serving.model_name, "bad_json").inc()
         return _error(400, "body is not valid JSON (Content-Type: application/json)", "invalid_request_error")
@@ -81,6 +89,24 @@ def completions() -> Response:
     except BadRequest as exc:
         serving.metrics.rejected.labels(serving.model_name, "invalid").inc()
         return _error(400, str(exc), "invalid_request_error")
+    inflight: threading.BoundedSemaphore | None = current_app.config.get("INFLIGHT")
+    if inflight is not None and not inflight.acquire(blocking=False):
+        serving.metrics.rejected.labels(serving.model_name, "queue_full").inc()
+        return _error(429, f"{serving.limits.max_inflight} completions are in flight (the limit); retry",
+                      "rate_limit_error", {"Retry-After": "1"})
+    try:
+        response = _submit(serving, parsed)
+    except BaseException:
+        if inflight is not None:
+            inflight.release()
+        raise
+    if inflight is not None:
+        # Runs when the server has sent the whole response, streamed or not, or the client went.
+        response.call_on_close(inflight.release)
+    return response
+
+
+def _submit(serving: Serving, parsed) -> Response:
     prompt_ids = tokenizer.encode(parsed.prompt)
     seq = Sequence(prompt_ids, parsed.max_tokens, parsed.temperature, parsed.seed)
     try:
@@ -155,7 +181,8 @@ admin = Blueprint("admin", __name__, url_prefix="/admin")
 def check_token() -> Response | None:
     token = _serving().admin_token
     if not token:
-        return _error(403, "admin endpoints are disabled: start the server with --admin-token", "permission_error")
+        return _error(403, "admin endpoints are disabled: start the server with --admin-token-file or "
+                           f"${ADMIN_TOKEN_ENV}", "permission_error")
     sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
     if not hmac.compare_digest(sent.encode(), token.encode()):
         return _error(401, "missing or wrong admin token (Authorization: Bearer ...)", "permission_error")
@@ -208,6 +235,9 @@ def create_app(serving: Serving) -> Flask:
     app = Flask(__name__)
     app.register_error_handler(500, _internal_error)
     app.config["SERVING"] = serving
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    if serving.limits.max_inflight:
+        app.config["INFLIGHT"] = threading.BoundedSemaphore(serving.limits.max_inflight)
     app.register_blueprint(api)
     app.register_blueprint(admin)
     return app

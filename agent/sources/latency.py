@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from analysis.errors import ReadingError
 from analysis.health import Health
+from analysis.redact import redact_text, redact_url
 from analysis.window import LatencyReading
 
 Fetch = Callable[[str, float], str]
@@ -25,10 +26,10 @@ def http_fetch(url: str, timeout: float) -> str:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.read().decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
-        raise ReadingError(f"latency endpoint {url} answered HTTP {exc.code}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ReadingError(f"latency endpoint {url} unreachable: {reason}") from exc
+        raise ReadingError(f"latency endpoint {redact_url(url)} answered HTTP {exc.code}") from exc
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = redact_text(str(getattr(exc, "reason", exc)))
+        raise ReadingError(f"latency endpoint {redact_url(url)} unreachable: {reason}") from exc
 
 
 @dataclass
@@ -238,9 +239,9 @@ class LatencySource:
     def health(self) -> Health:
         state = "failed" if self._last_error else "running"
         return Health(name=self.name, state=state, reason=self._last_error, errors=self._errors,
-                            detail={"url": self.url, "metric": self.metric, "kind": self.kind,
-                                    "scrapes": self._scrapes, "counter_resets": self._resets,
-                                    "mean_seconds": self.last_mean_seconds})
+                      detail={"url": redact_url(self.url), "metric": self.metric, "kind": self.kind,
+                              "scrapes": self._scrapes, "counter_resets": self._resets,
+                              "mean_seconds": self.last_mean_seconds})
 
     def _seconds(self, value: float | None) -> float | None:
         return None if value is None else value * self.unit_seconds

@@ -75,3 +75,19 @@ def test_status_without_agent_says_nobody_answers():
     proc = infersight("status", "--url", "http://127.0.0.1:9")
     assert proc.returncode == 1
     assert "no agent answering at http://127.0.0.1:9" in proc.stderr
+
+
+def test_version():
+    proc = infersight("--version")
+    assert proc.returncode == 0 and proc.stdout.strip().startswith("infersight ") and proc.stdout.strip()[-1].isdigit()
+
+
+@pytest.mark.parametrize("spelling", [["--from", "-10m"], ["--from=-10m"]])
+def test_relative_times_parse_with_or_without_equals(tmp_path, spelling):
+    from agent.store import Store
+
+    Store.open(tmp_path / "store").close()
+    proc = infersight("flamegraph", "--store", str(tmp_path / "store"), "--target", "x", *spelling,
+                      "--baseline-from", "-2h", "--baseline-to", "-1h", "--format", "json")
+    # Parsed: the command gets as far as the empty store (exit 1), not an argument error (exit 2).
+    assert proc.returncode == 1 and "no active samples" in proc.stderr, proc.stderr

@@ -125,7 +125,8 @@ def test_example_config_in_docs_loads() -> None:
 @pytest.mark.parametrize("text, message", [
     ("interval_second = 3", "unknown key interval_second (did you mean 'interval_seconds'?)"),
     ("zzz = 3", ("unknown key zzz (known: interval_seconds, store_dir, retention_days, retention_bytes, "
-                 "listen, pyspy_rate_hz, pyspy_nonblocking, log_level, probes, detector, targets)")),
+                 "listen, pyspy_rate_hz, pyspy_nonblocking, log_level, allowed_users, max_targets, probes, "
+                 "detector, targets)")),
     ("[probes]\nsyscall = true", "unknown key probes.syscall (did you mean 'syscalls'?)"),
     ('[[targets]]\nname = "a"\npid = 1\nlatncy = {preset = "vllm"}',
      "unknown key targets[0].latncy (did you mean 'latency'?)"),
@@ -149,6 +150,9 @@ def test_example_config_in_docs_loads() -> None:
     ("probes = 1", "probes: expected a table, got 1 (integer)"),
     ("[probes]\ngc = 1", "probes.gc: expected a boolean, got 1 (integer)"),
     ("targets = []", "targets: must name at least one target, got []"),
+    ('allowed_users = ["root", "no-such-user-xq"]', "allowed_users[1]: no such user on this host, got 'no-such-user-xq'"),
+    ('allowed_users = "root"', "allowed_users: expected an array of strings, got 'root' (string)"),
+    ("max_targets = 0", "max_targets: must be within [1, 1024], got 0"),
     ("targets = 3", "targets: expected an array of tables, got 3 (integer)"),
     ("[[targets]]\npid = 3", "targets[0].name: missing (required)"),
     ('[[targets]]\nname = "a b"\npid = 3', "targets[0].name: must be 1-64 of A-Z a-z 0-9 _ . -, got 'a b'"),

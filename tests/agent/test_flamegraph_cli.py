@@ -103,3 +103,45 @@ def test_live_capture_of_a_real_process(require_bpf, tmp_path):
     assert b"waiting_on_event" in idle.stdout
     assert off.returncode == 0, off.stderr
     assert b"futex" in off.stdout  # the waiting thread blocks in futex_wait
+
+
+@pytest.mark.parametrize("where", ["DIR", "/no/such/dir/out.svg"])
+def test_a_bad_output_path_fails_at_once_and_leaves_nothing(store_dir, tmp_path, where):
+    target = tmp_path / "outdir"
+    target.mkdir()
+    output = str(target) if where == "DIR" else where
+    before = set(map(str, tmp_path.iterdir())) | set(map(str, __import__("pathlib").Path("/").iterdir()))
+    began = time.monotonic()
+    proc = infersight("--pid", "1", "--duration", "30", "-o", output)
+    assert time.monotonic() - began < 10, "the bad path was found only after the capture"
+    assert proc.returncode == 2 and b"Traceback" not in proc.stderr, proc.stderr
+    assert b"-o" in proc.stderr and proc.stderr.count(b"\n") == 1
+    after = set(map(str, tmp_path.iterdir())) | set(map(str, __import__("pathlib").Path("/").iterdir()))
+    assert after == before and list(target.iterdir()) == []
+
+
+def test_no_samples_is_an_error_not_an_empty_file(store_dir, tmp_path):
+    out = tmp_path / "x.folded"
+    proc = infersight("--store", str(store_dir), "--target", "nobody", "--from", "0", "--to", "100",
+                      "--format", "folded", "-o", str(out))
+    assert proc.returncode == 1 and b"no active samples" in proc.stderr and not out.exists(), proc.stderr
+    proc = infersight("--store", str(store_dir), "--target", "server", "--from", "500", "--to", "600",
+                      "--baseline-from", "0", "--baseline-to", "50", "--format", "json")
+    assert proc.returncode == 1 and b"no active samples" in proc.stderr, proc.stderr
+    proc = infersight("--store", str(store_dir), "--target", "server", "--from", "0", "--to", "100",
+                      "--baseline-from", "500", "--baseline-to", "600", "--format", "json")
+    assert proc.returncode == 1 and b"baseline" in proc.stderr, proc.stderr
+
+
+def test_a_non_python_process_gives_an_error_not_an_empty_file(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "60"])
+    out = tmp_path / "x.svg"
+    try:
+        proc = infersight("--pid", str(sleeper.pid), "--duration", "1", "-o", str(out))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert proc.returncode == 1 and not out.exists(), proc.stderr
+    # py-spy's own reason when it cannot attach, or "no active samples" when it attached and saw no Python.
+    assert (b"py-spy failed to attach" in proc.stderr or b"no active samples" in proc.stderr), proc.stderr
+    assert b"Traceback" not in proc.stderr and proc.stderr.count(b"\n") == 1

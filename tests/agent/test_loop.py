@@ -176,3 +176,29 @@ def test_secrets_in_command_lines_are_hidden():
     shown = redact_cmdline(argv)
     assert "s3cret" not in shown and "abc" not in shown
     assert shown == "python -m workload serve --admin-token *** --api-key=*** --port 8000"
+
+
+def test_exited_targets_leave_no_series_in_metrics():
+    from prometheus_client import generate_latest
+
+    from agent.metrics import build_registry
+
+    marker = f"stale-{uuid.uuid4().hex}"
+    children = [spawn(marker) for _ in range(3)]
+    loop, state = make_loop([TargetSpec(name="py", process_regex=marker)], [], lambda w: None)
+    registry = build_registry(state)
+    try:
+        loop.start()
+        loop.tick()
+        text = generate_latest(registry).decode()
+        assert all(f'target="py#{c.pid}"' in text for c in children)
+        stop(children[1], children[2])
+        loop.tick()  # notices the two exits; the survivor is now plain "py"
+        loop.tick()
+        text = generate_latest(registry).decode()
+    finally:
+        loop.close()
+        stop(children[0])
+    assert "py#" not in text, "series of exited or renamed targets remain"
+    assert 'infersight_target_pid{target="py"}' in text
+    assert set(state.snapshot().targets) == {"py"}

@@ -419,3 +419,19 @@ def test_retention_on_another_thread_while_writing_and_reading(store_dir: Path) 
     # Window i ends at 1005 + 5i; those ending at or after 1200 survive: i >= 39.
     assert [int((w.start - 1000) // 5) for w in s.windows()] == list(range(39, 60))
     s.close()
+
+
+def test_store_files_are_0600_whatever_the_directory_mode(tmp_path):
+    import stat as stat_mod
+
+    directory = tmp_path / "store"
+    directory.mkdir(mode=0o755)
+    os.chmod(directory, 0o755)
+    old = os.umask(0o022)
+    try:
+        with Store.open(directory) as s:
+            s.add_window(make_window(0, "a"))
+            modes = {p.name: stat_mod.S_IMODE(p.stat().st_mode) for p in directory.iterdir()}
+    finally:
+        os.umask(old)
+    assert modes and all(m == 0o600 for m in modes.values()), {k: oct(v) for k, v in modes.items()}

@@ -207,3 +207,52 @@ def test_real_agent_excludes_itself() -> None:
     regex = TargetSpec(name="me", process_regex=re.escape(me))
     assert os.getpid() not in [t.pid for t in discover([regex])]
     assert os.getpid() in [t.pid for t in discover([regex], own_pid=1)]
+
+
+def _owned(root: Path, pid: int, uid: int) -> None:
+    (root / str(pid) / "status").write_text(f"Name:\tpython\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nGid:\t0\t0\t0\t0\n")
+
+
+def test_regex_skips_processes_of_users_not_allowed_and_says_so(proc: Path) -> None:
+    from agent.targets import Skipped
+
+    for pid in (100, 200, 999):
+        _owned(proc, pid, 0)
+    for pid in range(600, 625):  # 25 processes of an unprivileged user
+        fake_proc(proc, pid, "python", ["python", "-m", "workload", "serve", "--port", str(pid)], 10 * pid)
+        _owned(proc, pid, 1234)
+    skipped: dict[str, Skipped] = {}
+    found = discover([spec(process_regex=r"-m\s+workload\s+serve")], proc, own_pid=999,
+                     allowed_uids=frozenset({0}), skipped=skipped)
+    assert [t.pid for t in found] == [100, 200]
+    assert skipped["w"] == Skipped(matched=27, not_allowed=25, over_limit=0)
+    assert "25 owned by users not in allowed_users" in skipped["w"].line()
+    found = discover([spec(process_regex=r"-m\s+workload\s+serve")], proc, own_pid=999,
+                     allowed_uids=frozenset({0, 1234}), max_targets=4, skipped=skipped)
+    assert [t.pid for t in found] == [100, 200, 600, 601]
+    assert skipped["w"] == Skipped(matched=27, not_allowed=0, over_limit=23, max_targets=4)
+    assert "max_targets (4)" in skipped["w"].line()
+
+
+def test_a_pid_target_of_a_user_not_allowed_is_refused_with_a_reason(proc: Path) -> None:
+    _owned(proc, 300, 1234)
+    problems: dict[str, str] = {}
+    assert discover([spec(pid=300)], proc, allowed_uids=frozenset({0}), problems=problems) == []
+    assert "uid 1234" in problems["w"] and "allowed_users" in problems["w"]
+
+
+def test_a_huge_command_line_is_read_only_up_to_a_cap() -> None:
+    from agent.targets import CMDLINE_MAX_BYTES
+
+    # A process controls its own argv: 1 MiB of it must not cost the agent 1 MiB per process per window.
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", *["x" * 100_000] * 10])
+    try:
+        deadline = time.monotonic() + 5
+        info = read_proc(proc.pid)
+        while time.monotonic() < deadline and len(" ".join(info.cmdline)) < 1000:
+            time.sleep(0.05)  # until exec has replaced the forked child's argv
+            info = read_proc(proc.pid)
+        assert 1000 < len(" ".join(info.cmdline)) <= CMDLINE_MAX_BYTES
+    finally:
+        proc.kill()
+        proc.wait()

@@ -48,3 +48,40 @@ def test_windows_endpoint_rejects_bad_arguments(state):
     resp = client.get("/api/windows?since=yesterday")
     assert resp.status_code == 400 and "'yesterday'" in resp.get_json()["error"]
     assert client.get("/api/windows?since=1&until=2").status_code == 200
+
+
+def test_an_over_matching_regex_is_shown_on_the_page_and_in_metrics(state, client):
+    from agent.targets import Skipped
+
+    state.set_skipped({"workload": Skipped(matched=25, not_allowed=20, over_limit=3, max_targets=16)})
+    page = client.get("/").get_data(as_text=True)
+    assert "target workload: matched 25 processes; not watched: 20 owned by users not in allowed_users, " \
+           "3 over max_targets (16)" in page
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'infersight_target_processes_skipped{reason="not_allowed_user",target="workload"} 20.0' in text
+    assert 'infersight_target_processes_skipped{reason="max_targets",target="workload"} 3.0' in text
+    assert 'infersight_target_processes_matched{target="workload"} 25.0' in text
+
+
+def test_credentials_in_urls_are_never_shown(state, client):
+    from analysis.health import Health
+    from analysis.snapshot import TargetStatus
+
+    state.set_target(TargetStatus(name="vllm", pid=7, state="watching", since=1.0,
+                                  detail="python -m vllm --upstream https://bob:hunter2@10.1.1.1/v1"))
+    state.set_health("latency:vllm", Health(name="latency", state="failed", errors=3,
+                                            reason="latency endpoint http://bob:hunter2@h:8000/metrics unreachable",
+                                            detail={"url": "http://bob:hunter2@h:8000/metrics"}))
+    for path in ("/", "/api/status"):
+        text = client.get(path).get_data(as_text=True)
+        assert "hunter2" not in text and "***@h:8000/metrics" in text, path
+
+
+def test_the_syscall_our_gc_probe_causes_is_named_as_ours(state, client):
+    from analysis.window import SyscallReading
+    from tests.dashboards.conftest import make_window
+
+    w = make_window()
+    w.syscalls = SyscallReading(counts={"uretprobe": 900, "futex": 10})
+    state.record_window(w)
+    assert "uretprobe (infersight&#39;s GC probe) 900" in client.get("/").get_data(as_text=True)

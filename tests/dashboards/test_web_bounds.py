@@ -1,0 +1,171 @@
+"""The web server stays responsive under slow and abandoned requests: profile pool, per-target lock, caps."""
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from agent.daemon import WebServer
+from agent.metrics import build_registry
+from agent.state import AgentState
+from agent.store import Store
+from analysis.window import StackReading, Window
+from dashboards.app import create_app
+
+
+def _window(start: float, target: str = "server") -> Window:
+    return Window(target=target, pid=100, start=start, end=start + 5,
+                  stacks=StackReading(active={"main;serve;decode": 10}, idle={}, rate_hz=49.0))
+
+
+@pytest.fixture
+def served(tmp_path):
+    store = Store.open(tmp_path / "store")
+    now = time.time()
+    for i in range(4):
+        store.add_window(_window(now - 20 + 5 * i))
+        store.add_window(_window(now - 20 + 5 * i, target="other"))
+    state = AgentState()
+    app = create_app({"STATE": state, "STORE": store, "REGISTRY": build_registry(state),
+                      "PYSPY_RATE_HZ": 49, "INTERVAL_SECONDS": 1.0})
+    web = WebServer(app, "127.0.0.1", 0)
+    web.start()
+    yield web.url, app
+    web.stop()
+    store.close()
+
+
+def _get(url: str, timeout: float = 30.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_twenty_slow_profiles_leave_metrics_fast(served):
+    url, _ = served
+    answers: list[int] = []
+
+    def profile(i: int) -> None:
+        target = "server" if i % 2 else "other"
+        answers.append(_get(f"{url}/debug/pprof/profile?seconds=4&target={target}")[0])
+
+    threads = [threading.Thread(target=profile, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    worst = 0.0
+    for _ in range(5):
+        began = time.monotonic()
+        code, body = _get(f"{url}/metrics", timeout=10)
+        worst = max(worst, time.monotonic() - began)
+        assert code == 200 and b"infersight_agent_uptime_seconds" in body
+    for t in threads:
+        t.join(timeout=30)
+    assert worst < 0.1, f"/metrics took {worst * 1000:.0f} ms while 20 profiles were pending"
+    # One profile per target at a time: the rest were told to come back, not queued.
+    assert answers.count(200) <= 2 and answers.count(429) >= 18, answers
+
+
+def test_abandoned_profile_frees_its_slot(served):
+    url, _ = served
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(b"GET /debug/pprof/profile?seconds=60&target=server HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    time.sleep(1.0)
+    code, _ = _get(f"{url}/debug/pprof/profile?seconds=1&target=server")
+    assert code == 429, "a second profile of the same target waits for the first"
+    sock.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        code, _ = _get(f"{url}/debug/pprof/profile?seconds=1&target=server")
+        if code == 200:
+            break
+        time.sleep(0.3)
+    assert code == 200, "the abandoned 60 s profile still held its target 5 s after its client went"
+
+
+def _fat_window(start: float) -> Window:
+    # ~60 KB of distinct folded stacks, like a busy server's window.
+    stacks = {f"main;serve;layer_{i};op_{i * 7919 % 1000}": i + 1 for i in range(1200)}
+    return Window(target="server", pid=100, start=start, end=start + 5,
+                  stacks=StackReading(active=stacks, idle={}, rate_hz=49.0))
+
+
+def test_window_list_is_capped_in_count_and_bytes(tmp_path):
+    import tracemalloc
+
+    from dashboards import api
+
+    store = Store.open(tmp_path / "store")
+    for i in range(400):
+        store.add_window(_fat_window(1000.0 + 5 * i))
+    client = create_app({"STORE": store, "TESTING": True}).test_client()
+    resp = client.get("/api/windows?limit=10000")
+    assert resp.status_code == 400 and str(api.MAX_WINDOWS) in resp.get_json()["error"]
+    tracemalloc.start()
+    resp = client.get(f"/api/windows?limit={api.MAX_WINDOWS}")
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    body = resp.get_data()
+    assert resp.status_code == 200 and len(body) <= api.MAX_RESPONSE_BYTES
+    got = resp.get_json()
+    assert 0 < len(got) < 400 and got[-1]["start"] == 1000.0 + 5 * 399, "the newest windows, oldest first"
+    assert "until=" in resp.headers["X-Infersight-Truncated"]
+    assert peak < 4 * api.MAX_RESPONSE_BYTES, f"building the answer took {peak >> 20} MiB"
+    # The next page picks up exactly where the cut was.
+    nxt = client.get(f"/api/windows?limit={api.MAX_WINDOWS}&until={got[0]['start']}").get_json()
+    assert nxt[-1]["start"] == got[0]["start"] - 5
+    store.close()
+
+
+@pytest.mark.parametrize("query", ["/api/windows?limit=%C2%B2", "/api/windows?limit=%D9%A3",
+                                   "/debug/pprof/profile?seconds=%C2%B2&target=server",
+                                   "/api/windows?since=nan", "/api/windows?until=inf",
+                                   "/api/flamegraph?target=server&from=nan"])
+def test_unicode_digits_and_non_finite_numbers_are_a_400(served, query):
+    url, _ = served
+    code, body = _get(url + query)
+    assert code == 400 and b"Traceback" not in body, body
+
+
+@pytest.mark.parametrize("host, code", [("127.0.0.1:9464", 200), ("localhost:9464", 200), ("[::1]:9464", 200),
+                                        ("attacker.example:9464", 421), ("rebind.attacker.example.", 421),
+                                        ("10.1.2.3", 200)])
+def test_host_header_guards_against_dns_rebinding(served, host, code):
+    url, _ = served
+    host_port = url.removeprefix("http://")
+    for path in ("/api/status", "/metrics"):
+        with socket.create_connection(tuple([host_port.split(":")[0], int(host_port.split(":")[1])])) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.split(b" ")[1] == str(code).encode(), (path, answer[:200])
+
+
+def test_listening_beyond_loopback_is_warned_about(caplog):
+    import logging
+
+    from agent.daemon import WebServer as Web
+
+    with caplog.at_level(logging.WARNING, logger="infersight.daemon"):
+        web = Web(create_app({"TESTING": True}), "0.0.0.0", 0)
+        web.stop()
+    assert any("reachable from the network" in r.getMessage() for r in caplog.records)
+
+
+def test_exports_and_lists_share_a_small_gate(served):
+    url, app = served
+    gate = app.config["LIST_GATE"]
+    with gate.claim(), gate.claim():
+        for path in ("/api/flamegraph?target=server&format=folded", "/api/windows?limit=5",
+                     "/api/flamegraph/diff?target=server&format=json&baseline_to=1e12"):
+            code, body = _get(url + path)
+            assert code == 429 and b"already running" in body, (path, body)
+        assert _get(url + "/metrics")[0] == 200
+    assert _get(url + "/api/flamegraph?target=server&format=folded")[0] == 200
