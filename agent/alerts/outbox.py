@@ -106,12 +106,13 @@ class Outbox:
 
     def record(self, notification_id: int, *, state: str, now: float, http_status: int | None,
                error: str | None, next_attempt_at: float | None = None) -> None:
-        """The outcome of one attempt: sent/failed (done), or still pending until next_attempt_at."""
+        """The outcome of one attempt: sent/failed (done), or still pending until next_attempt_at. A success
+        keeps the last error seen, so the page can say what a delivered notification went through."""
         done = None if state == "pending" else now
         with self.store.transaction() as conn:
             conn.execute(
                 "UPDATE alert_notifications SET state = ?, attempts = attempts + 1, last_attempt_at = ?, "
-                "http_status = ?, last_error = ?, done_at = ?, next_attempt_at = COALESCE(?, next_attempt_at) "
+                "http_status = ?, last_error = COALESCE(?, last_error), done_at = ?, next_attempt_at = COALESCE(?, next_attempt_at) "
                 "WHERE id = ?", (state, now, http_status, error, done, next_attempt_at, notification_id))
 
     def give_up(self, owner: str, reason: str, now: float) -> None:
