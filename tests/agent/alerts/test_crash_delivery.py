@@ -117,8 +117,10 @@ def test_kill_nine_mid_delivery_loses_nothing(tmp_path: Path, receivers) -> None
     try:
         read_until(second, "raised all", 30)
         refusing.start()
-        all_in = lambda: all(len({(a.doc["alerts"][0]["fingerprint"], a.doc["status"]) for a in r.accepted()})
-                             == 2 * RAISED for r in (refusing, slow, flaky, signed))  # noqa: E731
+
+        def all_in() -> bool:
+            return all(len({(a.doc["alerts"][0]["fingerprint"], a.doc["status"]) for a in r.accepted()})
+                       == 2 * RAISED for r in (refusing, slow, flaky, signed))
         deadline = time.monotonic() + 60
         while not all_in() and time.monotonic() < deadline:
             time.sleep(0.2)
