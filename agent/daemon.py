@@ -12,6 +12,7 @@ from types import FrameType
 from waitress.server import create_server
 
 from agent import logs
+from agent.alerts.service import AlertService
 from agent.config import Config, check_config_paths
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
@@ -52,8 +53,11 @@ class Agent:
         check_config_paths(config)
         os.makedirs(config.store_dir, mode=0o700, exist_ok=True)
         self.store = Store.open(Path(config.store_dir))
+        self.alerts = AlertService(config, self.store, on_error=self.state.count_error)
         self.registry = build_registry(self.state)
+        self.registry.register(self.alerts.collector())
         self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
+                               "ALERTS": self.alerts.view,
                                "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds})
         host, port = config.listen_address
         self.web = WebServer(self.app, host, port)
@@ -69,6 +73,7 @@ class Agent:
 
     def run(self) -> None:
         self.web.start()
+        self.alerts.start()
         log.info("status page at %s/ and metrics at %s/metrics", self.web.url, self.web.url)
         self.loop.start()
         retention = threading.Thread(target=self._retention, name="retention", daemon=True)
@@ -94,6 +99,7 @@ class Agent:
         self.stop_event.set()
         self.loop.close()
         self.web.stop()
+        self.alerts.stop()
         self.store.close()
         log.info("stopped")
 

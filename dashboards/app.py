@@ -11,9 +11,11 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     """Build the app. config keys: STATE (the agent's live state), STORE (its store), REGISTRY (prometheus),
-    PYSPY_RATE_HZ and INTERVAL_SECONDS (to label and time profiles)."""
+    PYSPY_RATE_HZ and INTERVAL_SECONDS (to label and time profiles), ALERTS (a callable returning the alert
+    outbox as plain dicts, or None when the agent delivers no alerts)."""
     app = Flask(__name__)
-    app.config.update(STATE=None, STORE=None, REGISTRY=None, PYSPY_RATE_HZ=None, INTERVAL_SECONDS=5.0)
+    app.config.update(STATE=None, STORE=None, REGISTRY=None, PYSPY_RATE_HZ=None, INTERVAL_SECONDS=5.0,
+                      ALERTS=None)
     if config:
         app.config.update(config)
 

@@ -14,4 +14,5 @@ def index():
     state = current_app.config["STATE"]
     if state is None:
         abort(503, description="the agent has not started collecting yet")
-    return render_template("status.html", status=view.status(state.snapshot()))
+    alerts = current_app.config.get("ALERTS")
+    return render_template("status.html", status=view.status(state.snapshot()), alerts=alerts() if alerts else None)

@@ -160,8 +160,7 @@ class Outbox:
         for aid, rid, target, severity, state, opened, closed, fp in rows:
             notes = [NotificationRow(*r) for r in self.store.query(
                 "SELECT receiver, status, state, attempts, created_at, done_at, http_status, last_error, "
-                "idempotency_key FROM alert_notifications WHERE alert_id = ? AND owner = ? ORDER BY id",
-                (aid, AGENT_OWNER))]
+                "idempotency_key FROM alert_notifications WHERE alert_id = ? ORDER BY id", (aid,))]
             out.append(AlertRow(regression_id=rid, target=target, severity=severity, state=state, opened_at=opened,
                                 closed_at=closed, fingerprint=fp, notifications=notes))
         return out

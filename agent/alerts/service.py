@@ -7,11 +7,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from agent.alerts.alerter import Alerter
 from agent.alerts.delivery import DeliveryCounters, ReceiverWorker
+from agent.alerts.metrics import AlertCollector
 from agent.alerts.outbox import Outbox, ReceiverSummary
 from agent.alerts.secrets import load_secret
+from agent.alerts.view import alerts_view
 from agent.config import Config
 from agent.store import Store
 from analysis.regression import Regression
@@ -78,6 +81,13 @@ class AlertService:
 
     def summaries(self) -> list[ReceiverSummary]:
         return self.outbox.summaries([r.name for r in self.config.receivers])
+
+    def view(self) -> dict[str, Any]:
+        """For the status page and /api/alerts (handed to the app factory as ALERTS)."""
+        return alerts_view(self.outbox, self.config.receivers, self._clock())
+
+    def collector(self) -> AlertCollector:
+        return AlertCollector(self.counters, self.outbox, [r.name for r in self.config.receivers], self._clock)
 
     def _wake(self, receiver: str) -> None:
         worker = self.workers.get(receiver)
