@@ -128,7 +128,7 @@ def _cmd_alert_test(args: argparse.Namespace) -> int:
         return code
     from agent.alerts import cli as alerts_cli
 
-    return alerts_cli.test_receiver(config, args.receiver, store_dir=args.store)
+    return alerts_cli.send_test(config, args.receiver, store_dir=args.store)
 
 
 def _time_arg(text: str) -> float:

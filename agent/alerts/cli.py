@@ -78,7 +78,7 @@ def _report(label: str, result: PostResult, key: str) -> str:
     return f"{label}: NOT accepted: {result.error}"
 
 
-def test_receiver(config: Config, name: str, *, store_dir: Path | None = None) -> int:
+def send_test(config: Config, name: str, *, store_dir: Path | None = None) -> int:
     """A firing and then a resolved test alert, queued in the real outbox under an owner of their own (the
     running agent leaves them alone) and delivered here, one attempt each; 0 only when both were accepted."""
     known = {r.name: r for r in config.receivers}
@@ -119,6 +119,8 @@ def test_receiver(config: Config, name: str, *, store_dir: Path | None = None) -
             print(_report(label, result, n.idempotency_key))
             if not result.accepted:
                 ok = False
+                if label == "firing":
+                    print("resolved: not sent (the firing was not accepted)")
                 break
         outbox.give_up(owner, "not retried: 'alert test' makes one attempt", time.time())
     return 0 if ok else 1
