@@ -99,13 +99,18 @@ class Alerter:
     def tick(self) -> None:
         """Queue what time has made due: first notifications after group_wait, repeats of firing alerts."""
         now = self._clock()
+        due_before = now - self.config.repeat_interval_seconds
+        # Read first: the scheduler calls this every second, and most calls find nothing to do.
+        if not self.store.query("SELECT 1 FROM alerts WHERE (state = 'waiting' AND notify_at <= ?) OR "
+                                "(state = 'firing' AND last_fired_at <= ?) LIMIT 1", (now, due_before)):
+            return
         woken: set[str] = set()
         with self._lock, self.store.transaction() as conn:
             for (aid,) in conn.execute("SELECT id FROM alerts WHERE state = 'waiting' AND notify_at <= ?",
                                        (now,)).fetchall():
                 woken |= self._fire(conn, aid, now)
             for (aid,) in conn.execute("SELECT id FROM alerts WHERE state = 'firing' AND last_fired_at <= ?",
-                                       (now - self.config.repeat_interval_seconds,)).fetchall():
+                                       (due_before,)).fetchall():
                 woken |= self._queue(conn, aid, "firing", now)
                 conn.execute("UPDATE alerts SET last_fired_at = ? WHERE id = ?", (now, aid))
         for name in woken:
