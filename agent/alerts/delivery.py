@@ -77,10 +77,15 @@ class ReceiverWorker:
     def wake(self) -> None:
         self._wake.set()
 
-    def stop(self, timeout: float | None = None) -> None:
+    def request_stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout if timeout is not None else self.receiver.timeout_seconds * 2 + 5)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop and wait: at most one attempt in flight, which its timeout (and read deadline) bounds."""
+        self.request_stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout if timeout is not None else self.receiver.timeout_seconds * 2 + 5)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -75,7 +75,11 @@ class AlertService:
 
     def stop(self) -> None:
         self._stop.set()
-        self._scheduler.join(5)
+        if self._scheduler.is_alive():
+            self._scheduler.join(5)
+        # Every worker is told first, so shutdown waits for the slowest attempt in flight, not their sum.
+        for w in self.workers.values():
+            w.request_stop()
         for w in self.workers.values():
             w.stop()
 
