@@ -25,12 +25,14 @@ SECRET = b"kill-nine-secret"
 DELIVERY = textwrap.dedent("""
     import sys, time
     from pathlib import Path
+    from agent import logs
     from agent.config import load_config
     from agent.store import Store
     from agent.alerts.service import AlertService
     from analysis.regression import Cause, Regression
 
     config = load_config(Path(sys.argv[1]))
+    logs.setup("debug")
     store = Store.open(config.store_dir)
     service = AlertService(config, store)
     service.start()
@@ -149,4 +151,7 @@ def test_kill_nine_mid_delivery_loses_nothing(tmp_path: Path, receivers) -> None
                                 if a.doc["alerts"][0]["fingerprint"] == fp and a.doc["status"] == "resolved")
             assert fired < first_resolve
     assert all(verify(SECRET, a.headers, a.body) for a in signed.arrivals)
+    logged = (tmp_path / "delivery.log").read_text()
+    assert "connection refused by http://127.0.0.1:" in logged and "timed out after 1 s" in logged
+    assert SECRET.decode() not in logged
     assert len(slow.arrivals) > len(slow.accepted()) and len(flaky.arrivals) > len(flaky.accepted())
