@@ -147,6 +147,23 @@ def _cmd_baseline_reset(args: argparse.Namespace) -> int:
     except regressions_cmd.UsageError as exc:
         return _fail(str(exc))
 
+def _cmd_alerts(args: argparse.Namespace) -> int:
+    config, code = _load_config(args.config)
+    if config is None:
+        return code
+    from agent.alerts import cli as alerts_cli
+
+    return alerts_cli.list_alerts(config, as_json=args.json, store_dir=args.store)
+
+
+def _cmd_alert_test(args: argparse.Namespace) -> int:
+    config, code = _load_config(args.config)
+    if config is None:
+        return code
+    from agent.alerts import cli as alerts_cli
+
+    return alerts_cli.send_test(config, args.receiver, store_dir=args.store)
+
 
 def _time_arg(text: str) -> float:
     from agent.timespec import parse_time
@@ -224,6 +241,20 @@ def build_parser() -> argparse.ArgumentParser:
     reset.add_argument("--config", metavar="FILE", help="agent config (store location)")
     reset.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
     reset.set_defaults(func=_cmd_baseline_reset)
+
+    alerts = sub.add_parser("alerts", help="list alerts and their delivery state (from the store)")
+    alerts.add_argument("--json", action="store_true", help="print them as JSON")
+    alerts.add_argument("--config", metavar="FILE", help="agent config (store location, receivers)")
+    alerts.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
+    alerts.set_defaults(func=_cmd_alerts)
+
+    alert = sub.add_parser("alert", help="alert tools: 'alert test --receiver NAME'")
+    alert_sub = alert.add_subparsers(dest="alert_command", required=True, metavar="ACTION", parser_class=Parser)
+    test = alert_sub.add_parser("test", help="send a firing then a resolved test alert to one receiver")
+    test.add_argument("--receiver", required=True, metavar="NAME", help="a [[receivers]] name from the config")
+    test.add_argument("--config", metavar="FILE", help="agent config (receivers, store location)")
+    test.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
+    test.set_defaults(func=_cmd_alert_test)
     return parser
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from agent.alerts.config import AlertsConfig, AlertsFieldError, ReceiverConfig, check_receivers
 from agent.presets import LATENCY_KINDS, PRESETS, LatencyKind
 
 DEFAULT_STORE_DIR = Path("/var/lib/infersight")
@@ -169,6 +170,8 @@ class Config:
     probes: ProbesConfig = field(default_factory=ProbesConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     targets: tuple[TargetSpec, ...] = field(default_factory=default_targets)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    receivers: tuple[ReceiverConfig, ...] = ()
 
     def __post_init__(self) -> None:
         _require_range("interval_seconds", self.interval_seconds, 1, 60)
@@ -190,6 +193,7 @@ class Config:
             if t.name in seen:
                 raise FieldError(f"targets[{i}].name", f"duplicates another target's name, got {t.name!r}")
             seen.add(t.name)
+        check_receivers(self.receivers)
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -245,6 +249,11 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
             items = "tables" if dataclasses.is_dataclass(item_hint) else "strings"
             raise ConfigError(f"{key}: expected an array of {items}, got {value!r} ({_toml_type(value)})")
         return tuple(_convert(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table, got {value!r} ({_toml_type(value)})")
+        (_, value_hint) = typing.get_args(hint)
+        return {k: _convert(v, value_hint, f"{key}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a table, got {value!r} ({_toml_type(value)})")
@@ -286,7 +295,7 @@ def _build(cls: type, table: dict[str, Any], prefix: str) -> Any:
             raise ConfigError(f"{prefix}{name}: missing (required)")
     try:
         return cls(**kwargs)
-    except FieldError as exc:
+    except (FieldError, AlertsFieldError) as exc:
         where = f"{prefix}{exc.key}" if exc.key else prefix.rstrip(".")
         raise ConfigError(f"{where}: {exc.problem}") from None
 
@@ -298,7 +307,10 @@ def config_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> Conf
         return config
     targets = tuple(dataclasses.replace(t, pidfile=base_dir / t.pidfile)
                     if t.pidfile is not None and not t.pidfile.is_absolute() else t for t in config.targets)
-    return dataclasses.replace(config, store_dir=base_dir / config.store_dir, targets=targets)
+    receivers = tuple(dataclasses.replace(r, hmac_secret_file=base_dir / r.hmac_secret_file)
+                      if r.hmac_secret_file is not None and not r.hmac_secret_file.is_absolute() else r
+                      for r in config.receivers)
+    return dataclasses.replace(config, store_dir=base_dir / config.store_dir, targets=targets, receivers=receivers)
 
 
 class StatFn(Protocol):

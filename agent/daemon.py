@@ -14,6 +14,7 @@ from types import FrameType
 from waitress.server import create_server
 
 from agent import logs
+from agent.alerts.service import AlertService
 from agent.collectors import Collectors
 from agent.config import Config, check_config_paths
 from agent.detection import Detection
@@ -94,16 +95,19 @@ class Agent:
         except BaseException:
             self.lock.release()
             raise
+        self.alerts = AlertService(config, self.store, on_error=self.state.count_error)
         self.registry = build_registry(self.state)
+        self.registry.register(self.alerts.collector())
         self.detection: Detection | None = None
         if config.detector.enabled:
             warmup = config.detector.warmup_windows
             self.detection = Detection(self.store, make_detector=lambda: _latency_detector(warmup),
-                                       identity=self._identity)
+                                       identity=self._identity, listeners=[self.alerts])
             self.registry.register(DetectionCollector(self.detection.snapshot))
         self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
                                "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
                                "FINDINGS": self.detection.snapshot if self.detection else None,
+                               "ALERTS": self.alerts.view,
                                "CHECK_HOST": _is_loopback(config.listen_address[0])})
         host, port = config.listen_address
         try:
@@ -141,6 +145,7 @@ class Agent:
 
     def run(self) -> None:
         self.web.start()
+        self.alerts.start()
         log.info("status page at %s/ and metrics at %s/metrics", self.web.url, self.web.url)
         self.loop.start()
         retention = threading.Thread(target=self._retention, name="retention", daemon=True)
@@ -168,6 +173,7 @@ class Agent:
         if self.detection is not None:
             self.detection.flush()
         self.web.stop()
+        self.alerts.stop()
         self.store.close()
         self.lock.release()
         log.info("stopped")

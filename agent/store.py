@@ -19,7 +19,8 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Self
@@ -95,6 +96,46 @@ MIGRATIONS: tuple[Migration, ...] = (
             target TEXT NOT NULL,
             requested REAL NOT NULL
         );
+    """),
+    Migration(3, "alert outbox: alerts and their notifications", """
+        CREATE TABLE alerts (
+            id INTEGER PRIMARY KEY,
+            regression_id TEXT NOT NULL UNIQUE,
+            target TEXT NOT NULL,
+            severity TEXT NOT NULL,
+            -- waiting: inside group_wait, nothing queued yet; firing; resolved.
+            state TEXT NOT NULL CHECK (state IN ('waiting', 'firing', 'resolved')),
+            opened_at REAL NOT NULL,
+            closed_at REAL,
+            notify_at REAL NOT NULL,
+            last_fired_at REAL,
+            -- Frozen when the first notification is queued: the alert's identity from then on.
+            fingerprint TEXT,
+            labels TEXT,
+            -- The latest Regression as JSON; its causes are re-ranked while the episode is open.
+            regression TEXT NOT NULL
+        );
+        CREATE INDEX alerts_by_state ON alerts(state, notify_at);
+        CREATE TABLE alert_notifications (
+            id INTEGER PRIMARY KEY,
+            alert_id INTEGER NOT NULL REFERENCES alerts(id),
+            receiver TEXT NOT NULL,
+            -- Who delivers it: the agent, or one `infersight alert test` run.
+            owner TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('firing', 'resolved')),
+            state TEXT NOT NULL CHECK (state IN ('pending', 'sent', 'failed', 'expired')),
+            idempotency_key TEXT NOT NULL UNIQUE,
+            body BLOB NOT NULL,
+            created_at REAL NOT NULL,
+            next_attempt_at REAL NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_attempt_at REAL,
+            http_status INTEGER,
+            last_error TEXT,
+            done_at REAL
+        );
+        CREATE INDEX alert_notifications_due ON alert_notifications(receiver, owner, state, next_attempt_at);
+        CREATE INDEX alert_notifications_by_alert ON alert_notifications(alert_id, receiver, id);
     """),
 )
 
@@ -260,6 +301,20 @@ class Store:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             return RetentionResult(deleted_windows=deleted, bytes_before=before, bytes_after=self.size_bytes())
 
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE .. COMMIT, ROLLBACK on error) for another module's tables,
+        such as the alert outbox, so every write still goes through this one connection and lock."""
+        with self._lock:
+            conn = self._write
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
     def _delete_where(self, where: str, params: tuple) -> int:
         conn = self._write
         conn.execute("BEGIN IMMEDIATE")
@@ -342,6 +397,10 @@ class Store:
             with self._lock:
                 self._readers.append(conn)
         return conn
+
+    def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
+        """Rows of one read-only statement on this thread's reader connection (the last committed state)."""
+        return self._reader().execute(sql, tuple(params)).fetchall()
 
     def schema_version(self) -> int:
         return _current_version(self._reader())

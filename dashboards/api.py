@@ -29,6 +29,14 @@ def status():
     return jsonify(view.status(state.snapshot()))
 
 
+@bp.get("/alerts")
+def alerts():
+    source = current_app.config.get("ALERTS")
+    if source is None:
+        abort(503, description="this agent delivers no alerts")
+    return jsonify(source())
+
+
 def _float_arg(name: str) -> float | None:
     raw = request.args.get(name)
     if raw is None or raw == "":

@@ -14,5 +14,7 @@ def index():
     state = current_app.config["STATE"]
     if state is None:
         abort(503, description="the agent has not started collecting yet")
+    alerts = current_app.config.get("ALERTS")
     return render_template("status.html", status=view.status(state.snapshot()),
-                           regressions=findings.open_regressions(), detector=findings.detector_states())
+                           regressions=findings.open_regressions(), detector=findings.detector_states(),
+                           alerts=alerts() if alerts else None)

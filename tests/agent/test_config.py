@@ -126,7 +126,7 @@ def test_example_config_in_docs_loads() -> None:
     ("interval_second = 3", "unknown key interval_second (did you mean 'interval_seconds'?)"),
     ("zzz = 3", ("unknown key zzz (known: interval_seconds, store_dir, retention_days, retention_bytes, "
                  "listen, pyspy_rate_hz, pyspy_nonblocking, log_level, allowed_users, max_targets, probes, "
-                 "detector, targets)")),
+                 "detector, targets, alerts, receivers)")),
     ("[probes]\nsyscall = true", "unknown key probes.syscall (did you mean 'syscalls'?)"),
     ('[[targets]]\nname = "a"\npid = 1\nlatncy = {preset = "vllm"}',
      "unknown key targets[0].latncy (did you mean 'latency'?)"),

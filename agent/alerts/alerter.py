@@ -1,0 +1,161 @@
+"""From detector findings to queued notifications: group wait, frozen labels, repeats, resolves."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+
+from agent.alerts import payloads
+from agent.alerts.config import AlertsConfig, ReceiverConfig
+from agent.alerts.outbox import AGENT_OWNER, enqueue
+from agent.alerts.payloads import AlertEvent
+from agent.store import Store
+from analysis.regression import Regression, regression_from_dict, regression_to_dict
+
+# A firing alert posted to Alertmanager stays active this long past the next repeat before it lapses.
+ALERTMANAGER_GRACE_SECONDS = 300.0
+
+
+def regression_to_json(reg: Regression) -> str:
+    return json.dumps(regression_to_dict(reg), separators=(",", ":"))
+
+
+def regression_from_json(text: str) -> Regression:
+    return regression_from_dict(json.loads(text))
+
+
+class Alerter:
+    """The detector's entry point. Every call is a few store writes: it never waits on a receiver."""
+
+    def __init__(self, config: AlertsConfig, receivers: tuple[ReceiverConfig, ...], store: Store, *, host: str,
+                 external_url: str, clock: Callable[[], float] = time.time,
+                 wake: Callable[[str], None] | None = None, owner: str = AGENT_OWNER) -> None:
+        self.config = config
+        self.receivers = receivers
+        self.store = store
+        self.host = host
+        self.external_url = external_url.rstrip("/")
+        self._clock = clock
+        self._wake = wake or (lambda receiver: None)
+        self._owner = owner
+        # The collection loop and the scheduler thread both call in; one at a time keeps state moves simple.
+        self._lock = threading.Lock()
+
+    # ---- the detector's calls ---------------------------------------------------------------------------
+
+    def regression_opened(self, reg: Regression) -> None:
+        """A new episode: remembered now, notified after group_wait (with the causes ranked by then).
+        Calling it again for a known regression id is an update, so a restarted detector cannot double-alert."""
+        now = self._clock()
+        with self._lock, self.store.transaction() as conn:
+            conn.execute(
+                "INSERT INTO alerts(regression_id, target, severity, state, opened_at, notify_at, regression) "
+                "VALUES (?, ?, ?, 'waiting', ?, ?, ?) ON CONFLICT(regression_id) DO UPDATE SET "
+                "regression = excluded.regression WHERE alerts.state != 'resolved'",
+                (reg.id, reg.target, reg.severity, reg.opened_at, now + self.config.group_wait_seconds,
+                 regression_to_json(reg)))
+        if reg.closed_at is not None:
+            self.regression_closed(reg)
+        else:
+            self.tick()
+
+    def regression_updated(self, reg: Regression) -> None:
+        """Re-ranked causes or a new score: kept for the next notification; no notification of its own."""
+        with self._lock, self.store.transaction() as conn:
+            conn.execute("UPDATE alerts SET regression = ? WHERE regression_id = ? AND state != 'resolved'",
+                         (regression_to_json(reg), reg.id))
+        self.tick()
+
+    def regression_closed(self, reg: Regression) -> None:
+        """The episode is over: a firing notification first if none went out yet, then the resolve."""
+        now = self._clock()
+        woken: set[str] = set()
+        with self._lock, self.store.transaction() as conn:
+            row = conn.execute("SELECT id, state FROM alerts WHERE regression_id = ?", (reg.id,)).fetchone()
+            if row is None or row[1] == "resolved":
+                return
+            closed = reg if reg.closed_at is not None else dataclasses.replace(reg, closed_at=now)
+            conn.execute("UPDATE alerts SET regression = ?, closed_at = ? WHERE id = ?",
+                         (regression_to_json(closed), closed.closed_at, row[0]))
+            if row[1] == "waiting":
+                # Closed inside group_wait: the receivers still hear it began, then that it ended.
+                woken |= self._fire(conn, row[0], now)
+            if self.config.resolve:
+                woken |= self._queue(conn, row[0], "resolved", now)
+            conn.execute("UPDATE alerts SET state = 'resolved' WHERE id = ?", (row[0],))
+        for name in woken:
+            self._wake(name)
+
+    # ---- time-driven --------------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Queue what time has made due: first notifications after group_wait, repeats of firing alerts."""
+        now = self._clock()
+        due_before = now - self.config.repeat_interval_seconds
+        # Read first: the scheduler calls this every second, and most calls find nothing to do.
+        if not self.store.query("SELECT 1 FROM alerts WHERE (state = 'waiting' AND notify_at <= ?) OR "
+                                "(state = 'firing' AND last_fired_at <= ?) LIMIT 1", (now, due_before)):
+            return
+        woken: set[str] = set()
+        with self._lock, self.store.transaction() as conn:
+            for (aid,) in conn.execute("SELECT id FROM alerts WHERE state = 'waiting' AND notify_at <= ?",
+                                       (now,)).fetchall():
+                woken |= self._fire(conn, aid, now)
+            for (aid,) in conn.execute("SELECT id FROM alerts WHERE state = 'firing' AND last_fired_at <= ?",
+                                       (due_before,)).fetchall():
+                woken |= self._queue(conn, aid, "firing", now)
+                conn.execute("UPDATE alerts SET last_fired_at = ? WHERE id = ?", (now, aid))
+        for name in woken:
+            self._wake(name)
+
+    # ---- inside a transaction -------------------------------------------------------------------------------
+
+    def _fire(self, conn: sqlite3.Connection, alert_id: int, now: float) -> set[str]:
+        """Freeze the labels (the cause label is the top cause now), then queue the first firing."""
+        (text,) = conn.execute("SELECT regression FROM alerts WHERE id = ?", (alert_id,)).fetchone()
+        reg = regression_from_json(text)
+        labels = payloads.alert_labels(reg, self.host)
+        conn.execute("UPDATE alerts SET state = 'firing', labels = ?, fingerprint = ?, severity = ?, "
+                     "last_fired_at = ? WHERE id = ?",
+                     (json.dumps(labels), payloads.fingerprint(labels), reg.severity, now, alert_id))
+        return self._queue(conn, alert_id, "firing", now)
+
+    def _queue(self, conn: sqlite3.Connection, alert_id: int, status: str, now: float) -> set[str]:
+        text, labels_text, fp, severity, target = conn.execute(
+            "SELECT regression, labels, fingerprint, severity, target FROM alerts WHERE id = ?",
+            (alert_id,)).fetchone()
+        reg = regression_from_json(text)
+        labels = json.loads(labels_text)
+        event = AlertEvent(fingerprint=fp, status=status, labels=labels,
+                           annotations=payloads.alert_annotations(reg, self.external_url, now),
+                           starts_at=reg.opened_at, ends_at=reg.closed_at if status == "resolved" else None,
+                           generator_url=payloads.regression_url(reg, self.external_url))
+        woken = set()
+        for r in self.receivers:
+            if not r.wants(severity, target):
+                continue
+            enqueue(conn, alert_id=alert_id, receiver=r.name, status=status, body=self.body(r, event, now),
+                    now=now, owner=self._owner)
+            woken.add(r.name)
+        return woken
+
+    def body(self, receiver: ReceiverConfig, event: AlertEvent, now: float) -> bytes:
+        data = self._render(receiver, event, now)
+        if len(data) > receiver.max_body_bytes:
+            # The description is the only unbounded part (evidence text from the detector): cut it to fit.
+            short = event.annotations["description"][:500] + " … (truncated)"
+            data = self._render(receiver, dataclasses.replace(
+                event, annotations={**event.annotations, "description": short}), now)
+        return data
+
+    def _render(self, receiver: ReceiverConfig, event: AlertEvent, now: float) -> bytes:
+        if receiver.kind == "slack":
+            return payloads.encode(payloads.slack(event))
+        if receiver.kind == "alertmanager":
+            return payloads.encode(payloads.alertmanager_v2(
+                event, firing_ends_at=now + self.config.repeat_interval_seconds + ALERTMANAGER_GRACE_SECONDS))
+        return payloads.encode(payloads.webhook_v4(event, receiver.name, self.external_url))

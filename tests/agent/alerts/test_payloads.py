@@ -1,0 +1,77 @@
+"""Payload builders: fingerprint, times, Slack blocks, Alertmanager v2 bodies, and the body size bound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent.alerts import payloads
+from agent.alerts.alerter import Alerter, regression_from_json, regression_to_json
+from agent.alerts.config import AlertsConfig, ReceiverConfig
+from agent.alerts.payloads import AlertEvent
+from agent.store import Store
+from analysis.regression import Cause
+
+
+def event(make_reg, status: str = "firing", description: str | None = None) -> AlertEvent:
+    reg = make_reg("p-1", opened_at=1_764_572_400.25, closed_at=1_764_572_460.0 if status == "resolved" else None)
+    labels = payloads.alert_labels(reg, "gpu-7")
+    ann = payloads.alert_annotations(reg, "http://gpu-7:9464", now=1_764_572_500.0)
+    if description is not None:
+        ann["description"] = description
+    return AlertEvent(fingerprint=payloads.fingerprint(labels), status=status, labels=labels, annotations=ann,
+                      starts_at=reg.opened_at, ends_at=reg.closed_at, generator_url="http://gpu-7:9464/")
+
+
+def test_fingerprint_and_times() -> None:
+    # Alertmanager's fingerprint of the empty set is FNV-1a's offset basis; of {a="b"} a fixed value.
+    assert payloads.fingerprint({}) == "cbf29ce484222325"
+    assert payloads.fingerprint({"a": "b"}) == payloads.fingerprint({"a": "b"})
+    assert payloads.fingerprint({"a": "b"}) != payloads.fingerprint({"a": "c"})
+    assert payloads.rfc3339(1_764_572_400.0) == "2025-12-01T07:00:00Z"
+    assert payloads.rfc3339(1_764_572_400.25) == "2025-12-01T07:00:00.25Z"
+
+
+def test_regression_round_trips_through_the_alerts_table_json(make_reg) -> None:
+    reg = make_reg("rt", closed_at=5.0)
+    assert regression_from_json(regression_to_json(reg)) == reg
+
+
+def test_slack_blocks(make_reg) -> None:
+    doc = payloads.slack(event(make_reg, "resolved"))
+    assert doc["text"].startswith("Resolved: latency regression on workload")
+    kinds = [b["type"] for b in doc["blocks"]]
+    assert kinds == ["header", "section", "section", "context"]
+    fields = [f["text"] for f in doc["blocks"][1]["fields"]]
+    assert fields[:2] == ["*Severity*\nwarning", "*Top cause*\ngc"]
+    assert "1. gc (0.80)" in doc["blocks"][2]["text"]["text"]
+    assert "differential flame graph" in doc["blocks"][3]["elements"][0]["text"]
+
+
+def test_alertmanager_v2_ends(make_reg) -> None:
+    (firing,) = payloads.alertmanager_v2(event(make_reg), firing_ends_at=1_764_576_000.0)
+    (resolved,) = payloads.alertmanager_v2(event(make_reg, "resolved"), firing_ends_at=0)
+    assert firing["endsAt"] == "2025-12-01T08:00:00Z" and resolved["endsAt"] == "2025-12-01T07:01:00Z"
+    assert set(firing) == {"labels", "annotations", "startsAt", "endsAt", "generatorURL"}
+
+
+def test_huge_evidence_is_cut_to_the_receivers_body_limit(tmp_path: Path, make_reg) -> None:
+    receivers = tuple(ReceiverConfig(name=k, kind=k, url="http://127.0.0.1:1/", max_body_bytes=4096)
+                      for k in ("webhook", "slack", "alertmanager"))
+    with Store.open(tmp_path / "store") as store:
+        alerter = Alerter(AlertsConfig(), receivers, store, host="h", external_url="http://x")
+        big = event(make_reg, description="x" * 100_000)
+        for r in receivers:
+            body = alerter.body(r, big, now=1.0)
+            assert len(body) <= 4096, r.kind
+            # Slack caps its own section at 3000 characters (Slack's limit), so it fits without the cut.
+            assert ("(truncated)" in body.decode()) == (r.kind != "slack")
+            json.loads(body)
+
+
+def test_description_ranks_causes_and_functions(make_reg) -> None:
+    reg = make_reg("d")
+    reg.causes.append(Cause("network", 0.05, "retransmits 3/s vs 0/s"))
+    text = payloads.alert_annotations(reg, "http://x", now=0)["description"].splitlines()
+    assert [line.split(" ")[1] for line in text[:3]] == ["gc", "cpu_contention", "network"]
+    assert text[3] == "functions that grew: gc_heavy (workload/model.py:42) 1%->30%"

@@ -1,0 +1,94 @@
+"""The HTTP POST's safety: scheme check, bounded response, a dripping or silent server cannot hold it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from agent.alerts.transport import MAX_RESPONSE_BYTES, post
+
+
+@pytest.fixture
+def raw_server():
+    """A TCP server on loopback whose connection handler the test writes."""
+    servers = []
+
+    def make(handle) -> str:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        servers.append(sock)
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except OSError:
+                    return
+                threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=serve, daemon=True).start()
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def read_request(conn: socket.socket) -> None:
+    conn.settimeout(5)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(4096)
+
+
+def test_only_http_and_https() -> None:
+    result = post("ftp://127.0.0.1/x", b"{}", {}, timeout=1)
+    assert result.status is None and result.error.startswith("refusing non-http(s) URL")
+
+
+def test_huge_response_is_read_only_up_to_the_bound(raw_server) -> None:
+    def handle(conn: socket.socket) -> None:
+        read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000\r\n\r\n")
+        try:
+            conn.sendall(b"x" * 10_000_000)
+        except OSError:
+            pass
+        conn.close()
+
+    result = post(raw_server(handle), b"{}", {}, timeout=2)
+    assert result.accepted and len(result.body) == MAX_RESPONSE_BYTES
+
+
+def test_dripping_server_is_cut_off(raw_server) -> None:
+    def handle(conn: socket.socket) -> None:
+        read_request(conn)
+        conn.sendall(b"HTTP/1.1 500 Oops\r\nContent-Length: 1000\r\n\r\n")
+        try:
+            for _ in range(100):
+                conn.sendall(b"x")
+                time.sleep(0.3)
+        except OSError:
+            pass
+        conn.close()
+
+    started = time.monotonic()
+    result = post(raw_server(handle), b"{}", {}, timeout=0.5)
+    assert time.monotonic() - started < 3
+    assert result.status == 500 and result.retryable and not result.accepted
+
+
+def test_silent_server_times_out(raw_server) -> None:
+    def handle(conn: socket.socket) -> None:
+        read_request(conn)
+        time.sleep(5)
+        conn.close()
+
+    started = time.monotonic()
+    result = post(raw_server(handle), b"{}", {}, timeout=0.5, safe_url="http://127.0.0.1/hook")
+    assert time.monotonic() - started < 2
+    assert result.status is None and result.error == "timed out after 0.5 s talking to http://127.0.0.1/hook"
