@@ -32,7 +32,8 @@ def grafana_expressions(path: Path = GRAFANA) -> list[Expression]:
     dash = json.loads(path.read_text())
     found = [Expression(f"panel {p['title']!r} {t['refId']}", t["expr"])
              for p in dash["panels"] for t in p.get("targets", [])]
-    found += [Expression(f"annotation {a['name']!r}", a["expr"])
+    # An annotation query, like an alert, is empty while nothing happens: it is checked in its `bool` form.
+    found += [Expression(f"annotation {a['name']!r}", with_bool(a["expr"], a["name"]))
               for a in dash["annotations"]["list"] if "expr" in a]
     for var in dash["templating"]["list"]:
         if var["type"] == "query":
@@ -54,10 +55,13 @@ def rule_expressions(path: Path = RULES) -> list[Expression]:
         for rule in group["rules"]:
             expr = " ".join(rule["expr"].split())
             if "alert" in rule:
-                m = _ALERT.fullmatch(expr)
-                assert m, f"alert {rule['alert']}: write it as '<expression> <comparison> <number>', got {expr!r}"
-                expr = f"{m['lhs']} {m['op']} bool {m['num']}"
-                found.append(Expression(f"alert {rule['alert']}", expr))
+                found.append(Expression(f"alert {rule['alert']}", with_bool(expr, rule["alert"])))
             else:
                 found.append(Expression(f"record {rule['record']}", expr))
     return found
+
+
+def with_bool(expr: str, name: str) -> str:
+    m = _ALERT.fullmatch(" ".join(expr.split()))
+    assert m, f"{name}: write it as '<expression> <comparison> <number>', got {expr!r}"
+    return f"{m['lhs']} {m['op']} bool {m['num']}"
