@@ -64,8 +64,8 @@ def flame_tree():
     if store is None:
         abort(503, description="no store is configured")
     target = request.args.get("target", "")
-    names = [t.name for t in store.targets()]
-    if target not in names:
+    if store.latest(target) is None:
+        names = [t.name for t in store.targets()]
         abort(404, description=f"no stored profiles for target {target!r} (stored: {', '.join(names) or 'none yet'})")
     kind = request.args.get("kind", "active")
     if kind not in PROFILE_KINDS:
