@@ -19,6 +19,7 @@ SPARK_SECONDS = 3600
 SPARK_POINTS = 60
 HEALTHY_SOURCE_STATES = ("running", "ok", "disabled")
 _ROLLUP_LOCK = threading.Lock()
+MAX_CACHED_SERIES = 256
 
 
 def _store():
@@ -147,8 +148,16 @@ def target_series():
     raw = request.args.get("points", "600")
     if not (raw.isascii() and raw.isdigit()) or not 10 <= int(raw) <= MAX_POINTS:
         abort(400, description=f"points must be an integer in 10..{MAX_POINTS}, got {raw!r}")
-    since, until = _range()
     interval = float(current_app.config.get("INTERVAL_SECONDS") or 5.0)
+    named = request.args.get("range")
+    # A named range ("last hour") only changes when a window is stored: every open page polling it within one
+    # interval gets the same answer, computed once (an hour of windows costs ~25 ms of CPU to aggregate).
+    key = (target, named, raw)
+    cache = current_app.extensions.setdefault("infersight_series", {})
+    hit = cache.get(key) if named in RANGES else None
+    if hit is not None and time.time() - hit[0] < interval:
+        return jsonify(hit[1])
+    since, until = _range()
     data = series(store, _rollup(store), target, since, until, int(raw), min_step=interval)
     data["units"] = SERIES
     data["expected_ms"] = expected_ms().get(target, {})
@@ -156,6 +165,10 @@ def target_series():
         {"id": r.id, "opened_at": r.opened_at, "closed_at": r.closed_at, "severity": r.severity,
          "top_cause": r.top_cause}
         for r in store.regressions(target=target, since=since, limit=200) if r.opened_at < until]
+    if named in RANGES:
+        if len(cache) >= MAX_CACHED_SERIES:
+            cache.clear()
+        cache[key] = (time.time(), data)
     return jsonify(data)
 
 

@@ -11,6 +11,7 @@ import argparse
 import http.client
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -221,11 +222,16 @@ def main() -> None:
     load.add_argument("--rate", type=float, default=50.0)
     load.add_argument("--duration", type=float, default=60.0)
     load.add_argument("--settle", type=float, default=15.0)
+    load.add_argument("--nice", type=int, default=0,
+                      help="niceness increment for this run and its children (negative needs root): on a shared "
+                           "host, separates the agent's own latency from other tenants' CPU")
     week = sub.add_parser("week")
     week.add_argument("--store", type=Path, required=True)
     week.add_argument("--no-browser", action="store_true")
     args = parser.parse_args()
     if args.cmd == "load":
+        if args.nice:
+            os.nice(args.nice)
         with tempfile.TemporaryDirectory() as tmp:
             print(json.dumps(run_load(args.rate, args.duration, args.settle, Path(tmp)), indent=1))
     else:
