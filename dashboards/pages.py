@@ -14,6 +14,7 @@ ENDPOINTS = {
     "/api/overview": "every target's state, latest p50/p99 against the expected band, sparklines, sources, open regressions",
     "/api/status": "the agent's state: targets, sources, the latest window's figures",
     "/api/series?target=&range=15m|1h|6h|24h|7d (or from=&to=)&points=": "a target's charts, downsampled",
+    "/api/offcpu?target=&range= (or from=&to=)&points=": "off-CPU seconds per second by wait kind, up to 24 h",
     "/api/windows?target=&since=&until=&limit=": "stored windows, whole",
     "/api/targets": "stored targets and their time span",
     "/api/regressions?target=&open=1&limit=": "regression episodes, newest first",

@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, request
 
-from dashboards import findings, view
+from dashboards import findings, offcpu_kinds, view
 from dashboards.series import MAX_POINTS, SERIES, Rollup, series
 
 bp = Blueprint("series", __name__, url_prefix="/api")
@@ -170,6 +170,42 @@ def target_series():
             cache.clear()
         cache[key] = (time.time(), data)
     return jsonify(data)
+
+
+OFFCPU_MAX_SECONDS = 86400
+OFFCPU_MAX_POINTS = 120
+
+
+@bp.get("/offcpu")
+def offcpu():
+    """Off-CPU seconds per second by wait kind, from the stored kernel stacks; up to a day, as each bucket
+    decompresses its windows' stacks."""
+    store = _store()
+    target = request.args.get("target", "")
+    if store.latest(target) is None:
+        abort(404, description=f"no stored windows for target {target!r}")
+    raw = request.args.get("points", "60")
+    if not (raw.isascii() and raw.isdigit()) or not 10 <= int(raw) <= OFFCPU_MAX_POINTS:
+        abort(400, description=f"points must be an integer in 10..{OFFCPU_MAX_POINTS}, got {raw!r}")
+    since, until = _range()
+    if until - since > OFFCPU_MAX_SECONDS:
+        abort(400, description="off-CPU by wait kind is read from stored kernel stacks: at most 24 hours at a time")
+    interval = float(current_app.config.get("INTERVAL_SECONDS") or 5.0)
+    step = max((until - since) / int(raw), interval)
+    t, kinds = [], {name: [] for name in offcpu_kinds.NAMES}
+    start = since
+    while start < until:
+        # store.profiles takes every window overlapping the span; shrinking it by half an interval at both ends
+        # counts each window once, in the bucket holding its midpoint. Kernel off-CPU stacks are kept in
+        # microseconds (analysis.flamegraph.export.KINDS).
+        folded = store.profiles(target, start + interval / 2, start + step - interval / 2, kind="offcpu")
+        split = offcpu_kinds.by_kind(folded)
+        t.append(start)
+        for name in kinds:
+            kinds[name].append(float(f"{split[name] / 1e6 / step:.4g}") if name in split else None)
+        start += step
+    return jsonify({"target": target, "from": since, "to": until, "step": step, "t": t,
+                    "kinds": {k: v for k, v in kinds.items() if any(x is not None for x in v)}})
 
 
 @bp.errorhandler(400)

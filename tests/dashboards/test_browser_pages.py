@@ -87,6 +87,8 @@ def test_charts_draw_real_points_and_zoom_together(world):
         min: u.scales.x.min, max: u.scales.x.max}))""")
     assert len(stats) == 9
     assert all(s["points"] >= 500 for s in stats) and all(s["drawn"] for s in stats), stats
+    kinds = b.execute_script("return window.infersightKindChart.series.map(s => s.label)")
+    assert "lock (futex)" in kinds  # the synthetic windows block in schedule;futex_wait_queue
     # Drag across the middle of the first chart: every chart takes the same, narrower time range.
     over = b.find_elements(By.CSS_SELECTOR, "#chart-latency .u-over")[0]
     w = over.size["width"]
@@ -96,6 +98,8 @@ def test_charts_draw_real_points_and_zoom_together(world):
         return s[0][1] - s[0][0] < %f ? s : null""" % ((stats[0]["max"] - stats[0]["min"]) * 0.6),
                       what="the first chart zoomed")
     assert all(z == pytest.approx(zoomed[0]) for z in zoomed), zoomed
+    kind_x = b.execute_script("const u = window.infersightKindChart; return [u.scales.x.min, u.scales.x.max]")
+    assert kind_x == pytest.approx(zoomed[0])
     screenshot(b, "target-zoomed")
     assert console_errors(b) == []
 

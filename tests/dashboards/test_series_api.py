@@ -121,3 +121,12 @@ def test_target_name_in_the_page_is_escaped(client):
 def test_alerts_section_says_when_delivery_is_not_configured(client):
     data = client.get("/api/alerts").get_json()
     assert data == {"configured": False, "reason": "alert delivery is not configured in this agent", "receivers": []}
+
+
+def test_offcpu_by_wait_kind(client):
+    data = client.get("/api/offcpu?target=server&range=1h&points=12").get_json()
+    assert list(data["kinds"]) == ["lock (futex)"] and len(data["t"]) == 12
+    # 800 us of futex wait per 5 s window: 160 us per second.
+    assert data["kinds"]["lock (futex)"][3] == pytest.approx(0.00016, rel=0.05)
+    resp = client.get("/api/offcpu?target=server&range=7d")
+    assert resp.status_code == 400 and "at most 24 hours" in resp.get_json()["error"]

@@ -39,14 +39,44 @@
     ctx.restore();
   }
 
+  let kindChart = null;
+  const KIND_COLORS = ["#d62728", "#8c564b", "#17becf", "#1f77b4", "#2ca02c", "#bcbd22", "#9467bd", "#ff7f0e", "#7f7f7f"];
+
   function syncZoom(u) {
     if (syncing) return;
     syncing = true;
     const {min, max} = u.scales.x;
-    for (const other of charts) {
-      if (other !== u) other.setScale("x", {min, max});
+    for (const other of [...charts, kindChart]) {
+      if (other && other !== u) other.setScale("x", {min, max});
     }
     syncing = false;
+  }
+
+  // Off-CPU by wait kind comes from the stored kernel stacks (its own endpoint, up to 24 h).
+  async function loadKinds() {
+    let box = document.getElementById("chart-offcpu-kinds");
+    if (!box) {
+      box = el("div", {class: "chart", id: "chart-offcpu-kinds"});
+      document.getElementById("charts").append(box);
+    }
+    if (kindChart) { kindChart.destroy(); kindChart = null; }
+    try {
+      const data = await IS.getJSON("/api/offcpu", {target, range, points: 60});
+      const names = Object.keys(data.kinds);
+      if (!names.length) return replace(box, el("p", {class: "meta"}, "no off-CPU kernel stacks in this range"));
+      replace(box);
+      kindChart = new uPlot({
+        title: "Off-CPU by wait kind (s/s)", width: charts.length ? charts[0].width : 500, height: 220,
+        series: [{}, ...names.map((n, i) => ({label: n, stroke: KIND_COLORS[i % KIND_COLORS.length], width: 1.5}))],
+        cursor: {sync: {key: "infersight-" + target}, drag: {x: true, y: false}},
+        scales: {x: {time: true}},
+        hooks: {drawClear: [shade], setScale: [(u, key) => { if (key === "x") syncZoom(u); }],
+                setSelect: [() => { zoomed = true; }]},
+      }, [data.t, ...names.map((n) => data.kinds[n])], box);
+      window.infersightKindChart = kindChart;
+    } catch (err) {
+      replace(box, el("p", {class: "meta"}, "Off-CPU by wait kind: " + err.message));
+    }
   }
 
   function build(data) {
@@ -117,6 +147,7 @@
       const data = await IS.getJSON("/api/series", {target, range, points: 600});
       update(data);
       listRegressions();
+      await loadKinds();
       root.dataset.renderMs = String(Math.round(performance.now() - started));
       root.dataset.loaded = range;
     } catch (err) {
@@ -131,6 +162,7 @@
       delete root.dataset.loaded;
       for (const c of charts) c.destroy();
       charts = [];
+      replace(document.getElementById("charts"));
       load();
     });
   }
