@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+log = logging.getLogger("infersight.page")
 
 # name -> JSON path in a stored window (Store.aggregate's field syntax).
 FIELDS: dict[str, str] = {
@@ -110,6 +114,7 @@ class Rollup:
         self._lock = threading.Lock()
         self._spans: dict[str, tuple[float, float]] = {}
         self._buckets: dict[str, dict[float, Bucket]] = {}
+        self.warm_error: str | None = None
 
     def minute_buckets(self, target: str, since: float, until: float) -> list[Bucket]:
         since = math.floor(since / MINUTE) * MINUTE
@@ -143,9 +148,15 @@ class Rollup:
             t = end
 
     def warm(self, targets: list[str], seconds: float = 7 * 86400.0) -> None:
+        """Build the cache for the last `seconds` (run on a background thread). A failure is kept in
+        `warm_error` and logged: the requests that follow build what they need themselves."""
         now = self._clock()
-        for target in targets:
-            self.minute_buckets(target, now - seconds, now)
+        try:
+            for target in targets:
+                self.minute_buckets(target, now - seconds, now)
+        except (sqlite3.Error, OSError) as exc:
+            self.warm_error = f"{type(exc).__name__}: {exc}"
+            log.warning("chart cache warm-up failed: %s", self.warm_error)
 
 
 def series(store: AggregatingStore, rollup: Rollup | None, target: str, since: float, until: float,

@@ -61,6 +61,8 @@
       replace(table.tBodies[0] || table, head, data.sources.map(sourceRow));
     }
     document.getElementById("overview-updated").textContent = "updated " + fmtTime(data.now);
+    document.getElementById("agent-meta").textContent = "up " + data.uptime_seconds + " s · " +
+      data.windows_written + " windows · " + data.late_ticks + " late ticks · " + data.dropped_windows + " dropped";
   }
 
   async function renderAlerts() {
