@@ -118,6 +118,18 @@ def test_prometheus_scrapes_the_agent_and_every_expression_answers(require_bpf, 
         assert float(syscalls[0]["value"][1]) > 0
         time.sleep(12)  # several rate windows, and the detector past its 8-window warm-up
 
+        # promtool's linter on the live expositions: nothing on the agent's, nothing but vLLM's own names on
+        # the workload's (copied from vLLM on purpose).
+        lint = {}
+        for name, url in (("agent", f"http://127.0.0.1:{agent_port}/metrics"),
+                          ("workload", f"http://127.0.0.1:{port}/metrics")):
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                text = resp.read().decode()
+            check = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"], input=text,
+                                   capture_output=True, text=True, timeout=60)
+            lint[name] = [line for line in (check.stdout + check.stderr).splitlines()
+                          if line and not line.startswith("vllm:")]
+
         expressions: list[Expression] = grafana_expressions() + rule_expressions()
         invalid, empty = [], []
         for e in expressions:
@@ -131,6 +143,7 @@ def test_prometheus_scrapes_the_agent_and_every_expression_answers(require_bpf, 
             terminate(proc)
         log.close()
 
+    assert lint == {"agent": [], "workload": []}, lint
     assert not invalid, invalid
     detector_missing = [e for e in empty if any(s in e.where or s in e.promql for s in DETECTOR_SERIES)]
     others = [e for e in empty if e not in detector_missing]
