@@ -1,4 +1,4 @@
-"""JSON for the pages' charts: /api/overview (every target at a glance) and /api/series (one target over a range)."""
+"""JSON for the pages' charts: /api/overview (every target at a glance), /api/series and /api/offcpu (one target over a range)."""
 
 from __future__ import annotations
 
