@@ -79,3 +79,15 @@ def test_grafana_dashboard_has_variables_annotations_and_only_known_series():
         check = promtool("check", "rules", "/dev/stdin",
                          stdin=json.dumps({"groups": [{"name": "g", "rules": [{"record": "x:y:z", "expr": e.promql}]}]}))
         assert check.returncode == 0, (e.where, check.stdout + check.stderr)
+
+
+def test_grafana_dashboard_charts_every_exported_family(state):
+    registry = build_registry(state)
+    snap = DetectionSnapshot(findings={"server": TargetFinding("server", "healthy", 1.0, {"p99": 0.1}, None, 1.0)},
+                             opened={("server", "gc"): 1})
+    registry.register(DetectionCollector(lambda: snap))
+    families = {m.name for m in registry.collect()}
+    text = " ".join(e.promql for e in grafana_expressions())
+    # prometheus_client names counters without `_total`; the exposition (and PromQL) has it.
+    missing = sorted(f for f in families if f not in text)
+    assert missing == [], missing
