@@ -59,9 +59,11 @@ class TargetCollector(Collector):
         rss = GaugeMetricFamily("infersight_process_resident_memory_bytes", "Target resident memory.",
                                 labels=["target"])
         threads = GaugeMetricFamily("infersight_process_threads", "Target thread count.", labels=["target"])
+        # `percentile` ("p99"), not `quantile`: that label belongs to summaries (promtool check metrics), and
+        # these are the same names the detector's infersight_latency_expected_seconds uses for its band.
         latency = GaugeMetricFamily("infersight_request_latency_seconds",
-                                    "Target request latency quantile over the latest window.",
-                                    labels=["target", "quantile"])
+                                    "Target request latency percentile over the latest window.",
+                                    labels=["target", "percentile"])
         rate = GaugeMetricFamily("infersight_request_rate_per_second", "Target requests per second, latest window.",
                                  labels=["target"])
         pid = GaugeMetricFamily("infersight_target_pid", "Pid of the watched target process.", labels=["target"])
@@ -82,8 +84,8 @@ class TargetCollector(Collector):
                 rss.add_metric([name], w.process.rss_bytes)
                 threads.add_metric([name], w.process.threads)
             if w and w.latency:
-                for q, v in (("0.5", w.latency.p50_seconds), ("0.95", w.latency.p95_seconds),
-                             ("0.99", w.latency.p99_seconds)):
+                for q, v in (("p50", w.latency.p50_seconds), ("p95", w.latency.p95_seconds),
+                             ("p99", w.latency.p99_seconds)):
                     if v is not None:
                         latency.add_metric([name, q], v)
                 rate.add_metric([name], w.latency.request_rate)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sqlite3
 import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from analysis.window import Window
 DB_NAME = "infersight.db"
 ProfileKind = Literal["active", "idle", "offcpu"]
 PROFILE_KINDS: tuple[str, ...] = ("active", "idle", "offcpu")
+# A JSON path into a stored window, or sum(path) over an object's values; names only, so safe to inline in SQL.
+_FIELD_RE = re.compile(r"(\$(?:\.[a-z_][a-z0-9_]*)+)|sum\((\$(?:\.[a-z_][a-z0-9_]*)+)\)")
 
 
 class StoreError(RuntimeError):
@@ -146,6 +149,18 @@ class StoredTarget:
     windows: int
     first_start: float
     last_end: float
+
+
+@dataclass(frozen=True)
+class BucketAggregate:
+    """Store.aggregate()'s answer for one time bucket: per field, the sum, non-null count and max of its windows."""
+
+    start: float
+    windows: int
+    seconds: float
+    sums: dict[str, float | None]
+    counts: dict[str, int]
+    maxes: dict[str, float | None]
 
 
 @dataclass(frozen=True)
@@ -430,6 +445,37 @@ class Store:
         finally:
             conn.execute("COMMIT")
         return [_join(data, profiles.get(wid, {}), with_profiles) for wid, data in rows]
+
+    def aggregate(self, target: str, since: float, until: float, bucket_seconds: float,
+                  fields: Mapping[str, str]) -> list[BucketAggregate]:
+        """The target's windows starting in [since, until) grouped into buckets of `bucket_seconds` (aligned to
+        multiples of it), oldest first. `fields` maps a name to a JSON path in the stored window ("$.gc.pause_seconds")
+        or to "sum($.path)", the sum of an object's values; each gets its sum, non-null count and max per bucket.
+        Computed inside SQLite: the page asks for weeks of windows and must not decode each in Python."""
+        if not bucket_seconds > 0:
+            raise ValueError(f"bucket_seconds must be > 0, got {bucket_seconds!r}")
+        columns = []
+        for name, spec in fields.items():
+            m = _FIELD_RE.fullmatch(spec)
+            if m is None:
+                raise ValueError(f"field {name!r} must be a JSON path like '$.gc.pause_seconds' or 'sum($.path)', "
+                                 f"got {spec!r}")
+            path = m.group(1) or m.group(2)
+            columns.append(f"(SELECT sum(value) FROM json_each(w.data, '{path}'))" if m.group(2)
+                           else f"json_extract(w.data, '{path}')")
+        inner = ", ".join(f"{c} AS f{i}" for i, c in enumerate(columns))
+        outer = ", ".join(f"sum(f{i}), count(f{i}), max(f{i})" for i in range(len(columns)))
+        sql = (f'SELECT CAST(start / ? AS INTEGER) AS b, count(*), sum("end" - start){", " + outer if outer else ""} '
+               f'FROM (SELECT w.start AS start, w."end" AS "end"{", " + inner if inner else ""} FROM windows w '
+               f"JOIN targets t ON t.id = w.target_id WHERE t.name = ? AND w.start >= ? AND w.start < ?) "
+               f"GROUP BY b ORDER BY b")
+        rows = self._reader().execute(sql, (bucket_seconds, target, since, until)).fetchall()
+        names = list(fields)
+        return [BucketAggregate(start=b * bucket_seconds, windows=n, seconds=secs,
+                                sums={k: row[3 + 3 * i] for i, k in enumerate(names)},
+                                counts={k: row[4 + 3 * i] for i, k in enumerate(names)},
+                                maxes={k: row[5 + 3 * i] for i, k in enumerate(names)})
+                for row in rows for b, n, secs in [row[:3]]]
 
     def latest(self, target: str) -> Window | None:
         found = self.windows(target=target, limit=1)

@@ -132,12 +132,12 @@ def bench_batch(args: argparse.Namespace) -> list[dict]:
         with launched_server("--device", args.device, "--max-batch", str(max_batch)) as server:
             closed_loop(server.url, 2, 2, prompt, 8)  # warm-up
             for concurrency in args.concurrency:
-                steps0 = _metric_sum(server.url, "workload:batch_size_count")
-                seqs0 = _metric_sum(server.url, "workload:batch_size_sum")
+                steps0 = _metric_sum(server.url, "workload_batch_size_count")
+                seqs0 = _metric_sum(server.url, "workload_batch_size_sum")
                 start = time.perf_counter()
                 results = closed_loop(server.url, concurrency, args.seconds, prompt, args.tokens)
                 elapsed = time.perf_counter() - start
-                steps = _metric_sum(server.url, "workload:batch_size_count") - steps0
+                steps = _metric_sum(server.url, "workload_batch_size_count") - steps0
                 ok = [r for r in results if r.ok]
                 rows.append({
                     "max_batch": max_batch, "concurrency": concurrency, "requests": len(ok),
@@ -145,7 +145,7 @@ def bench_batch(args: argparse.Namespace) -> list[dict]:
                     "tokens_per_s": sum(len(r.token_ids) for r in ok) / elapsed,
                     "p50_ms": percentile([r.latency_s for r in ok], 50) * 1000,
                     "p99_ms": percentile([r.latency_s for r in ok], 99) * 1000,
-                    "mean_batch": (_metric_sum(server.url, "workload:batch_size_sum") - seqs0) / max(steps, 1),
+                    "mean_batch": (_metric_sum(server.url, "workload_batch_size_sum") - seqs0) / max(steps, 1),
                 })
                 print(f"  {rows[-1]}", file=sys.stderr)
     return rows

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from analysis.regression import Regression
 
@@ -58,7 +58,7 @@ def alert_labels(reg: Regression, host: str) -> dict[str, str]:
 
 
 def regression_url(reg: Regression, external_url: str) -> str:
-    return f"{external_url}/#regression-{reg.id}"
+    return f"{external_url}/regressions/{quote(reg.id, safe='')}"
 
 
 def flamegraph_url(reg: Regression, external_url: str, now: float) -> str:

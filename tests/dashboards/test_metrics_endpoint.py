@@ -15,7 +15,7 @@ def test_probe_series_for_the_target(client):
     assert s[("infersight_offcpu_seconds_total", (("target", "server"),))] == 2.5
     assert s[("infersight_gc_collections_total", (("target", "server"),))] == 3
     assert s[("infersight_tcp_retransmits_total", (("target", "server"),))] == 2
-    assert s[("infersight_request_latency_seconds", (("quantile", "0.99"), ("target", "server")))] == 0.12
+    assert s[("infersight_request_latency_seconds", (("percentile", "p99"), ("target", "server")))] == 0.12
 
 
 def test_histograms_are_cumulative_in_seconds(client):

@@ -98,8 +98,8 @@ def test_batching_happened_and_metrics_use_vllm_names(server) -> None:
     assert generated == 6 * 30
     prompt = sample(after, "vllm:prompt_tokens_total") - sample(before, "vllm:prompt_tokens_total")
     assert prompt == 6 * len(tokenizer.encode("batch me"))
-    steps = sample(after, "workload:batch_size_count") - sample(before, "workload:batch_size_count")
-    tokens_in_steps = sample(after, "workload:batch_size_sum") - sample(before, "workload:batch_size_sum")
+    steps = sample(after, "workload_batch_size_count") - sample(before, "workload_batch_size_count")
+    tokens_in_steps = sample(after, "workload_batch_size_sum") - sample(before, "workload_batch_size_sum")
     assert tokens_in_steps == 6 * 30
     assert steps < 6 * 30, "six concurrent requests never shared a decode step"
     # Each request is prefilled once (its 9 prompt tokens) and then decoded one token per step.
@@ -198,7 +198,7 @@ def test_full_queue_answers_429_with_retry_after(server_factory) -> None:
     assert all(r == "1" for s, r in zip(statuses, retry_after) if s == 429)
     assert complete(small.url, "queue drained", 3).ok
     rejected = [line for line in metrics_text(small.url).splitlines()
-                if line.startswith("workload:requests_rejected_total") and 'reason="queue_full"' in line]
+                if line.startswith("workload_requests_rejected_total") and 'reason="queue_full"' in line]
     assert rejected and float(rejected[0].rsplit(" ", 1)[1]) == statuses.count(429)
 
 

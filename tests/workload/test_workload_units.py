@@ -90,7 +90,7 @@ def test_metrics_use_vllm_names_on_the_given_registry() -> None:
     for name in ("vllm:e2e_request_latency_seconds_bucket", "vllm:time_to_first_token_seconds_bucket",
                  "vllm:time_per_output_token_seconds_bucket", "vllm:prompt_tokens_total",
                  "vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "workload:batch_size_bucket", "vllm:iteration_tokens_total_bucket"):
+                 "workload_batch_size_bucket", "vllm:iteration_tokens_total_bucket"):
         assert name in text, name
     assert 'vllm:prompt_tokens_total{model_name="m"} 3.0' in text
     # Nothing leaked into the default registry at import or creation.

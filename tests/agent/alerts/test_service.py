@@ -62,7 +62,7 @@ def test_firing_then_resolved_with_labels_annotations_and_key(receivers, service
     assert alert["labels"] == {"alertname": "InferenceLatencyRegression", "target": "workload", "host": "h1",
                                "cause": "gc", "severity": "warning", "regression": "reg-1"}
     assert alert["annotations"]["description"].startswith("1. gc (0.80): gc evidence")
-    assert alert["annotations"]["regression_url"] == "http://infersight.test:9464/#regression-reg-1"
+    assert alert["annotations"]["regression_url"] == "http://infersight.test:9464/regressions/reg-1"
     assert "/api/flamegraph/diff?target=workload" in alert["annotations"]["flamegraph_url"]
     assert alert["endsAt"] == "0001-01-01T00:00:00Z" and resolved["alerts"][0]["endsAt"] != alert["endsAt"]
     assert alert["fingerprint"] == resolved["alerts"][0]["fingerprint"]

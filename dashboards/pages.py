@@ -1,0 +1,69 @@
+"""The pages beyond the overview: a target's charts, regressions, the flame graph viewer; and their small JSON helpers."""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, abort, current_app, jsonify, render_template
+
+from dashboards import findings
+
+bp = Blueprint("pages", __name__)
+
+ENDPOINTS = {
+    "/api/overview": "every target's state, latest p50/p99 against the expected band, sparklines, sources, open regressions",
+    "/api/status": "the agent's state: targets, sources, the latest window's figures",
+    "/api/series?target=&range=15m|1h|6h|24h|7d (or from=&to=)&points=": "a target's charts, downsampled",
+    "/api/offcpu?target=&range= (or from=&to=)&points=": "off-CPU seconds per second by wait kind, up to 24 h",
+    "/api/windows?target=&since=&until=&limit=": "stored windows, whole",
+    "/api/targets": "stored targets and their time span",
+    "/api/regressions?target=&open=1&limit=": "regression episodes, newest first",
+    "/api/regressions/<id>": "one episode",
+    "/api/alerts": "alert receivers and their delivery state",
+    "/api/flamegraph?target=&kind=&from=&to=&format=folded|svg|speedscope|pprof": "flame graph exports",
+    "/api/flamegraph/diff?target=&kind=&baseline_from=&baseline_to=&from=&to=&format=svg|folded|json": "differential",
+    "/api/flamegraph/tree?target=&kind=&from=&to=[&baseline_from=&baseline_to=]": "d3-flame-graph JSON",
+    "/debug/pprof/profile?target=&seconds=": "pprof pull, like Go's net/http/pprof",
+}
+
+
+@bp.get("/targets/<name>")
+def target(name: str):
+    return render_template("target.html", target=name, interval=current_app.config.get("INTERVAL_SECONDS") or 5.0)
+
+
+@bp.get("/regressions")
+def regressions():
+    return render_template("regressions.html")
+
+
+@bp.get("/regressions/<rid>")
+def regression(rid: str):
+    return render_template("regression.html", rid=rid)
+
+
+@bp.get("/flamegraph")
+def flamegraph():
+    return render_template("flamegraph.html")
+
+
+@bp.get("/api/")
+def api_docs():
+    return jsonify({"endpoints": ENDPOINTS, "docs": "docs/api.md in the infersight source tree"})
+
+
+@bp.get("/api/regressions/<rid>")
+def regression_json(rid: str):
+    store = current_app.config["STORE"]
+    if store is None:
+        abort(503, description="no store is configured")
+    found = store.regression(rid)
+    if found is None:
+        abort(404, description=f"no regression with id {rid!r}")
+    return jsonify(findings.regression_view(found, time.time()))
+
+
+@bp.errorhandler(404)
+@bp.errorhandler(503)
+def _json_error(err):
+    return jsonify(error=err.description), err.code

@@ -1,0 +1,189 @@
+"""Time series of stored windows for the charts, downsampled in SQLite and cached as minute buckets for long ranges."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+log = logging.getLogger("infersight.page")
+
+# name -> JSON path in a stored window (Store.aggregate's field syntax).
+FIELDS: dict[str, str] = {
+    "p50": "$.latency.p50_seconds",
+    "p95": "$.latency.p95_seconds",
+    "p99": "$.latency.p99_seconds",
+    "rate": "$.latency.request_rate",
+    "cpu": "$.process.cpu_seconds",
+    "rss": "$.process.rss_bytes",
+    "offcpu": "$.offcpu.seconds",
+    "gc_pause": "$.gc.pause_seconds",
+    "gc_collections": "$.gc.collections",
+    "tcp": "$.tcp.retransmits",
+    "runqueue": "$.runqueue.total_seconds",
+    "syscalls": "sum($.syscalls.counts)",
+}
+# What the charts plot, in display units: how each comes from a bucket's sums, counts, maxes and seconds.
+SERIES: dict[str, str] = {
+    "p50_ms": "mean latency p50 of the windows, ms",
+    "p95_ms": "mean latency p95 of the windows, ms",
+    "p99_ms": "mean latency p99 of the windows, ms",
+    "p99_max_ms": "worst window's latency p99, ms",
+    "request_rate": "requests per second",
+    "cpu_cores": "CPU seconds per second (1 = one core)",
+    "rss_mb": "largest resident memory, MiB",
+    "syscalls_per_s": "system calls per second",
+    "offcpu_per_s": "off-CPU seconds per second, summed over threads",
+    "gc_pause_ms_per_s": "GC pause ms per second",
+    "gc_collections_per_s": "GC collections per second",
+    "tcp_retransmits_per_s": "TCP retransmits per second",
+    "runqueue_ms_per_s": "run-queue wait ms per second, summed over threads",
+}
+MINUTE = 60.0
+# Ranges up to this long are aggregated straight from the store; longer ones from the minute cache.
+DIRECT_MAX_SECONDS = 3 * 3600.0
+# A bucket is final once no window starting in it can still arrive (a window is stored when it ends).
+SETTLE_SECONDS = 2 * MINUTE + 60.0
+CACHE_MAX_SECONDS = 8 * 86400.0
+MAX_POINTS = 2000
+
+
+class AggregatingStore(Protocol):
+    def aggregate(self, target: str, since: float, until: float, bucket_seconds: float,
+                  fields: dict[str, str]) -> list[Any]: ...
+
+
+@dataclass
+class Bucket:
+    start: float
+    windows: int
+    seconds: float
+    sums: dict[str, float]
+    counts: dict[str, int]
+    maxes: dict[str, float | None]
+
+    @classmethod
+    def of(cls, agg: Any) -> Bucket:
+        return cls(agg.start, agg.windows, agg.seconds, {k: v or 0.0 for k, v in agg.sums.items()},
+                   dict(agg.counts), dict(agg.maxes))
+
+    def add(self, other: Bucket) -> None:
+        self.windows += other.windows
+        self.seconds += other.seconds
+        for k in self.sums:
+            self.sums[k] += other.sums[k]
+            self.counts[k] += other.counts[k]
+            a, b = self.maxes[k], other.maxes[k]
+            self.maxes[k] = b if a is None else a if b is None else max(a, b)
+
+
+def derive(b: Bucket) -> dict[str, float | None]:
+    """A bucket's chart values; a field no window measured is None, never 0."""
+
+    def mean(k: str, scale: float = 1.0) -> float | None:
+        return b.sums[k] / b.counts[k] * scale if b.counts[k] else None
+
+    def per_s(k: str, scale: float = 1.0) -> float | None:
+        return b.sums[k] / b.seconds * scale if b.counts[k] and b.seconds > 0 else None
+
+    def peak(k: str, scale: float = 1.0) -> float | None:
+        return b.maxes[k] * scale if b.counts[k] and b.maxes[k] is not None else None
+
+    return {"p50_ms": mean("p50", 1e3), "p95_ms": mean("p95", 1e3), "p99_ms": mean("p99", 1e3),
+            "p99_max_ms": peak("p99", 1e3), "request_rate": mean("rate"), "cpu_cores": per_s("cpu"),
+            "rss_mb": peak("rss", 1 / 2**20), "syscalls_per_s": per_s("syscalls"), "offcpu_per_s": per_s("offcpu"),
+            "gc_pause_ms_per_s": per_s("gc_pause", 1e3), "gc_collections_per_s": per_s("gc_collections"),
+            "tcp_retransmits_per_s": per_s("tcp"), "runqueue_ms_per_s": per_s("runqueue", 1e3)}
+
+
+class Rollup:
+    """Minute buckets per target, kept in memory once final: a week is 10,080 small records per target.
+
+    One contiguous cached span per target, [lo, hi); a request extends it at either end and reads the unsettled
+    tail fresh. Decoding a week of window JSON takes seconds, which is why it is done once, not per request.
+    """
+
+    def __init__(self, store: AggregatingStore, clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._spans: dict[str, tuple[float, float]] = {}
+        self._buckets: dict[str, dict[float, Bucket]] = {}
+        self.warm_error: str | None = None
+
+    def minute_buckets(self, target: str, since: float, until: float) -> list[Bucket]:
+        since = math.floor(since / MINUTE) * MINUTE
+        final = math.floor((self._clock() - SETTLE_SECONDS) / MINUTE) * MINUTE
+        with self._lock:
+            cached = self._buckets.setdefault(target, {})
+            lo, hi = self._spans.get(target, (final, final))
+            start = max(since, final - CACHE_MAX_SECONDS)
+            if start < lo:
+                self._fill(target, cached, start, lo)
+                lo = start
+            if hi < final:
+                self._fill(target, cached, hi, final)
+                hi = final
+            for old in [s for s in cached if s < final - CACHE_MAX_SECONDS]:
+                del cached[old]
+            lo = max(lo, final - CACHE_MAX_SECONDS)
+            self._spans[target] = (lo, hi)
+            found = [cached[s] for s in sorted(cached) if since <= s < until]
+        if until > hi:
+            found += [Bucket.of(a) for a in self._store.aggregate(target, max(hi, since), until, MINUTE, FIELDS)]
+        return found
+
+    def _fill(self, target: str, cached: dict[float, Bucket], since: float, until: float) -> None:
+        # A day at a time: each query holds a read transaction briefly, and the agent's writer is not starved.
+        t = since
+        while t < until:
+            end = min(until, t + 86400.0)
+            for a in self._store.aggregate(target, t, end, MINUTE, FIELDS):
+                cached[a.start] = Bucket.of(a)
+            t = end
+
+    def warm(self, targets: list[str], seconds: float = 7 * 86400.0) -> None:
+        """Build the cache for the last `seconds` (run on a background thread). A failure is kept in
+        `warm_error` and logged: the requests that follow build what they need themselves."""
+        now = self._clock()
+        try:
+            for target in targets:
+                self.minute_buckets(target, now - seconds, now)
+        except (sqlite3.Error, OSError) as exc:
+            self.warm_error = f"{type(exc).__name__}: {exc}"
+            log.warning("chart cache warm-up failed: %s", self.warm_error)
+
+
+def series(store: AggregatingStore, rollup: Rollup | None, target: str, since: float, until: float,
+           points: int, min_step: float = 1.0) -> dict[str, Any]:
+    """Aligned arrays for uPlot: bucket starts and one array per SERIES name, at most `points` long.
+
+    Buckets are never shorter than `min_step` (the collection interval): shorter ones would alternate between
+    holding one window and none. Without a rollup every range is read straight from the store."""
+    span = until - since
+    step = max(span / points, min_step)
+    if span <= DIRECT_MAX_SECONDS or rollup is None:
+        buckets = [Bucket.of(a) for a in store.aggregate(target, since, until, step, FIELDS)]
+    else:
+        step = math.ceil(step / MINUTE) * MINUTE
+        merged: dict[float, Bucket] = {}
+        for b in rollup.minute_buckets(target, since, until):
+            key = math.floor(b.start / step) * step
+            if key in merged:
+                merged[key].add(b)
+            else:
+                merged[key] = Bucket(key, b.windows, b.seconds, dict(b.sums), dict(b.counts), dict(b.maxes))
+        buckets = [merged[k] for k in sorted(merged)]
+    rows = [derive(b) for b in buckets]
+    return {"target": target, "from": since, "to": until, "step": step,
+            "t": [b.start for b in buckets], "windows": [b.windows for b in buckets],
+            "series": {name: [_round(r[name]) for r in rows] for name in SERIES}}
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else float(f"{v:.4g}")

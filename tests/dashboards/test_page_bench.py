@@ -1,0 +1,30 @@
+"""The page's performance bounds: p99 under 100 ms at 50 requests/s while the agent collects, and a 7-day chart in
+under 1 s from a synthetic week (tests/dashboards/bench_page.py runs them longer; figures in docs/BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.dashboards.bench_page import run_load, run_week
+
+P99_BOUND_MS = 100.0
+RENDER_BOUND_MS = 1000
+
+
+@pytest.mark.slow
+@pytest.mark.bpf
+@pytest.mark.workload
+def test_page_api_and_metrics_hold_p99_under_100ms_at_50_rps(require_bpf, tmp_path):
+    result = run_load(rate=50, duration=60, settle=5, workdir=tmp_path)
+    assert result["all"]["errors"] == 0, result["all"]["first_errors"]
+    slow = {r["path"]: r["p99_ms"] for r in result["by_path"] if r["p99_ms"] >= P99_BOUND_MS}
+    assert not slow, (slow, result)
+    assert result["agent"]["windows_written"] >= 12, "the agent kept collecting under the load"
+
+
+@pytest.mark.slow
+def test_seven_day_range_renders_under_a_second(tmp_path):
+    result = run_week(tmp_path / "week")
+    assert result["windows"] == 7 * 86400 // 5 and result["browser_points"] > 500
+    assert min(result["warm_api_seconds"]) < RENDER_BOUND_MS / 1000, result
+    assert min(result["browser_render_ms"]) < RENDER_BOUND_MS, result

@@ -1,0 +1,134 @@
+"""/api/overview, /api/series, /api/flamegraph/tree, the new pages' JSON helpers and the security headers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agent.detection import DetectionSnapshot, TargetFinding
+from agent.state import AgentState
+from analysis.health import Health
+from analysis.snapshot import TargetStatus
+from dashboards.app import create_app
+from dashboards.security import CSP
+from dashboards.series import Rollup, series
+from tests.dashboards.synthetic import HOSTILE_FRAME, fill, regression
+
+NOW = time.time()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    s = fill(tmp_path_factory.mktemp("series") / "store", NOW, 3600, slow_from=NOW - 600)
+    s.save_regression(regression("server", NOW - 540))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def client(store):
+    state = AgentState()
+    state.set_target(TargetStatus(name="server", pid=4242, state="watching", since=NOW - 3600))
+    state.set_health("syscalls", Health(name="syscalls", state="running"))
+    state.record_window(store.latest("server"))
+    snap = DetectionSnapshot(findings={"server": TargetFinding("server", "regression", 9.0, {"p50": 0.05, "p99": 0.12},
+                                                               store.regressions()[0], NOW)})
+    return create_app({"STATE": state, "STORE": store, "FINDINGS": lambda: snap, "INTERVAL_SECONDS": 5.0}).test_client()
+
+
+def test_series_downsamples_and_shows_the_slowdown(client):
+    data = client.get("/api/series?target=server&range=1h&points=60").get_json()
+    assert len(data["t"]) <= 61 and data["step"] == 60
+    p50 = data["series"]["p50_ms"]
+    assert 49 < p50[0] < 56 and 89 < p50[-2] < 96, p50  # 50 ms, then 90 ms in the last ten minutes
+    assert data["series"]["cpu_cores"][0] == pytest.approx(0.7, abs=0.1)
+    assert data["expected_ms"] == {"p50": 50.0, "p99": 120.0}
+    assert [r["top_cause"] for r in data["regressions"]] == ["gc"]
+    assert set(data["series"]) == set(data["units"])
+
+
+def test_unmeasured_fields_are_null_not_zero(client, store):
+    data = client.get(f"/api/series?target=server&from={NOW - 7200}&to={NOW - 3700}").get_json()
+    assert data["t"] == [] or all(v is None for v in data["series"]["p99_ms"])
+
+
+def test_minute_rollup_gives_the_same_answer_as_the_store(store):
+    direct = series(store, None, "server", NOW - 3600, NOW, 30)
+    clock = {"now": NOW}
+    rolled = Rollup(store, clock=lambda: clock["now"])
+    # Force the rollup path (it serves ranges above 3 h) by asking it for its minute buckets directly.
+    minutes = rolled.minute_buckets("server", NOW - 3600, NOW)
+    assert sum(b.windows for b in minutes) == sum(direct["windows"])
+    again = rolled.minute_buckets("server", NOW - 3600, NOW)
+    assert [b.start for b in again] == [b.start for b in minutes]
+
+
+def test_overview_has_state_band_and_sparkline(client):
+    data = client.get("/api/overview").get_json()
+    (t,) = data["targets"]
+    assert t["status"] == "regression open" and t["expected_ms"]["p99"] == 120.0
+    assert len(t["sparkline"]["t"]) >= 50 and t["sparkline"]["p99_ms"][-1] > 150
+    assert data["regressions"][0]["target"] == "server"
+
+
+def test_flame_tree_and_its_diff(client):
+    tree = client.get(f"/api/flamegraph/tree?target=server&from={NOW - 600}").get_json()
+    assert tree["total"] > 0 and tree["tree"]["name"] == "all"
+    serve = tree["tree"]["children"][0]
+    assert serve["name"] == "serve (server.py:10)"
+    assert HOSTILE_FRAME in [c["name"] for c in serve["children"]]  # JSON carries it as data; the page makes it text
+    diff = client.get(f"/api/flamegraph/tree?target=server&from={NOW - 540}&baseline_from={NOW - 3600}"
+                      f"&baseline_to={NOW - 700}").get_json()
+    step = {c["name"]: c for c in diff["tree"]["children"][0]["children"]}["step (engine.py:40)"]
+    kids = {c["name"]: c["delta"] for c in step["children"]}
+    assert kids["decode (model.py:88)"] > 0 > kids["tokenize (tok.py:12)"]
+
+
+@pytest.mark.parametrize("query, code, says", [
+    ("/api/series?target=nobody", 404, "nobody"),
+    ("/api/series?target=server&range=2y", 400, "range must be one of"),
+    ("/api/series?target=server&points=5", 400, "points must be an integer"),
+    ("/api/series?target=server&from=10&to=5", 400, "from must be before to"),
+    ("/api/series?target=server&from=nan", 400, "finite"),
+    ("/api/series?target=server&from=0&to=9999999", 400, "at most 8 days"),
+    ("/api/flamegraph/tree?target=server&kind=x", 400, "kind must be one of"),
+    ("/api/flamegraph/tree?target=server&from=zz", 400, "'zz'"),
+    ("/api/regressions/nope", 404, "no regression with id 'nope'"),
+])
+def test_bad_input_gets_one_clear_line(client, query, code, says):
+    resp = client.get(query)
+    assert resp.status_code == code and says in resp.get_json()["error"]
+
+
+def test_every_page_has_a_strict_csp(client, store):
+    rid = store.regressions()[0].id
+    for path in ("/", "/targets/server", "/regressions", f"/regressions/{rid}", "/flamegraph", "/api/overview"):
+        resp = client.get(path)
+        assert resp.status_code == 200, path
+        assert resp.headers["Content-Security-Policy"] == CSP and "'unsafe-inline'" not in CSP
+        assert resp.headers["X-Content-Type-Options"] == "nosniff"
+        if resp.mimetype == "text/html":
+            html = resp.get_data(as_text=True)
+            assert "<script>" not in html and "style=" not in html and "http://" not in html.split("</header>")[1], path
+    svg = client.get("/api/flamegraph?target=server&format=svg")
+    assert svg.headers["Content-Security-Policy"].startswith("sandbox allow-scripts")
+
+
+def test_target_name_in_the_page_is_escaped(client):
+    html = client.get('/targets/%3Cimg%20src=x%20onerror=%22alert(1)%22%3E').get_data(as_text=True)
+    assert "<img" not in html and "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in html
+
+
+def test_alerts_api_says_when_delivery_is_not_configured(client):
+    r = client.get("/api/alerts")
+    assert r.status_code == 503 and r.get_json() == {"error": "this agent delivers no alerts"}
+
+
+def test_offcpu_by_wait_kind(client):
+    data = client.get("/api/offcpu?target=server&range=1h&points=12").get_json()
+    assert list(data["kinds"]) == ["lock (futex)"] and len(data["t"]) == 12
+    # 800 us of futex wait per 5 s window: 160 us per second.
+    assert data["kinds"]["lock (futex)"][3] == pytest.approx(0.00016, rel=0.05)
+    resp = client.get("/api/offcpu?target=server&range=7d")
+    assert resp.status_code == 400 and "at most 24 hours" in resp.get_json()["error"]
