@@ -212,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     reset.add_argument("--config", metavar="FILE", help="agent config (store location)")
     reset.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
     reset.set_defaults(func=_cmd_baseline_reset)
+
+    from agent.loadtest.command import add_parser as add_loadtest
+
+    add_loadtest(sub)
     return parser
 
 
