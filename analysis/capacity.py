@@ -10,7 +10,9 @@ from typing import Any
 THREAD_CPU_SATURATED = 0.85  # cores used by the busiest thread: one Python thread cannot use more than 1
 PROCESS_CPU_SATURATED = 0.85  # share of the host's cores the whole process uses
 GC_PAUSE_SATURATED = 0.05  # share of wall time the interpreter spent in GC pauses
-RUNQ_WAIT_SATURATED = 0.20  # seconds per second the server's threads sat runnable but not running
+# Seconds the server's threads sat runnable but not running, per second they ran: at 1 they wait
+# for a CPU as long as they use one (a host whose other work takes half of every core reads ~0.5).
+RUNQ_WAIT_PER_CPU_SATURATED = 1.0
 SYSCALLS_PER_REQUEST_SATURATED = 5000.0  # a streamed completion needs tens to hundreds, not thousands
 RETRANSMITS_PER_REQUEST_SATURATED = 0.05  # one retransmit in twenty requests stalls p95 by an RTO (200 ms+)
 BLOCKED_OFFCPU_SATURATED = 0.40  # hottest thread off-CPU this share of wall while requests queued
@@ -173,6 +175,12 @@ def _score(value: float | None, threshold: float) -> float:
     return 0.0 if value is None else value / threshold
 
 
+def _runq_per_cpu(step: StepFigures) -> float | None:
+    if step.runq_wait_per_s is None or step.cpu_cores is None:
+        return None
+    return step.runq_wait_per_s / max(step.cpu_cores, 0.05)  # an idle server's tiny CPU must not inflate it
+
+
 def _per_request(total: float | None, step: StepFigures) -> float | None:
     return None if total is None or not step.ok else total / step.ok
 
@@ -206,8 +214,11 @@ def candidates(good: StepFigures | None, bad: StepFigures) -> list[Candidate]:
         [Evidence("TCP retransmits per request", retrans_good, retrans_bad, RETRANSMITS_PER_REQUEST_SATURATED, "")],
         "lost segments made responses wait for retransmission timeouts"))
     out.append(Candidate(
-        "CPU contention (run queue)", "run-queue wait", _score(bad.runq_wait_per_s, RUNQ_WAIT_SATURATED),
-        [Evidence("run-queue wait", g.runq_wait_per_s, bad.runq_wait_per_s, RUNQ_WAIT_SATURATED, "s/s"),
+        "CPU contention (run queue)", "run-queue wait per CPU second",
+        _score(_runq_per_cpu(bad), RUNQ_WAIT_PER_CPU_SATURATED),
+        [Evidence("run-queue wait per CPU second", _runq_per_cpu(g), _runq_per_cpu(bad), RUNQ_WAIT_PER_CPU_SATURATED,
+                  "s/s"),
+         Evidence("run-queue wait", g.runq_wait_per_s, bad.runq_wait_per_s, None, "s/s"),
          Evidence("run-queue p99", g.runq_p99_us, bad.runq_p99_us, None, "us")],
         "the server's threads were runnable but waited for a CPU (other work on the host, or too many threads)"))
     blocked = (bad.busiest_thread_offcpu_share

@@ -133,9 +133,13 @@ def _relative_row(figure: str, unit: str, before: float | None, after: float | N
 
 
 def _equal_load(a: Run, b: Run) -> float | None:
-    """The highest offered rate both runs stepped through where both met the SLO (else any common rate)."""
+    """The before run's knee rate when the after run stepped through it (how the change fares at today's
+    capacity); else the highest common rate where both met the SLO; else the lowest common rate."""
     rates_a = {s.offered_rps: s for s in a.schedule}
     rates_b = {s.offered_rps: s for s in b.schedule}
+    knee = a.step(a.knee().last_good)
+    if knee is not None and knee.offered_rps in rates_b:
+        return knee.offered_rps
     common = sorted(set(rates_a) & set(rates_b))
     passing = [r for r in common if verdict(rates_a[r], a.slo) is None and verdict(rates_b[r], b.slo) is None]
     if passing:

@@ -22,6 +22,7 @@ WAIT_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("preempted", ("irqentry_exit", "exit_to_user_mode", "preempt_schedule")),
 )
 MIN_REQUESTS_TO_STOP = 20  # fewer finished + pending requests say too little about a p95
+MIN_SECONDS_TO_STOP = 5.0  # the first seconds of a step carry the previous step's tail
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -45,7 +46,7 @@ def clearly_broken(slo: Slo, finished: list[Outcome], pending: list[float], elap
     A request still in flight whose age passed the SLO will finish over it, so it counts as over.
     """
     total = len(finished) + len(pending)
-    if total < MIN_REQUESTS_TO_STOP:
+    if total < MIN_REQUESTS_TO_STOP or elapsed < MIN_SECONDS_TO_STOP:
         return None
     errors = sum(1 for o in finished if o.kind != "ok")
     if errors >= 5 and errors / total > max(3 * slo.max_error_rate, 0.05):
