@@ -175,6 +175,14 @@ def _score(value: float | None, threshold: float) -> float:
     return 0.0 if value is None else value / threshold
 
 
+def _blocked_share(step: StepFigures) -> float | None:
+    """Share of wall time the busiest thread slept (not runnable): off-CPU time counts preemption too,
+    so the process's run-queue wait (an upper bound of that thread's) is taken off."""
+    if step.busiest_thread_offcpu_share is None:
+        return None
+    return max(0.0, step.busiest_thread_offcpu_share - (step.runq_wait_per_s or 0.0))
+
+
 def _runq_per_cpu(step: StepFigures) -> float | None:
     if step.runq_wait_per_s is None or step.cpu_cores is None:
         return None
@@ -221,10 +229,10 @@ def candidates(good: StepFigures | None, bad: StepFigures) -> list[Candidate]:
          Evidence("run-queue wait", g.runq_wait_per_s, bad.runq_wait_per_s, None, "s/s"),
          Evidence("run-queue p99", g.runq_p99_us, bad.runq_p99_us, None, "us")],
         "the server's threads were runnable but waited for a CPU (other work on the host, or too many threads)"))
-    blocked = (bad.busiest_thread_offcpu_share
+    blocked = (_blocked_share(bad)
                if bad.queue_waiting_mean is not None and bad.queue_waiting_mean >= QUEUE_WAITING_BLOCKED else None)
-    lock_ev = [Evidence("busiest thread off-CPU share", g.busiest_thread_offcpu_share, bad.busiest_thread_offcpu_share,
-                        BLOCKED_OFFCPU_SATURATED, "share"),
+    lock_ev = [Evidence("busiest thread blocked share (off-CPU less run-queue wait)", _blocked_share(g),
+                        _blocked_share(bad), BLOCKED_OFFCPU_SATURATED, "share"),
                Evidence("queue waiting mean", g.queue_waiting_mean, bad.queue_waiting_mean, QUEUE_WAITING_BLOCKED,
                         "requests")]
     lock_ev += [Evidence(f"off-CPU in {k}", g.offcpu_by_kind.get(k), v, None, "s/s")

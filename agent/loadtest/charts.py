@@ -61,7 +61,8 @@ def line_chart(chart_id: str, title: str, x_label: str, y_label: str, series: li
     if not xs or not [s for s in series if any(y is not None for _, y in s.points)]:
         return (head + f'<text class="empty" x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle" font-size="12" '
                 f'fill="#888">{escape(empty_reason)}</text></svg>')
-    x0, x1 = min(0.0, min(xs)), max(xs) or 1.0
+    span = (max(xs) - min(xs)) or max(abs(max(xs)), 1.0)
+    x0, x1 = min(xs) - 0.08 * span, max(xs) + 0.08 * span  # room for the end points and marker labels
     y1 = _nice_max(max(ys) if ys else 1.0)
     pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
@@ -90,9 +91,11 @@ def line_chart(chart_id: str, title: str, x_label: str, y_label: str, series: li
                          f'stroke="{m.color}" stroke-dasharray="5,3"/><text x="{LEFT + pw - 2}" y="{py(m.at) - 3:.1f}" '
                          f'text-anchor="end" font-size="10" fill="{m.color}">{escape(m.label)}</text>')
         else:
+            right = px(m.at) > LEFT + pw * 0.75  # a label near the right edge goes left of its line
             parts.append(f'<line class="marker" x1="{px(m.at):.1f}" x2="{px(m.at):.1f}" y1="{TOP}" y2="{TOP + ph}" '
-                         f'stroke="{m.color}" stroke-dasharray="5,3"/><text x="{px(m.at) + 3:.1f}" y="{TOP + 10}" '
-                         f'font-size="10" fill="{m.color}">{escape(m.label)}</text>')
+                         f'stroke="{m.color}" stroke-dasharray="5,3"/><text x="{px(m.at) + (-3 if right else 3):.1f}" '
+                         f'y="{TOP + 10}" text-anchor="{"end" if right else "start"}" font-size="10" '
+                         f'fill="{m.color}">{escape(m.label)}</text>')
     for i, s in enumerate(series):
         color = COLORS[i % len(COLORS)]
         pts = [(px(x), py(y)) for x, y in sorted(s.points) if y is not None]

@@ -134,3 +134,13 @@ def test_step_round_trips_through_dict():
     data = s.to_dict()
     assert data["error_rate"] == 0.02
     assert StepFigures.from_dict(data) == s
+
+
+def test_preemption_is_not_mistaken_for_a_lock():
+    # Off-CPU 60 % of the time, but 55 % of it runnable and waiting for a CPU: contention, not a lock.
+    contended = step(1, 8, p95=2.0, busiest_thread_cores=0.4, busiest_thread_offcpu_share=0.6, queue_waiting_mean=3.0,
+                     runq_wait_per_s=0.55, cpu_cores=0.45)
+    b = name_bottleneck(step(0, 4), contended)
+    assert b.resource == "CPU contention (run queue)"
+    lock = next(c for c in b.candidates if c.resource == "lock / blocking wait")
+    assert lock.score == pytest.approx(0.05 / BLOCKED_OFFCPU_SATURATED)
