@@ -49,13 +49,11 @@ class Options:
 
 
 def _listening_ports(proc: psutil.Process) -> set[int]:
-    ports: set[int] = set()
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            ports |= {c.laddr.port for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return ports
+    """The TCP ports the process itself listens on (a pre-fork server's workers hold the socket too).
+
+    Its children are not asked: a parent that started the server (a shell, a test) is not the server.
+    """
+    return {c.laddr.port for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
 
 
 def check_target(endpoint: Endpoint, sampler: ServerSampler, pid: int | None, shape: Shape) -> None:
