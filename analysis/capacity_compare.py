@@ -78,8 +78,11 @@ class Row:
     after: float | None
     noise: float | None  # relative (or absolute for error rate), the larger of the two runs'
     threshold: float | None  # the difference that counts as real, in the figure's own unit
-    beyond_noise: bool | None  # None: one side not measured
+    beyond_noise: bool | None  # None: one side not measured, or bounds that cannot be told apart
     note: str = ""
+    # "=" a measured value; ">=" every step met the SLO (a lower bound); "<" no step did (an upper bound).
+    before_bound: str = "="
+    after_bound: str = "="
 
     @property
     def delta(self) -> float | None:
@@ -147,14 +150,48 @@ def _equal_load(a: Run, b: Run) -> float | None:
     return common[0] if common else None
 
 
-def _under_slo(run: Run) -> tuple[StepFigures | None, str]:
-    knee = run.knee()
-    good = run.step(knee.last_good)
-    if good is None:
-        return None, f"{run.name}: no step met the SLO"
-    if knee.first_bad is None:
-        return good, f"{run.name}: every step met the SLO (a lower bound)"
-    return good, ""
+@dataclass(frozen=True)
+class Capacity:
+    """A run's capacity under the SLO: exact at a knee, a lower bound when nothing failed, an upper one when
+    even the lowest step failed (then the lowest offered rate, since capacity lies below it)."""
+
+    rps: float | None
+    tokens_per_s: float | None
+    bound: str
+
+    @staticmethod
+    def of(run: Run) -> tuple[Capacity, str]:
+        knee = run.knee()
+        good = run.step(knee.last_good)
+        if good is None:
+            low = run.step(knee.first_bad)
+            if low is None:
+                return Capacity(None, None, "="), f"{run.name}: no steps"
+            per_request = low.tokens_per_s / low.achieved_rps if low.achieved_rps else None
+            return (Capacity(low.offered_rps, None if per_request is None else per_request * low.offered_rps, "<"),
+                    f"{run.name}: no step met the SLO (capacity below {low.offered_rps:g} req/s)")
+        if knee.first_bad is None:
+            return (Capacity(good.achieved_rps, good.tokens_per_s, ">="),
+                    f"{run.name}: every step met the SLO (a lower bound)")
+        return Capacity(good.achieved_rps, good.tokens_per_s, "="), ""
+
+
+def _interval(value: float, bound: str) -> tuple[float, float]:
+    return {"=": (value, value), ">=": (value, float("inf")), "<": (0.0, value)}[bound]
+
+
+def _capacity_row(figure: str, unit: str, before: float | None, after: float | None, bounds: tuple[str, str],
+                  noise: float | None, extra: float, note: str) -> Row:
+    if bounds == ("=", "="):
+        return _relative_row(figure, unit, before, after, noise, extra, note)
+    if before is None or after is None:
+        return Row(figure, unit, before, after, noise, None, None, note or "not measured in both runs", *bounds)
+    threshold = max(max(NOISE_MARGIN * (noise or 0.0), RELATIVE_FLOOR) * abs(before), extra)
+    lo_b, hi_b = _interval(before, bounds[0])
+    lo_a, hi_a = _interval(after, bounds[1])
+    apart = hi_a < lo_b - threshold or lo_a > hi_b + threshold
+    note = "; ".join(p for p in (note, "a bound on one side" if not apart else "") if p)
+    return Row(figure, unit, before, after, noise, threshold, True if apart else None, note, *bounds)
 
 
 def compare(before: Run, after: Run) -> Comparison:
@@ -162,19 +199,19 @@ def compare(before: Run, after: Run) -> Comparison:
     notes = []
     if before.slo != after.slo:
         notes.append(f"the runs used different SLOs ({before.slo} vs {after.slo}); capacity rows use each run's own")
-    good_b, note_b = _under_slo(before)
-    good_a, note_a = _under_slo(after)
+    cap_b, note_b = Capacity.of(before)
+    cap_a, note_a = Capacity.of(after)
     notes += [n for n in (note_b, note_a) if n]
     resolution = max(before.resolution(), after.resolution())
+    bounds = (cap_b.bound, cap_a.bound)
     rows = [
-        _relative_row("max requests/s under SLO", "req/s", good_b.achieved_rps if good_b else None,
-                      good_a.achieved_rps if good_a else None,
+        _capacity_row("max requests/s under SLO", "req/s", cap_b.rps, cap_a.rps, bounds,
                       _larger(before.noise.get("achieved_rps"), after.noise.get("achieved_rps")), resolution,
                       f"a knee is known to one schedule step ({resolution:g} req/s)" if resolution else ""),
-        _relative_row("tokens/s under SLO", "tokens/s", good_b.tokens_per_s if good_b else None,
-                      good_a.tokens_per_s if good_a else None,
+        _capacity_row("tokens/s under SLO", "tokens/s", cap_b.tokens_per_s, cap_a.tokens_per_s, bounds,
                       _larger(before.noise.get("tokens_per_s"), after.noise.get("tokens_per_s")),
-                      resolution * _tokens_per_request(good_b, good_a)),
+                      resolution * _tokens_per_request(before.step(before.knee().last_good),
+                                                       after.step(after.knee().last_good)), ""),
     ]
     rate = _equal_load(before, after)
     sb = next((s for s in before.schedule if s.offered_rps == rate), None)
@@ -214,7 +251,11 @@ def format_table(c: Comparison) -> str:
         pct = "n/a" if r.delta_pct is None else f"{r.delta_pct:+.1f}%"
         noise = "n/a" if r.noise is None else (f"{r.noise:.2%}" if r.unit == "share" else f"{r.noise:.1%}")
         beyond = {True: "YES", False: "no", None: "n/a"}[r.beyond_noise]
-        lines.append(f"{r.figure:<34} {num(r.before, r.unit):>12} {num(r.after, r.unit):>12} {pct:>9} {noise:>7}  "
+        shown_b = ("" if r.before_bound == "=" else r.before_bound) + num(r.before, r.unit)
+        shown_a = ("" if r.after_bound == "=" else r.after_bound) + num(r.after, r.unit)
+        if (r.before_bound, r.after_bound) != ("=", "="):
+            pct = "n/a"
+        lines.append(f"{r.figure:<34} {shown_b:>12} {shown_a:>12} {pct:>9} {noise:>7}  "
                      f"{beyond}{'  (' + r.note + ')' if r.note else ''}")
     lines.append("")
     lines.append(f"{c.before} -> {c.after}: {c.verdict}")

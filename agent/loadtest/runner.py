@@ -157,7 +157,10 @@ class Runner:
             got["threads"], got["ended"] = (thread_cpu(o.pid) if o.pid else {}), time.monotonic()
 
         self.sampler.start()
-        load = run_step(self.endpoint, rate, seconds, o.shape, o.seed + index,
+        # A repeat sends the very arrivals of its original, so the noise it measures is the server's,
+        # as it is between two runs with the same seed.
+        seed = o.seed + (index if repeat_of is None else repeat_of)
+        load = run_step(self.endpoint, rate, seconds, o.shape, seed,
                         stop_check=lambda done, pending, t: clearly_broken(o.slo, done, pending, t),
                         interrupt=self.interrupt, on_sent=on_sent)
         fig = client_figures(index, load)

@@ -76,10 +76,23 @@ def test_error_rate_row_uses_an_absolute_threshold():
     assert row.figure == "error rate at 8 req/s offered" and row.beyond_noise is True
 
 
-def test_runs_without_a_common_rate_or_knee_say_not_measured():
+def test_a_run_that_failed_its_lowest_step_is_an_upper_bound():
     other = run("b", [step(0, 3, 3.0, 2.0)])
     c = compare(baseline(), other)
-    assert c.equal_load_rps == 3 or c.equal_load_rps is None
-    assert c.rows[0].after is None and c.rows[0].beyond_noise is None
-    assert "b: no step met the SLO" in c.notes
+    row = c.rows[0]
+    assert (row.after, row.after_bound) == (3, "<") and row.beyond_noise is True  # below 3, against 7.9 +- 4
+    assert "b: no step met the SLO (capacity below 3 req/s)" in c.notes
+    assert "<3.00" in format_table(c)
+
+
+def test_bounds_that_overlap_cannot_be_told_apart():
+    untested = run("b", [step(0, 2, 2.0, 0.3), step(1, 4, 4.0, 0.4), step(2, 4, 4.0, 0.41, repeat_of=1)])
+    c = compare(baseline(), untested)
+    row = c.rows[0]
+    assert (row.after, row.after_bound) == (4.0, ">=") and row.beyond_noise is None
     assert c.verdict == "no difference beyond noise in what both runs measured"
+
+
+def test_a_run_without_steps_is_not_measured():
+    c = compare(baseline(), run("empty", []))
+    assert c.rows[0].after is None and c.rows[0].beyond_noise is None and c.equal_load_rps is None
