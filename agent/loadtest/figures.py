@@ -65,12 +65,15 @@ def client_figures(index: int, load: StepLoad) -> StepFigures:
     if load.dropped:
         errors["dropped"] = load.dropped
     seconds = max(load.sent_s, 1e-9)
+    # Throughput is what finished while the step sent: an overloaded server's backlog, drained after
+    # the step, must not read as capacity.
+    done = [o for o in ok if o.at + o.latency_s <= load.sent_s]
     latencies = [o.latency_s for o in ok]
     ttfts = [o.ttft_s for o in ok if o.ttft_s is not None]
     return StepFigures(
         index=index, offered_rps=load.rate, planned_s=load.planned_s, duration_s=load.sent_s,
-        sent=len(load.outcomes) + load.dropped, ok=len(ok), achieved_rps=len(ok) / seconds,
-        tokens_per_s=sum(o.tokens for o in ok) / seconds, errors=dict(errors),
+        sent=len(load.outcomes) + load.dropped, ok=len(ok), achieved_rps=len(done) / seconds,
+        tokens_per_s=sum(o.tokens for o in done) / seconds, errors=dict(errors),
         stopped_early=load.stopped_early is not None,
         client_p50_s=percentile(latencies, 50), client_p95_s=percentile(latencies, 95),
         client_p99_s=percentile(latencies, 99), ttft_p50_s=percentile(ttfts, 50), ttft_p95_s=percentile(ttfts, 95),

@@ -107,7 +107,8 @@ class SweepResult:
 
     def optimum(self) -> SweepPoint | None:
         scored = [p for p in self.points if p.tokens_per_s is not None]
-        return max(scored, key=lambda p: p.tokens_per_s or 0.0) if scored else None
+        # Ties (the schedule's resolution) go to the lower p95.
+        return max(scored, key=lambda p: (p.tokens_per_s or 0.0, -(p.p95_s or 0.0))) if scored else None
 
     def to_dict(self) -> dict[str, Any]:
         best = self.optimum()

@@ -99,3 +99,10 @@ def test_missing_readings_are_none_with_the_window_reason():
     assert step.gc_pause_share is None and step.unmeasured["gc"] == "unsupported: no libpython"
     assert step.busiest_thread_cores is None and "busiest_thread_cores" in step.unmeasured
     assert step.retransmits is None and step.unmeasured["tcp"] == "probe not enabled"
+
+
+def test_backlog_drained_after_the_step_is_not_throughput():
+    load = StepLoad(rate=4, planned_s=10, sent_s=10.0, outcomes=[ok(1, 0.5), ok(2, 0.5), ok(9, 3.0)])
+    s = client_figures(0, load)
+    assert s.ok == 3 and s.achieved_rps == pytest.approx(0.2) and s.tokens_per_s == pytest.approx(2.0)
+    assert s.client_p95_s == 3.0  # its latency still counts
