@@ -133,6 +133,9 @@ def _resolve_pid(args: argparse.Namespace) -> int | None:
     found = discover([spec], problems=problems)
     if not found:
         raise UsageError(f"target {args.target!r} is not running: {problems.get(spec.name, 'no process')}")
+    if len(found) > 1:
+        raise UsageError(f"target {args.target!r} matches {len(found)} processes "
+                         f"({', '.join(str(t.pid) for t in found[:8])}); choose one with --pid")
     return found[0].pid
 
 

@@ -156,13 +156,17 @@ class Runner:
             got["window"] = self.collection.cut() if self.collection is not None else None
             got["threads"], got["ended"] = (thread_cpu(o.pid) if o.pid else {}), time.monotonic()
 
-        self.sampler.start()
         # A repeat sends the very arrivals of its original, so the noise it measures is the server's,
         # as it is between two runs with the same seed.
         seed = o.seed + (index if repeat_of is None else repeat_of)
-        load = run_step(self.endpoint, rate, seconds, o.shape, seed,
-                        stop_check=lambda done, pending, t: clearly_broken(o.slo, done, pending, t),
-                        interrupt=self.interrupt, on_sent=on_sent)
+        self.sampler.start()
+        try:
+            load = run_step(self.endpoint, rate, seconds, o.shape, seed,
+                            stop_check=lambda done, pending, t: clearly_broken(o.slo, done, pending, t),
+                            interrupt=self.interrupt, on_sent=on_sent)
+        finally:
+            if "server" not in got:  # interrupted before sending ended: stop the scrape thread all the same
+                self.sampler.finish()
         fig = client_figures(index, load)
         fig.repeat_of = repeat_of
         add_server(fig, got["server"])

@@ -157,3 +157,13 @@ def test_a_recorded_report_renders(browser, tmp_path, name):
         return Array.from(document.querySelectorAll('svg.chart')).map(
             s => s.querySelectorAll('circle.point').length + s.querySelectorAll('text.empty').length);""")
     assert len(counts) == len(html.FIGURES) and all(c > 0 for c in counts), counts
+
+
+def test_target_names_resolve_through_the_config(tmp_path, capsys):
+    config = tmp_path / "agent.toml"
+    config.write_text('[[targets]]\nname = "srv"\npidfile = "srv.pid"\n')
+    assert main(["loadtest", "--url", "http://127.0.0.1:1", "--config", str(config), "--target", "nope"]) == 2
+    assert "no target 'nope' in the config (known: srv)" in capsys.readouterr().err
+    assert main(["loadtest", "--url", "http://127.0.0.1:1", "--config", str(config), "--target", "srv"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "target 'srv' is not running" in err[0]
