@@ -17,6 +17,9 @@ SYSCALLS_PER_REQUEST_SATURATED = 5000.0  # a streamed completion needs tens to h
 RETRANSMITS_PER_REQUEST_SATURATED = 0.05  # one retransmit in twenty requests stalls p95 by an RTO (200 ms+)
 BLOCKED_OFFCPU_SATURATED = 0.40  # hottest thread off-CPU this share of wall while requests queued
 QUEUE_WAITING_BLOCKED = 1.0  # mean waiting requests that says work was there for the hottest thread
+# Below this many collections a second, a high pause share means each pause was long; the uprobes time
+# wall clock, so on a contended host that is mostly the pause being preempted, and it is discounted.
+GC_FREQUENT_PER_S = 1.0
 QUEUE_BOUND_SATURATED = 0.01  # share of requests refused with 429: the queue bound was hit
 
 
@@ -159,6 +162,11 @@ class Candidate:
     score: float
     evidence: list[Evidence]
     explanation: str
+    score_good: float = 0.0  # the same score at the last good step: what rose across the knee
+
+    @property
+    def rise(self) -> float:
+        return self.score - self.score_good
 
 
 @dataclass
@@ -173,6 +181,15 @@ class Bottleneck:
 
 def _score(value: float | None, threshold: float) -> float:
     return 0.0 if value is None else value / threshold
+
+
+def _gc_share(step: StepFigures) -> float | None:
+    """GC pause share of wall time; for rare collections, only the part not explained by run-queue wait."""
+    share = step.gc_pause_share
+    if share is None or (step.gc_collections_per_s or 0.0) >= GC_FREQUENT_PER_S:
+        return share
+    waiting = _runq_per_cpu(step) or 0.0
+    return share / (1.0 + waiting)
 
 
 def _blocked_share(step: StepFigures) -> float | None:
@@ -206,8 +223,8 @@ def candidates(good: StepFigures | None, bad: StepFigures) -> list[Candidate]:
          Evidence("queue waiting max", g.queue_waiting_max, bad.queue_waiting_max, None, "requests")],
         "the server's waiting queue reached its bound and it refused requests (429)"))
     out.append(Candidate(
-        "GC", "gc pause share", _score(bad.gc_pause_share, GC_PAUSE_SATURATED),
-        [Evidence("GC pause share of wall time", g.gc_pause_share, bad.gc_pause_share, GC_PAUSE_SATURATED, "share"),
+        "GC", "gc pause share", _score(_gc_share(bad), GC_PAUSE_SATURATED),
+        [Evidence("GC pause share of wall time", _gc_share(g), _gc_share(bad), GC_PAUSE_SATURATED, "share"),
          Evidence("GC collections", g.gc_collections_per_s, bad.gc_collections_per_s, None, "/s")],
         "the interpreter spent its time in garbage-collection pauses"))
     out.append(Candidate(
@@ -258,14 +275,25 @@ def candidates(good: StepFigures | None, bad: StepFigures) -> list[Candidate]:
 
 
 def name_bottleneck(good: StepFigures | None, bad: StepFigures | None) -> Bottleneck:
-    """The saturated resource with the highest score at the first failing step; none if nothing saturated."""
+    """Of the resources saturated at the first failing step, the one whose score rose most across the knee.
+
+    A resource already saturated at the last good step that did not get worse (a busy host's steady
+    run-queue wait) is background the server was meeting its SLO with; what broke it is what changed.
+    """
     if bad is None:
         return Bottleneck(None, "no step failed the SLO, so nothing saturated yet")
     ranked = candidates(good, bad)
-    top = ranked[0]
-    if top.score < 1.0:
+    if good is not None:
+        before = {c.resource: c.score for c in candidates(None, good)}
+        for c in ranked:
+            c.score_good = before.get(c.resource, 0.0)
+    saturated = sorted((c for c in ranked if c.score >= 1.0), key=lambda c: (-c.rise, -c.score))
+    if not saturated:
         near = ", ".join(f"{c.resource} {c.score:.0%}" for c in ranked[:3])
         return Bottleneck(None, "no measured resource saturated at the first failing step (nearest: "
                                 f"{near}); the limit lies in something not measured here", ranked)
+    top = saturated[0]
     shown = "; ".join(e.text() for e in top.evidence[:2])
-    return Bottleneck(top.resource, f"{top.resource}: {top.explanation} ({shown})", ranked)
+    also = "; also saturated: " + ", ".join(f"{c.resource} (score {c.score_good:.2f} -> {c.score:.2f})"
+                                            for c in saturated[1:]) if len(saturated) > 1 else ""
+    return Bottleneck(top.resource, f"{top.resource}: {top.explanation} ({shown}){also}", ranked)

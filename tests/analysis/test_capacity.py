@@ -4,6 +4,7 @@ import pytest
 
 from analysis.capacity import (
     BLOCKED_OFFCPU_SATURATED,
+    GC_FREQUENT_PER_S,
     GC_PAUSE_SATURATED,
     THREAD_CPU_SATURATED,
     Slo,
@@ -144,3 +145,22 @@ def test_preemption_is_not_mistaken_for_a_lock():
     assert b.resource == "CPU contention (run queue)"
     lock = next(c for c in b.candidates if c.resource == "lock / blocking wait")
     assert lock.score == pytest.approx(0.05 / BLOCKED_OFFCPU_SATURATED)
+
+
+def test_what_rose_across_the_knee_beats_steady_background():
+    # The host's run-queue wait was as bad at the last good step; the GC pause share quadrupled.
+    good = step(0, 1, cpu_cores=0.08, runq_wait_per_s=0.21, gc_pause_share=0.026, gc_collections_per_s=250)
+    bad = step(1, 2, p95=3.4, cpu_cores=0.24, runq_wait_per_s=0.66, gc_pause_share=0.118, gc_collections_per_s=1000)
+    b = name_bottleneck(good, bad)
+    assert b.resource == "GC"
+    assert "also saturated: CPU contention (run queue) (score 2.62 -> 2.75)" in b.summary
+    gc = next(c for c in b.candidates if c.resource == "GC")
+    assert gc.score_good == pytest.approx(0.52) and gc.rise == pytest.approx(1.84)
+
+
+@pytest.mark.parametrize("per_s, named", [(GC_FREQUENT_PER_S, "GC"), (0.3, "CPU contention (run queue)")])
+def test_rare_long_gc_pauses_on_a_contended_host_are_contention(per_s, named):
+    # 9.6 % of wall in GC from 0.3 collections/s while threads wait 2.9 s per CPU second: preempted pauses.
+    good = step(0, 2, cpu_cores=0.1, runq_wait_per_s=0.2, gc_pause_share=0.0, gc_collections_per_s=0.1)
+    bad = step(1, 4, p95=2.1, cpu_cores=0.25, runq_wait_per_s=0.73, gc_pause_share=0.096, gc_collections_per_s=per_s)
+    assert name_bottleneck(good, bad).resource == named
