@@ -251,8 +251,8 @@ def format_table(c: Comparison) -> str:
         pct = "n/a" if r.delta_pct is None else f"{r.delta_pct:+.1f}%"
         noise = "n/a" if r.noise is None else (f"{r.noise:.2%}" if r.unit == "share" else f"{r.noise:.1%}")
         beyond = {True: "YES", False: "no", None: "n/a"}[r.beyond_noise]
-        shown_b = ("" if r.before_bound == "=" else r.before_bound) + num(r.before, r.unit)
-        shown_a = ("" if r.after_bound == "=" else r.after_bound) + num(r.after, r.unit)
+        shown_b = ("" if r.before_bound == "=" or r.before is None else r.before_bound) + num(r.before, r.unit)
+        shown_a = ("" if r.after_bound == "=" or r.after is None else r.after_bound) + num(r.after, r.unit)
         if (r.before_bound, r.after_bound) != ("=", "="):
             pct = "n/a"
         lines.append(f"{r.figure:<34} {shown_b:>12} {shown_a:>12} {pct:>9} {noise:>7}  "

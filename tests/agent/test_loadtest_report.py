@@ -144,7 +144,7 @@ def test_report_renders_every_chart_and_flame_graph(browser, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
 
 
-@pytest.mark.parametrize("name", ["lt-normal.json"])
+@pytest.mark.parametrize("name", ["lt-normal.json", "gc-fault.json", "cache-A.json", "no-cache.json"])
 def test_a_recorded_report_renders(browser, tmp_path, name):
     """A report from a real run, when one was recorded into docs/loadtest/ (skips on a fresh checkout)."""
     recorded = Path(__file__).resolve().parents[2] / "docs" / "loadtest" / name
