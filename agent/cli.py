@@ -255,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     test.add_argument("--config", metavar="FILE", help="agent config (receivers, store location)")
     test.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
     test.set_defaults(func=_cmd_alert_test)
+
+    from agent.loadtest.command import add_parser as add_loadtest
+
+    add_loadtest(sub)
     return parser
 
 

@@ -1,0 +1,243 @@
+"""`infersight loadtest [compare]`: arguments, bad input as one line, and the run / compare / sweep drivers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from agent.loadtest.schedule import parse_range, parse_schedule, parse_sweep
+
+DEFAULT_SCHEDULE = "2:15,4:15,6:15,8:15,12:15"
+EXIT_USAGE, EXIT_FAIL = 2, 1
+
+
+class UsageError(ValueError):
+    """Bad input: printed as one line, exit 2."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from agent.collectors import PROBE_FACTORIES
+
+    p = sub.add_parser("loadtest", help="stepped load until the SLO breaks; the knee and its bottleneck")
+    p.add_argument("--url", help="the server's base URL (OpenAI completions API), e.g. http://127.0.0.1:8000")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--pid", type=int, help="the server's process id (watched with the agent's probes)")
+    who.add_argument("--target", help="a target name from the agent's config")
+    p.add_argument("--config", metavar="FILE", help="agent config, for --target")
+    p.add_argument("--schedule", default=DEFAULT_SCHEDULE, help=f"RATE:SECONDS,... (default {DEFAULT_SCHEDULE})")
+    p.add_argument("--slo-p95", type=float, default=1.0, help="SLO: client p95 latency in seconds (default 1.0)")
+    p.add_argument("--max-error-rate", type=float, default=0.01, help="SLO: error share allowed (default 0.01)")
+    p.add_argument("--prompt-bytes", default="64-256", help="N or MIN-MAX, uniform (default 64-256)")
+    p.add_argument("--max-tokens", default="16-48", help="N or MIN-MAX, uniform (default 16-48)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds one request may take (default 30)")
+    p.add_argument("--model", help="model name sent with each request (vLLM needs it)")
+    p.add_argument("--metrics-url", help="the server's Prometheus endpoint (default URL/metrics)")
+    p.add_argument("--probes", default=",".join(sorted(PROBE_FACTORIES)),
+                   help=f"BPF probes to load, comma-separated (default all: {','.join(sorted(PROBE_FACTORIES))})")
+    p.add_argument("--no-probes", action="store_true", help="no BPF probes (no root needed with --no-pyspy)")
+    p.add_argument("--no-pyspy", action="store_true", help="no Python stacks (and no flame graphs)")
+    p.add_argument("--pyspy-rate", type=int, default=49, help="py-spy samples per second (default 49)")
+    p.add_argument("--seed", type=int, default=0, help="arrival and prompt seed (same seed, same requests)")
+    p.add_argument("--repeats", type=int, default=1, help="extra runs of the last good step, for noise (default 1)")
+    p.add_argument("--all-steps", action="store_true", help="keep stepping after the first step that fails")
+    p.add_argument("--label", default="", help="what this run is (shown by compare and in the report)")
+    p.add_argument("--sweep", help="bundled server only: max-batch=1,2,4,8 or http-threads=... (restarts it per value)")
+    p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for the swept server, repeatable (e.g. --server-arg=--no-cache)")
+    p.add_argument("-o", "--output", type=Path, help="write the JSON report here")
+    p.add_argument("--html", type=Path, help="write the offline HTML report here")
+    p.set_defaults(func=main)
+    nested = p.add_subparsers(dest="loadtest_command", metavar="[compare]", parser_class=type(p))
+    c = nested.add_parser("compare", help="before/after table of two reports, with run-to-run noise")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    c.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    c.set_defaults(func=compare_main)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"infersight loadtest: {message}", file=sys.stderr)
+    return code
+
+
+def compare_main(args: argparse.Namespace) -> int:
+    from agent.loadtest.report import ReportError, load
+    from analysis.capacity_compare import compare, format_table
+
+    try:
+        before, after = load(args.before), load(args.after)
+    except ReportError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    result = compare(before.run(before.label or args.before.stem), after.run(after.label or args.after.stem))
+    print(json.dumps(result.to_dict(), indent=1) if args.json else format_table(result))
+    return 0
+
+
+def _options(args: argparse.Namespace, url: str, pid: int | None, settings: dict):
+    from agent.loadtest.client import Endpoint, Shape
+    from agent.loadtest.runner import Options
+    from analysis.capacity import Slo
+
+    try:
+        schedule = parse_schedule(args.schedule)
+        slo = Slo(args.slo_p95, args.max_error_rate)
+        shape = Shape(prompt_bytes=parse_range(args.prompt_bytes, "--prompt-bytes"),
+                      max_tokens=parse_range(args.max_tokens, "--max-tokens"), timeout_s=args.timeout,
+                      model=args.model)
+        Endpoint(url)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not 1 <= args.timeout <= 600:
+        raise UsageError(f"--timeout must be within [1, 600] seconds, got {args.timeout!r}")
+    if not 0 <= args.repeats <= 10:
+        raise UsageError(f"--repeats must be within [0, 10], got {args.repeats!r}")
+    if not 1 <= args.pyspy_rate <= 1000:
+        raise UsageError(f"--pyspy-rate must be within [1, 1000], got {args.pyspy_rate!r}")
+    probes = [] if args.no_probes else _probe_names(args.probes)
+    settings = {**settings, "prompt_bytes": shape.prompt_bytes, "max_tokens": shape.max_tokens, "probes": probes,
+                "pyspy": not args.no_pyspy, "seed": args.seed}
+    return Options(url=url, pid=pid, schedule=schedule, schedule_text=args.schedule, slo=slo, shape=shape,
+                   metrics_url=args.metrics_url, probes=probes, pyspy=not args.no_pyspy and pid is not None,
+                   pyspy_rate=args.pyspy_rate, seed=args.seed, repeats=args.repeats, all_steps=args.all_steps,
+                   label=args.label, settings=settings)
+
+
+def _probe_names(text: str) -> list[str]:
+    from agent.collectors import PROBE_FACTORIES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in PROBE_FACTORIES]
+    if bad:
+        raise UsageError(f"unknown probe(s) {', '.join(bad)}; choose from {','.join(sorted(PROBE_FACTORIES))}")
+    return names
+
+
+def _resolve_pid(args: argparse.Namespace) -> int | None:
+    if args.target is None:
+        return args.pid
+    from agent.config import ConfigError, load_config
+    from agent.targets import discover
+
+    try:
+        config = load_config(Path(args.config) if args.config else None)
+    except ConfigError as exc:
+        raise UsageError(f"config error: {exc}") from None
+    spec = next((t for t in config.targets if t.name == args.target), None)
+    if spec is None:
+        raise UsageError(f"no target {args.target!r} in the config (known: "
+                         f"{', '.join(t.name for t in config.targets) or 'none'})")
+    problems: dict[str, str] = {}
+    found = discover([spec], problems=problems)
+    if not found:
+        raise UsageError(f"target {args.target!r} is not running: {problems.get(spec.name, 'no process')}")
+    if len(found) > 1:
+        raise UsageError(f"target {args.target!r} matches {len(found)} processes "
+                         f"({', '.join(str(t.pid) for t in found[:8])}); choose one with --pid")
+    return found[0].pid
+
+
+def _needs_root(options) -> str | None:
+    if os.geteuid() != 0 and options.pid is not None and (options.probes or options.pyspy):
+        return ("watching the server needs root (BPF probes and py-spy); run with sudo, or add --no-probes "
+                "--no-pyspy for the client's and the server's metrics only")
+    return None
+
+
+def _write(report_dict: dict, html: str, args: argparse.Namespace) -> None:
+    if args.output:
+        args.output.write_text(json.dumps(report_dict, indent=1, sort_keys=True) + "\n")
+        print(f"infersight loadtest: wrote {args.output}", file=sys.stderr)
+    if args.html:
+        args.html.write_text(html)
+        print(f"infersight loadtest: wrote {args.html}", file=sys.stderr)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.slo_p95 is not None and args.slo_p95 <= 0:
+        return _fail(f"--slo-p95 must be > 0 seconds, got {args.slo_p95!r}", EXIT_USAGE)
+    try:
+        if args.sweep:
+            return _sweep(args)
+        if not args.url:
+            raise UsageError("--url is required (the server's base URL), or --sweep for the bundled server")
+        if args.pid is not None and not 1 <= args.pid <= 2**22:
+            raise UsageError(f"--pid must be within [1, {2**22}], got {args.pid!r}")
+        options = _options(args, args.url, _resolve_pid(args), {})
+    except UsageError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    if (why := _needs_root(options)) is not None:
+        return _fail(why, EXIT_FAIL)
+    from agent.loadtest import html
+    from agent.loadtest.runner import Runner, TargetError
+
+    try:
+        report = Runner(options, sys.stderr).run()
+    except TargetError as exc:
+        return _fail(str(exc), EXIT_FAIL)
+    _write(report.to_dict(), html.render(report), args)
+    print(summary(report))
+    return 0
+
+
+def summary(report) -> str:
+    knee = report.knee()
+    good, bad = report.step(knee.last_good), report.step(knee.first_bad)
+    lines = []
+    if knee.found and good and bad:
+        lines.append(f"knee: {good.offered_rps:g} req/s offered ({good.achieved_rps:.2f} req/s, "
+                     f"{good.tokens_per_s:.0f} tokens/s, p95 {good.client_p95_s * 1000:.0f} ms); "
+                     f"{bad.offered_rps:g} req/s breaks the SLO: {knee.reason}")
+    else:
+        lines.append(f"no knee: {knee.reason}")
+    lines.append(f"bottleneck: {report.bottleneck().summary}")
+    noise = {k: v for k, v in report.noise().items() if v is not None}
+    if noise:
+        lines.append("noise (repeated step): " + ", ".join(f"{k} {v:.1%}" for k, v in noise.items()))
+    return "\n".join(lines)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from agent.loadtest import sweep_html
+    from agent.loadtest.runner import Runner, TargetError
+    from agent.loadtest.sweep import ServerStartError, SweepResult, point, start_server
+
+    if args.url or args.pid or args.target:
+        raise UsageError("--sweep starts the bundled server itself; drop --url/--pid/--target")
+    try:
+        spec = parse_sweep(args.sweep)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    _options(args, "http://127.0.0.1:1", None, {})  # validates every other argument before a server starts
+    result = SweepResult(spec, [])
+    for value in spec.values:
+        server_args = ["--threads", "1", spec.server_flag, str(value), *args.server_arg]
+        print(f"infersight loadtest: sweep {spec.setting}={value}: starting the bundled server", file=sys.stderr)
+        try:
+            server = start_server(server_args)
+        except ServerStartError as exc:
+            return _fail(str(exc), EXIT_FAIL)
+        try:
+            options = _options(args, server.url, server.pid, {"sweep": {spec.setting: value},
+                                                               "server_args": server_args})
+            if (why := _needs_root(options)) is not None:
+                return _fail(why, EXIT_FAIL)
+            options.label = f"{spec.setting}={value}"
+            report = Runner(options, sys.stderr).run()
+        except TargetError as exc:
+            return _fail(str(exc), EXIT_FAIL)
+        finally:
+            server.stop()
+        result.points.append(point(value, report))
+        result.reports.append(report.to_dict())
+        print(summary(report), file=sys.stderr)
+    if args.output:
+        args.output.write_text(json.dumps(result.to_dict(), indent=1, sort_keys=True) + "\n")
+        print(f"infersight loadtest: wrote {args.output}", file=sys.stderr)
+    if args.html:
+        args.html.write_text(sweep_html.render(result))
+        print(f"infersight loadtest: wrote {args.html}", file=sys.stderr)
+    print(result.text())
+    return 0

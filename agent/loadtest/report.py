@@ -1,0 +1,98 @@
+"""The load test report record: what was run, every step's figures, the knee and bottleneck; JSON both ways."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from analysis.capacity import Bottleneck, Knee, Slo, StepFigures, find_knee, name_bottleneck
+from analysis.capacity_compare import Run, measure_noise
+
+REPORT_VERSION = 1
+
+
+class ReportError(ValueError):
+    """A file that is not a load test report this version can read."""
+
+
+@dataclass
+class LoadTestReport:
+    url: str
+    pid: int | None
+    slo: Slo
+    schedule: str
+    started: float
+    finished: float
+    steps: list[StepFigures]
+    label: str = ""  # what this run was (e.g. "no-cache"), shown by compare
+    settings: dict[str, Any] = field(default_factory=dict)  # request shape, probes, server flags of a sweep
+    collection_problems: dict[str, str] = field(default_factory=dict)
+    # Folded Python on-CPU stacks ("a;b;c" -> samples) of the last good and the first failing step.
+    flame_good: dict[str, int] = field(default_factory=dict)
+    flame_bad: dict[str, int] = field(default_factory=dict)
+    flame_note: str = ""
+
+    def knee(self) -> Knee:
+        return find_knee(self.steps, self.slo)
+
+    def step(self, index: int | None) -> StepFigures | None:
+        return next((s for s in self.steps if s.index == index), None)
+
+    def bottleneck(self) -> Bottleneck:
+        knee = self.knee()
+        return name_bottleneck(self.step(knee.last_good), self.step(knee.first_bad))
+
+    def noise(self) -> dict[str, float | None]:
+        return measure_noise(self.steps)
+
+    def run(self, name: str) -> Run:
+        return Run(name=name, slo=self.slo, steps=self.steps, noise=self.noise())
+
+    def to_dict(self) -> dict[str, Any]:
+        knee = self.knee()
+        return {
+            "version": REPORT_VERSION, "url": self.url, "pid": self.pid, "label": self.label,
+            "slo": asdict(self.slo), "schedule": self.schedule, "started": self.started, "finished": self.finished,
+            "settings": self.settings, "collection_problems": self.collection_problems,
+            "steps": [s.to_dict() for s in self.steps],
+            "knee": {**asdict(knee), "found": knee.found},
+            "bottleneck": self.bottleneck().to_dict(),
+            "noise": self.noise(),
+            "flame": {"good": self.flame_good, "bad": self.flame_bad, "note": self.flame_note},
+        }
+
+
+def from_dict(data: Any) -> LoadTestReport:
+    """Derived parts (knee, bottleneck, noise) are recomputed from the steps, so a report is judged one way."""
+    if not isinstance(data, dict) or data.get("version") != REPORT_VERSION:
+        got = data.get("version") if isinstance(data, dict) else type(data).__name__
+        raise ReportError(f"not a version-{REPORT_VERSION} load test report (version {got!r})")
+    try:
+        flame = data.get("flame") or {}
+        return LoadTestReport(
+            url=str(data["url"]), pid=data.get("pid"), slo=Slo(**data["slo"]), schedule=str(data["schedule"]),
+            started=float(data["started"]), finished=float(data["finished"]),
+            steps=[StepFigures.from_dict(s) for s in data["steps"]], label=str(data.get("label") or ""),
+            settings=dict(data.get("settings") or {}), collection_problems=dict(data.get("collection_problems") or {}),
+            flame_good=dict(flame.get("good") or {}), flame_bad=dict(flame.get("bad") or {}),
+            flame_note=str(flame.get("note") or ""))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportError(f"load test report is missing or has a bad field: {exc}") from None
+
+
+def load(path: Path) -> LoadTestReport:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    return from_dict(data)
+
+
+def save(report: LoadTestReport, path: Path) -> None:
+    path.write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n")

@@ -1,0 +1,97 @@
+"""`infersight loadtest` against the real bundled server: bad input as one line, a queue-bound knee, probes."""
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agent.loadtest.client import Shape
+from agent.loadtest.runner import Options, Runner
+from agent.loadtest.schedule import parse_schedule
+from agent.loadtest.sweep import start_server
+from analysis.capacity import Slo
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.workload, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def small_queue():
+    """One decode slot and a waiting queue of two: a burst meets the queue bound (429) at once."""
+    server = start_server(["--threads", "1", "--max-batch", "1", "--max-waiting", "2"])
+    yield server
+    server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", "loadtest", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _loadtest_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("loadtest")]
+
+
+@pytest.mark.parametrize("case", ["unreachable", "not the server", "no such pid", "schedule", "slo zero"])
+def test_bad_input_is_one_clear_line_and_leaves_nothing_running(small_queue, case):
+    url, pid = small_queue.url, str(small_queue.pid)
+    args, code, expected = {
+        "unreachable": ([f"--url=http://127.0.0.1:{_free_port()}", "--pid", pid], 1, "cannot reach the server"),
+        "not the server": (["--url", url, "--pid", str(os.getpid())], 1, f"is not the server at {url}"),
+        "no such pid": (["--url", url, "--pid", str(2**22)], 1, f"no process with pid {2**22}"),
+        "schedule": (["--url", url, "--pid", pid, "--schedule", "4:15,fast"], 2, "'fast' is not RATE:SECONDS"),
+        "slo zero": (["--url", url, "--pid", pid, "--slo-p95", "0"], 2, "--slo-p95 must be > 0 seconds"),
+    }[case]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    proc = _cli(*args, "--no-probes", "--no-pyspy")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == code, proc.stderr
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+
+
+def test_a_burst_meets_the_queue_bound_and_the_report_says_so(small_queue):
+    options = Options(url=small_queue.url, pid=small_queue.pid, schedule=parse_schedule("1:4,40:5"),
+                      schedule_text="1:4,40:5", slo=Slo(3.0, 0.01), shape=Shape(max_tokens=(8, 16), timeout_s=20),
+                      probes=[], pyspy=False, repeats=0)
+    progress = io.StringIO()
+    report = Runner(options, progress).run()
+    low, burst = report.steps
+    assert low.errors == {} and low.client_p95_s is not None and low.server_p95_s is not None
+    assert burst.errors.get("429", 0) > 0 and burst.queue_waiting_max is not None
+    knee = report.knee()
+    assert (knee.last_good, knee.first_bad) == (0, 1) and "429" in knee.reason
+    assert report.bottleneck().resource == "queue bound"
+    assert "step 2/2: 40 req/s offered" in progress.getvalue()
+    assert low.busiest_thread_cores is not None and low.busiest_thread_cores >= 0
+    assert _loadtest_threads() == []
+
+
+@pytest.mark.bpf
+@pytest.mark.root
+def test_probes_and_pyspy_fill_the_step_figures(small_queue, require_bpf):
+    options = Options(url=small_queue.url, pid=small_queue.pid, schedule=parse_schedule("2:4"), schedule_text="2:4",
+                      slo=Slo(5.0), shape=Shape(max_tokens=(8, 16)), probes=["runqueue", "syscalls"], pyspy=True,
+                      repeats=1)
+    runner = Runner(options, io.StringIO())
+    report = runner.run()
+    first, repeat = report.steps
+    assert repeat.repeat_of == 0
+    assert first.runq_wait_per_s is not None and first.syscalls_per_request and first.syscalls_per_request > 10
+    assert first.cpu_cores is not None and first.cpu_cores > 0
+    assert "gc" in first.unmeasured  # not enabled: a reason, not a zero
+    assert runner.stacks[0], "py-spy sampled nothing during the step"
+    assert report.noise()["achieved_rps"] is not None

@@ -1,0 +1,169 @@
+"""The report: JSON round trip, clear errors for non-reports, the HTML with every chart drawn (also in Chromium)."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.loadtest import html
+from agent.loadtest.report import LoadTestReport, ReportError, from_dict, load, save
+from analysis.capacity import Slo, StepFigures
+
+GOOD_STACKS = {"scheduler;step (workload/scheduler.py:90);forward (workload/model.py:60)": 40,
+               "scheduler;step (workload/scheduler.py:90);sample (workload/engine.py:80)": 10}
+BAD_STACKS = {"scheduler;step (workload/scheduler.py:90);forward (workload/model.py:60)": 30,
+              "scheduler;step (workload/scheduler.py:90);gc_hook (workload/faults.py:50)": 60}
+
+
+def figures(index: int, rate: float, p95: float, repeat_of: int | None = None, **kw) -> StepFigures:
+    ok = int(rate * 10)
+    base = dict(index=index, offered_rps=rate, planned_s=10, duration_s=10, sent=ok, ok=ok, achieved_rps=rate,
+                tokens_per_s=rate * 32, client_p50_s=p95 / 2, client_p95_s=p95, client_p99_s=p95 * 1.2,
+                ttft_p50_s=0.02, ttft_p95_s=0.05, server_p95_s=p95 * 0.9, queue_waiting_mean=rate / 4,
+                queue_waiting_max=rate / 2, running_mean=1.0, batch_mean=1.5, cpu_cores=rate / 10,
+                busiest_thread_cores=rate / 11, busiest_thread_offcpu_share=0.3,
+                offcpu_by_kind={"lock (futex)": 30.0, "poll (idle)": 1.0}, gc_pause_share=0.01 * rate,
+                gc_collections_per_s=rate, runq_p99_us=1024.0, runq_wait_per_s=0.02 * rate,
+                syscalls_per_request=300.0, ctx_switches_per_s=20 * rate, involuntary_ctx_switches_per_s=rate,
+                retransmits=0, host_cpus=2, repeat_of=repeat_of)
+    base.update(kw)
+    return StepFigures(**base)
+
+
+def report() -> LoadTestReport:
+    steps = [figures(0, 2, 0.2), figures(1, 4, 0.3), figures(2, 8, 1.8, gc_pause_share=0.2),
+             figures(3, 4, 0.33, repeat_of=1)]
+    return LoadTestReport(url="http://127.0.0.1:8000", pid=4242, slo=Slo(1.0), schedule="2:10,4:10,8:10",
+                          started=1_790_000_000.0, finished=1_790_000_040.0, steps=steps, label="gc",
+                          flame_good=GOOD_STACKS, flame_bad=BAD_STACKS)
+
+
+def test_round_trip_recomputes_knee_and_bottleneck(tmp_path):
+    path = tmp_path / "r.json"
+    save(report(), path)
+    data = json.loads(path.read_text())
+    assert data["knee"] == {"last_good": 1, "first_bad": 2, "reason": "p95 1800 ms > SLO 1000 ms", "found": True}
+    assert data["bottleneck"]["resource"] == "GC"
+    assert data["noise"]["client_p95_s"] == pytest.approx(0.03 / 0.315)
+    again = load(path)
+    assert again.steps == report().steps and again.slo == Slo(1.0) and again.flame_bad == BAD_STACKS
+
+
+@pytest.mark.parametrize("content, message", [
+    ("not json", "is not JSON"),
+    ('{"version": 7}', "not a version-1 load test report (version 7)"),
+    ("[1, 2]", "not a version-1 load test report (version 'list')"),
+    ('{"version": 1, "url": "x"}', "missing or has a bad field"),
+])
+def test_files_that_are_not_reports(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ReportError, match=re.escape(message)):
+        load(path)
+
+
+def test_bad_slo_in_a_report_is_a_report_error():
+    data = report().to_dict()
+    data["slo"]["p95_s"] = 0
+    with pytest.raises(ReportError, match="SLO p95 must be > 0"):
+        from_dict(data)
+
+
+def test_compare_cli_prints_the_table_and_one_line_for_a_bad_file(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    save(report(), a)
+    save(report(), b)
+    assert main(["loadtest", "compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "max requests/s under SLO" in out and "gc -> gc: no difference beyond noise" in out
+    assert main(["loadtest", "compare", str(a), str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("infersight loadtest: cannot read")
+
+
+def test_html_draws_every_chart_and_the_three_flame_graphs():
+    page = html.render(report())
+    charts = re.findall(r'<svg class="chart" id="([\w-]+)" data-points="(\d+)"', page)
+    assert len(charts) == len(html.FIGURES)
+    assert all(int(points) > 0 for _, points in charts), charts
+    assert page.count('<img class="flame') == 3 and "data:image/svg+xml;base64," in page
+    assert "Knee: 4 req/s offered" in page and "GC: the interpreter spent" in page
+    assert "http://" not in page.replace("http://127.0.0.1:8000", "").replace("http://www.w3.org/2000/svg", "")
+
+
+def test_html_says_why_a_chart_is_empty():
+    r = report()
+    for s in r.steps:
+        s.gc_pause_share, s.gc_collections_per_s = None, None
+        s.unmeasured["gc"] = "unsupported: no libpython"
+    page = html.render(r)
+    assert 'id="chart-gc" data-points="0"' in page and "not measured: unsupported: no libpython" in page
+
+
+@pytest.fixture
+def browser(tmp_path):
+    pytest.importorskip("selenium", reason="selenium is in the test extra: pip install -e '.[test]'")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.fail("chromium / chromium-driver are missing: 'make setup' installs the Debian packages")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1400,1000",
+                 f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    b = webdriver.Chrome(options=options, service=Service(executable_path=driver))
+    yield b
+    b.quit()
+
+
+def test_report_renders_every_chart_and_flame_graph(browser, tmp_path):
+    page = tmp_path / "report.html"
+    page.write_text(html.render(report()))
+    browser.get(page.as_uri())
+    drawn = browser.execute_script("""
+        return Array.from(document.querySelectorAll('svg.chart')).map(s => ({
+            id: s.id, points: s.querySelectorAll('circle.point').length,
+            lines: s.querySelectorAll('polyline.series').length,
+            width: s.getBoundingClientRect().width}));""")
+    assert len(drawn) == len(html.FIGURES)
+    assert all(c["points"] > 0 and c["lines"] > 0 and c["width"] > 100 for c in drawn), drawn
+    flames = browser.execute_script("""
+        return Array.from(document.querySelectorAll('img.flame')).map(i => i.complete && i.naturalWidth);""")
+    assert len(flames) == 3 and all(w and w > 500 for w in flames), flames
+    assert browser.find_element("id", "bottleneck").text.startswith("GC:")
+    shot = tmp_path / "report.png"
+    assert browser.save_screenshot(str(shot))
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+@pytest.mark.parametrize("name", ["lt-normal.json", "gc-fault.json", "cache-A.json", "no-cache.json"])
+def test_a_recorded_report_renders(browser, tmp_path, name):
+    """A report from a real run, when one was recorded into docs/loadtest/ (skips on a fresh checkout)."""
+    recorded = Path(__file__).resolve().parents[2] / "docs" / "loadtest" / name
+    if not recorded.exists():
+        pytest.skip(f"no recorded report {recorded}")
+    page = tmp_path / "recorded.html"
+    page.write_text(html.render(load(recorded)))
+    browser.get(page.as_uri())
+    counts = browser.execute_script("""
+        return Array.from(document.querySelectorAll('svg.chart')).map(
+            s => s.querySelectorAll('circle.point').length + s.querySelectorAll('text.empty').length);""")
+    assert len(counts) == len(html.FIGURES) and all(c > 0 for c in counts), counts
+
+
+def test_target_names_resolve_through_the_config(tmp_path, capsys):
+    config = tmp_path / "agent.toml"
+    config.write_text('[[targets]]\nname = "srv"\npidfile = "srv.pid"\n')
+    assert main(["loadtest", "--url", "http://127.0.0.1:1", "--config", str(config), "--target", "nope"]) == 2
+    assert "no target 'nope' in the config (known: srv)" in capsys.readouterr().err
+    assert main(["loadtest", "--url", "http://127.0.0.1:1", "--config", str(config), "--target", "srv"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "target 'srv' is not running" in err[0]

@@ -1,0 +1,73 @@
+"""The server's view of a step from real Prometheus exposition text (prometheus_client renders it)."""
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+
+from agent.loadtest.server_metrics import ServerSampler, summarize
+from analysis.errors import ReadingError
+
+
+class VllmLike:
+    """The metric names and buckets vLLM (and the bundled server) export."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "e2e", ["model_name"],
+                             buckets=(0.1, 0.2, 0.5, 1.0, 2.0), registry=self.registry)
+        self.batch = Histogram("workload:batch_size", "batch", ["model_name"], buckets=(1, 2, 4, 8),
+                               registry=self.registry)
+        self.waiting = Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=self.registry)
+        self.running = Gauge("vllm:num_requests_running", "running", ["model_name"], registry=self.registry)
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+def test_latency_quantiles_are_the_delta_between_first_and_last_scrape():
+    m = VllmLike()
+    for _ in range(50):
+        m.e2e.labels("tiny").observe(5.0)  # before the step: must not count
+    texts = [m.text()]
+    for value in [0.15] * 90 + [0.8] * 10:
+        m.e2e.labels("tiny").observe(value)
+    for size in (2, 4, 6):
+        m.batch.labels("tiny").observe(size)
+    for waiting in (0, 4, 8):
+        m.waiting.labels("tiny").set(waiting)
+        m.running.labels("tiny").set(2)
+        texts.append(m.text())
+    s = summarize(texts)
+    assert s.p50_s == pytest.approx(0.1 + 0.1 * 50 / 90)
+    assert 0.5 < s.p95_s <= 1.0 and s.p99_s <= 1.0
+    assert s.waiting_mean == pytest.approx(3.0) and s.waiting_max == 8
+    assert s.running_mean == pytest.approx(1.5) and s.batch_mean == pytest.approx(4.0)
+    assert s.errors == {}
+
+
+def test_an_endpoint_without_the_metrics_gives_reasons_not_zeros():
+    reg = CollectorRegistry()
+    Gauge("something_else", "x", registry=reg).set(1)
+    text = generate_latest(reg).decode()
+    s = summarize([text, text])
+    assert s.p95_s is None and s.waiting_mean is None and s.batch_mean is None
+    assert "no latency histogram" in s.errors["server_latency"] and "no queue gauge" in s.errors["queue"]
+
+
+def test_one_scrape_is_not_enough():
+    s = summarize([VllmLike().text()])
+    assert s.p95_s is None and "need two" in s.errors["scrape"]
+
+
+def test_sampler_keeps_scraping_errors_as_reasons():
+    calls = []
+
+    def fetch(url: str, timeout: float) -> str:
+        calls.append(url)
+        raise ReadingError(f"latency endpoint {url} unreachable: refused")
+
+    sampler = ServerSampler("http://127.0.0.1:1/metrics", interval_s=0.05, fetch=fetch)
+    with pytest.raises(ReadingError, match="unreachable"):
+        sampler.check()
+    sampler.start()
+    s = sampler.finish()
+    assert s.p95_s is None and "unreachable" in s.errors["scrape"] and len(calls) >= 3
