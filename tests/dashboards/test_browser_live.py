@@ -162,8 +162,10 @@ def test_workload_fault_brings_the_banner_without_a_reload(require_bpf, tmp_path
         with chromium(tmp_path) as b:
             b.get(url + "/")
             # Warm-up over: the detector is armed, and no regression is open.
+            # Armed means judged healthy after warm-up: before its first window the detector has no state
+            # at all, and a fault switched on then would become part of the baseline it learns.
             wait_for(b, """return document.querySelector('#regressions .no-regression') &&
-                !document.querySelector('#regressions').textContent.includes('learning')""", timeout=120,
+                document.querySelector('#regressions').textContent.includes('workload: healthy')""", timeout=180,
                      what="the detector armed")
             b.execute_script("window.__sameDocument = true")
             switch = urllib.request.Request(f"http://127.0.0.1:{port}/admin/faults", method="POST",

@@ -86,7 +86,7 @@ const IS = (() => {
     const states = names.map((n, i) => n + ": " + (detector[n] === "warmup" ? "learning its baseline" : detector[n]) +
       (i < names.length - 1 ? ", " : ""));
     return el("p", {class: "no-regression"}, "No open latency regression",
-      names.length ? " (" + states.join("") + ")" : "", ".");
+      names.length ? " (" + states.join("") + ")" : " (the detector has judged no window yet)", ".");
   }
 
   return {el, url, getJSON, fmtTime, num, replace, showError, banner, noRegression, safeHref};
