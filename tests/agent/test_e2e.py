@@ -4,7 +4,6 @@ a workload restart mid-run, then a `kill -9` of the agent during writes and a re
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.store import Store
+from tests.live import free_port, start_server, terminate, wait_http
 
 INTERVAL = 3.0
 SOURCES = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks", "latency", "gpu")
@@ -32,41 +32,6 @@ def nvml_has_gpu() -> bool:
         return pynvml.nvmlDeviceGetCount() > 0
     finally:
         pynvml.nvmlShutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"{url} did not answer within {timeout} s")
-
-
-def start_server(port: int, tag: str, log) -> subprocess.Popen:
-    # `tag` in argv makes the agent's process_regex match this test's server and nothing else.
-    proc = subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", str(port), "--admin-token", tag],
-                            stdout=log, stderr=subprocess.STDOUT)
-    wait_http(f"http://127.0.0.1:{port}/health", 120)
-    return proc
-
-
-def terminate(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def scrape(url: str) -> dict:

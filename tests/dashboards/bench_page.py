@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.live import free_port, wait_http
+
 LOAD_PATHS = ("/", "/api/overview", "/api/status", "/api/series?target=workload&range=1h", "/metrics")
 
 
@@ -92,27 +94,6 @@ def drive(host: str, port: int, rate: float, duration: float, paths: tuple[str, 
         every.errors += r.errors
     return {"rate": rate, "duration": duration, "all": every.summary(), "over_50ms_at_s": sorted(slow_at),
             "by_path": [r.summary() for r in results.values()]}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise SystemExit(f"{url} did not answer 200 within {timeout} s")
 
 
 def run_load(rate: float, duration: float, settle: float, workdir: Path) -> dict:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from selenium.webdriver.common.by import By
 
-from tests.agent.test_e2e import free_port, start_server, terminate, wait_http
 from tests.dashboards.browser import chromium, console_errors, screenshot, wait_for
+from tests.live import free_port, start_server, terminate, wait_http
 
 XSS_ARG = '<script>window.__xss=1</script>"onerror="window.__xss=2'
 XSS_FUNC = '<img src=x onerror="window.__xss=3">'

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.agent.test_e2e import free_port, start_server, terminate, wait_http
 from tests.dashboards.promql import RULES, Expression, grafana_expressions, rule_expressions
+from tests.live import free_port, start_server, terminate, wait_http
 
 SCRAPE_SECONDS = 1
 # Series only the latency detector exports (analysis.detector, its own issue); named in the failure.

@@ -9,49 +9,22 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.live import free_port, terminate, wait_http
 
 INTERVAL = 2.0
 WARMUP_WINDOWS = 10
 GROUP_WAIT = 2.0
 # The detector needs a few fault windows to be sure; on this shared 2-core VM allow generously for it.
 DETECTOR_DELAY = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"{url} did not answer within {timeout} s")
-
-
-def stop(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def fault(port: int, token: str, on: bool) -> None:
@@ -118,7 +91,7 @@ def test_gc_fault_reaches_the_receiver_as_firing_then_resolved(require_bpf, tmp_
             time.sleep(0.5)
     finally:
         for proc in (agent, load, server):
-            stop(proc)
+            terminate(proc)
         logs.close()
 
     assert firing["status"] == "firing"

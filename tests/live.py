@@ -1,0 +1,44 @@
+"""Helpers for the tests that start real processes: free loopback ports, waiting for HTTP, the workload, cleanup."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError(f"{url} did not answer within {timeout} s")
+
+
+def start_server(port: int, tag: str, log) -> subprocess.Popen:
+    # `tag` in argv makes the agent's process_regex match this test's server and nothing else.
+    proc = subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", str(port), "--admin-token", tag],
+                            stdout=log, stderr=subprocess.STDOUT)
+    wait_http(f"http://127.0.0.1:{port}/health", 120)
+    return proc
+
+
+def terminate(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
