@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.config import Config
+from agent.presets import PRESETS
 from agent.sources.gpu import GpuSource
 from agent.sources.health import Source, SourceHealth
 from agent.sources.latency import LatencySource
@@ -71,8 +72,9 @@ def make_target_sources(target: Target, config: Config, pyspy: bool = True) -> S
 
 
 def _latency_source(spec) -> LatencySource:
+    figures = PRESETS[spec.preset].figures if spec.preset else None
     source = LatencySource(spec.url, spec.metric, timeout=spec.timeout_seconds, kind=spec.kind,
-                           count_metric=spec.count_metric, unit_seconds=spec.unit_seconds)
+                           count_metric=spec.count_metric, unit_seconds=spec.unit_seconds, figures=figures)
     try:
         source.prime()  # the baseline scrape, so the first window already has a delta
     except ProbeError as exc:
