@@ -113,6 +113,15 @@ def _cmd_flamegraph(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    if args.scenarios and (code := _require_root("eval")) is not None:
+        return code
+    from agent.evaluation import command
+
+    return command.main(scenarios=args.scenarios, replay_files=args.replay or [], record=args.record,
+                        as_json=args.json, plot=args.plot, interval=args.interval, record_only=args.record_only)
+
+
 def _time_arg(text: str) -> float:
     from agent.timespec import parse_time
 
@@ -171,6 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
     flame.add_argument("--config", metavar="FILE", help="agent config (store location, targets)")
     flame.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
     flame.set_defaults(func=_cmd_flamegraph)
+
+    ev = sub.add_parser("eval", help="score the detector on labelled fault scenarios (live, root) or recordings")
+    ev.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenario TOML files to run live")
+    ev.add_argument("--replay", nargs="+", metavar="FILE", help="recorded runs (.jsonl.gz) to re-score offline")
+    ev.add_argument("--record", metavar="FILE", help="write the labelled windows here ({name}: the scenario's file name)")
+    ev.add_argument("--record-only", action="store_true", help="record without running the detector")
+    ev.add_argument("--interval", type=_ranged(float, 1, 60), default=None,
+                    help="window seconds (default: the scenario's interval_seconds, else 5)")
+    ev.add_argument("--json", action="store_true", help="print the scores as one JSON object on the last line")
+    ev.add_argument("--plot", metavar="FILE.png", help="draw latency, the expected band, phases and regressions")
+    ev.set_defaults(func=_cmd_eval)
     return parser
 
 
