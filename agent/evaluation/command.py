@@ -101,9 +101,13 @@ def main(scenarios: list[str], replay_files: list[str], record: str | None, as_j
         return 0
     summary = summarize([r.score for r in runs])
     if plot:
-        from agent.evaluation.plot import plot_runs
+        from agent.evaluation.plot import PlotUnavailable, plot_runs
 
-        plot_runs(runs, Path(plot))
+        try:
+            plot_runs(runs, Path(plot))
+        except (PlotUnavailable, OSError) as exc:
+            err.write(f"infersight: eval: cannot plot: {exc}\n")
+            return 1
         err.write(f"infersight: wrote {plot}\n")
     from agent.evaluation.report import table
 
