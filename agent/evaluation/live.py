@@ -35,7 +35,7 @@ class LiveRun:
     complete: bool = False
 
 
-class _Stop(Exception):
+class _Stop(KeyboardInterrupt):
     """SIGTERM during a run: unwinds like Ctrl-C so every child is ended."""
 
 
