@@ -59,7 +59,10 @@ class RecordingWriter:
                     "host": host_facts()})
 
     def add(self, item: LabelledWindow) -> None:
-        self._line({"label": item.label, "phase": item.phase, "window": item.window.to_dict()})
+        # The host's 1-minute load average when the window closed: which stretches other work disturbed.
+        # Beside the window, never in it: the detector sees only what the agent collects.
+        self._line({"label": item.label, "phase": item.phase, "host_load1": round(os.getloadavg()[0], 2),
+                    "window": item.window.to_dict()})
 
     def _line(self, obj: dict[str, Any]) -> None:
         assert self._file is not None
