@@ -119,7 +119,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from agent.evaluation import command
 
     return command.main(scenarios=args.scenarios, replay_files=args.replay or [], record=args.record,
-                        as_json=args.json, plot=args.plot, interval=args.interval, record_only=args.record_only)
+                        as_json=args.json, plot=args.plot, interval=args.interval, record_only=args.record_only,
+                        nice=args.nice)
 
 
 def _time_arg(text: str) -> float:
@@ -188,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--record-only", action="store_true", help="record without running the detector")
     ev.add_argument("--interval", type=_ranged(float, 1, 60), default=None,
                     help="window seconds (default: the scenario's interval_seconds, else 5)")
+    ev.add_argument("--nice", type=_ranged(int, -20, 19), default=0,
+                    help="run the server and load at this priority (the suite was recorded at -10 on a shared host)")
     ev.add_argument("--json", action="store_true", help="print the scores as one JSON object on the last line")
     ev.add_argument("--plot", metavar="FILE.png", help="draw latency, the expected band, phases and regressions")
     ev.set_defaults(func=_cmd_eval)

@@ -40,7 +40,7 @@ def replay(paths: list[Path], factory: DetectorFactory) -> list[ScoredRun]:
 
 
 def live(paths: list[Path], factory: DetectorFactory | None, record: Path | None, interval: float | None,
-         progress: TextIO) -> list[ScoredRun]:
+         progress: TextIO, nice: int = 0) -> list[ScoredRun]:
     from agent.evaluation.live import run_live
 
     scenarios = [load_scenario(p) for p in paths]  # every file is checked before anything starts
@@ -50,7 +50,7 @@ def live(paths: list[Path], factory: DetectorFactory | None, record: Path | None
     for path, scenario in zip(paths, scenarios):
         target = Path(str(record).replace("{name}", path.name.removesuffix(".toml"))) if record else None
         step = interval or scenario.interval_seconds or DEFAULT_INTERVAL
-        result = run_live(scenario, step, factory, target, progress=progress)
+        result = run_live(scenario, step, factory, target, progress=progress, nice=nice)
         if result.recorded is not None:
             progress.write(f"recorded {len(result.windows)} windows to {result.recorded}\n")
         if factory is not None:
@@ -60,7 +60,7 @@ def live(paths: list[Path], factory: DetectorFactory | None, record: Path | None
 
 def main(scenarios: list[str], replay_files: list[str], record: str | None, as_json: bool, plot: str | None,
          interval: float | None, record_only: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-         factory: DetectorFactory | None = None) -> int:
+         factory: DetectorFactory | None = None, nice: int = 0) -> int:
     """Exit 0 when scored (or recorded), 1 when a run failed, 2 on bad input."""
     if bool(scenarios) == bool(replay_files):
         err.write("infersight: eval: give scenario files, or --replay with recordings (not both)\n")
@@ -87,7 +87,7 @@ def main(scenarios: list[str], replay_files: list[str], record: str | None, as_j
             runs = replay([Path(p) for p in replay_files], factory)
         else:
             runs = live([Path(p) for p in scenarios], None if record_only else factory,
-                        Path(record) if record else None, interval, err)
+                        Path(record) if record else None, interval, err, nice=nice)
     except (ScenarioError, RecordingError, EvalUsageError) as exc:
         err.write(f"infersight: eval: {exc}\n")
         return 2

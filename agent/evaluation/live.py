@@ -44,8 +44,13 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 
 def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | None, record: Path | None,
-             progress: TextIO = sys.stderr, collect: StartCollection = start_collection, seed: int = 0) -> LiveRun:
-    """Runs the whole schedule; every process it started is ended on any exit (Ctrl-C and SIGTERM included)."""
+             progress: TextIO = sys.stderr, collect: StartCollection = start_collection, seed: int = 0,
+             nice: int = 0) -> LiveRun:
+    """Runs the whole schedule; every process it started is ended on any exit (Ctrl-C and SIGTERM included).
+
+    `nice` runs the server and the load generator at that priority (e.g. -10 on a shared, busy host,
+    so other people's work does not saturate the server before any fault does).
+    """
     run = LiveRun(scenario=scenario, interval=interval)
     children = Children()
     collector: Collector | None = None
@@ -55,7 +60,7 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
     server: processes.Server | None = None
     try:
         _say(progress, f"{scenario.name}: starting the workload server")
-        server = processes.start_server(children, cwd=work)
+        server = processes.start_server(children, cwd=work, nice=nice)
         _say(progress, f"{scenario.name}: server pid {server.pid} at {server.url}; loading probes")
         collector = collect(server.pid, f"{server.url}/metrics", interval)
         for name, why in collector.problems.items():
@@ -63,9 +68,9 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
         collector.tick()  # drop the window that covers probe start-up, before any load
         t0 = time.time()
         if record is not None:
-            writer = RecordingWriter(record, scenario, interval, t0)
+            writer = RecordingWriter(record, scenario, interval, t0, extra={"server_nice": nice})
         schedule = ",".join(f"{scenario.rate_of(p):g}:{p.seconds:g}" for p in scenario.phases)
-        processes.start_load(children, server, schedule, scenario.max_tokens, seed, work / "load.log")
+        processes.start_load(children, server, schedule, scenario.max_tokens, seed, work / "load.log", nice=nice)
         tracker = Tracker(factory) if factory is not None else None
         _schedule(run, scenario, interval, t0, server, children, collector, tracker, writer, work, progress)
         run.complete = True

@@ -86,11 +86,18 @@ class Children:
             pass
 
 
-def start_server(children: Children, cwd: Path, timeout: float = 120.0) -> Server:
+def _niced(nice: int) -> list[str]:
+    # Through nice(1), so every thread the program starts (and every child) inherits it: setpriority on a
+    # running pid would reach its main thread only.
+    return ["nice", "-n", str(nice)] if nice else []
+
+
+def start_server(children: Children, cwd: Path, nice: int = 0, timeout: float = 120.0) -> Server:
     """`python -m workload serve --port 0` with a fresh admin token in its environment; waits for its URL."""
     token = secrets.token_hex(16)
     env = {**_env(), ADMIN_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
-    proc = children.add(subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", "0"], cwd=cwd,
+    proc = children.add(subprocess.Popen([*_niced(nice), sys.executable, "-m", "workload", "serve", "--port", "0"],
+                                         cwd=cwd,
                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True))
     deadline = time.monotonic() + timeout
@@ -124,9 +131,9 @@ def _drain(proc: subprocess.Popen) -> None:
 
 
 def start_load(children: Children, server: Server, schedule: str, max_tokens: str | None, seed: int,
-               log_path: Path | None) -> subprocess.Popen:
+               log_path: Path | None, nice: int = 0) -> subprocess.Popen:
     """`python -m workload load --schedule RATE:SECONDS,...` (open-loop Poisson), its summary to `log_path`."""
-    argv = [sys.executable, "-m", "workload", "load", "--url", server.url, "--schedule", schedule,
+    argv = [*_niced(nice), sys.executable, "-m", "workload", "load", "--url", server.url, "--schedule", schedule,
             "--seed", str(seed), "--no-progress", "--json"]
     if max_tokens:
         argv += ["--max-tokens", max_tokens]

@@ -50,13 +50,14 @@ def host_facts() -> dict[str, Any]:
 class RecordingWriter:
     """Writes FILE.part as it goes and renames it to FILE on close(complete=True), so a cut run never passes as whole."""
 
-    def __init__(self, path: Path, scenario: Scenario, interval: float, started_at: float) -> None:
+    def __init__(self, path: Path, scenario: Scenario, interval: float, started_at: float,
+                 extra: dict[str, Any] | None = None) -> None:
         self.path = path
         self.part = path.with_name(path.name + ".part")
         self._file: IO[str] | None = gzip.open(self.part, "wt", encoding="utf-8")
         self._line({"format": FORMAT, "scenario": scenario.to_dict(), "interval_seconds": interval,
                     "started_at": started_at, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "host": host_facts()})
+                    "host": host_facts(), **(extra or {})})
 
     def add(self, item: LabelledWindow) -> None:
         # The host's 1-minute load average when the window closed: which stretches other work disturbed.

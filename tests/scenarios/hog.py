@@ -1,4 +1,4 @@
-"""Outside CPU contention: two busy processes per CPU for SECONDS, all ended with this one (SIGTERM too)."""
+"""Outside CPU contention: two busy processes per CPU for SECONDS at PID's priority, all ended with this one."""
 
 import os
 import signal
@@ -6,7 +6,10 @@ import sys
 import time
 
 
-def main(seconds: float, per_cpu: int = 2) -> int:
+def main(seconds: float, pid: int | None = None, per_cpu: int = 2) -> int:
+    if pid is not None:
+        # Compete on equal terms with the server, whatever priority it was started at.
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, pid))
     children = []
     for _ in range(per_cpu * (os.cpu_count() or 1)):
         pid = os.fork()
@@ -27,4 +30,4 @@ def main(seconds: float, per_cpu: int = 2) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(float(sys.argv[1]), *(int(a) for a in sys.argv[2:3])))
+    sys.exit(main(float(sys.argv[1]), *(int(a) for a in sys.argv[2:4])))
