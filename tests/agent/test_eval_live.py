@@ -72,8 +72,16 @@ def test_a_live_run_labels_its_windows_and_ends_everything(tmp_path: Path, requi
     log = progress.getvalue()
     assert run.complete and run.recorded == tmp_path / "rec.jsonl.gz", log
     labels = [w.label for w in run.windows]
-    assert 10 <= len(labels) <= 12, labels
-    assert labels[:3] == ["normal"] * 3 and "gc" in labels and labels[-2:] == ["blocked"] * 2, labels
+    # 22 s in 2 s windows; a busy host makes ticks late (longer windows, fewer of them), never gaps.
+    assert 6 <= len(labels) <= 12, labels
+    spans = [(a.window.end, b.window.start) for a, b in zip(run.windows, run.windows[1:])]
+    assert all(abs(end - start) < 1e-6 for end, start in spans)
+    assert sum(w.window.duration for w in run.windows) == pytest.approx(22, abs=2.5)
+    order = [label for i, label in enumerate(labels) if i == 0 or labels[i - 1] != label]
+    assert order == ["normal", "gc", "blocked"], labels
+    for item in run.windows:
+        mid = (item.window.start + item.window.end) / 2 - run.windows[0].window.start
+        assert item.phase == scenario.phase_at(mid), (item.phase, mid)
     # Each window carries what the agent collects: BPF, py-spy, psutil and latency, with the server's figures.
     w = run.windows[2].window
     assert w.syscalls is not None and w.offcpu is not None and w.process is not None and w.stacks is not None
