@@ -40,11 +40,17 @@ def _one(ax: Any, run: Any) -> None:
     def ms(v: float | None) -> float:
         return float("nan") if v is None else v * 1000
 
-    ax.plot(x, [ms(o.p99) for o in outcomes], color="#222222", lw=1.2, label="p99")
-    ax.plot(x, [ms(o.p50) for o in outcomes], color="#777777", lw=0.8, label="p50")
-    lo = [ms(o.expected_p50) for o in outcomes]
-    hi = [ms(o.expected_p99) for o in outcomes]
-    ax.fill_between(x, lo, hi, color="#4c9f70", alpha=0.18, step="pre", label="expected p50..p99")
+    # Each window's value holds from its start to its end: steps, with the first window's start prepended.
+    xs = [0.0, *x]
+
+    def steps(values: list[float]) -> list[float]:
+        return [values[0], *values]
+
+    ax.plot(xs, steps([ms(o.p99) for o in outcomes]), color="#222222", lw=1.2, drawstyle="steps-pre", label="p99")
+    ax.plot(xs, steps([ms(o.p50) for o in outcomes]), color="#777777", lw=0.8, drawstyle="steps-pre", label="p50")
+    lo = steps([ms(o.expected_p50) for o in outcomes])
+    hi = steps([ms(o.expected_p99) for o in outcomes])
+    ax.fill_between(xs, lo, hi, color="#4c9f70", alpha=0.25, step="pre", label="expected p50..p99")
     for p in run.score.phases:
         if not p.is_fault:
             continue
