@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import logging
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -15,12 +16,11 @@ from typing import TextIO
 from agent.evaluation import processes
 from agent.evaluation.collection import Collector, start_collection
 from agent.evaluation.detection import DetectorFactory, Tracker
-from agent.evaluation.processes import Children, EvalProcessError
+from agent.evaluation.processes import Children
 from agent.evaluation.recording import LabelledWindow, RecordingWriter
 from analysis.scenario import Phase, Scenario
 from analysis.scoring import Outcome
-
-log = logging.getLogger("infersight.eval")
+from analysis.window import Window
 
 StartCollection = Callable[[int, str, float], Collector]
 
@@ -83,6 +83,10 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
             collector.close()
         if writer is not None:
             run.recorded = writer.close(complete=run.complete)
+        if run.complete:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            _say(progress, f"{scenario.name}: the server's, load's and commands' logs are kept in {work}")
     return run
 
 
@@ -100,7 +104,8 @@ def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, serv
         index = scenario.phase_at(now - t0)
         if index != current:
             if current is not None:
-                command = _end_phase(scenario.phases[current], server, children, command)
+                _end_phase(scenario.phases[current], server, children, command)
+                command = None
             current = index
             if index is None:
                 break
@@ -120,7 +125,7 @@ def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, serv
 
 
 def _begin_phase(phase: Phase, index: int, scenario: Scenario, server: processes.Server, children: Children,
-                 work: Path, progress: TextIO):
+                 work: Path, progress: TextIO) -> subprocess.Popen | None:
     what = [f"label {phase.label}", f"rate {scenario.rate_of(phase):g}/s"]
     if phase.fault:
         processes.set_fault(server, phase.fault, True)
@@ -134,20 +139,15 @@ def _begin_phase(phase: Phase, index: int, scenario: Scenario, server: processes
     return command
 
 
-def _end_phase(phase: Phase, server: processes.Server, children: Children, command) -> None:
+def _end_phase(phase: Phase, server: processes.Server, children: Children, command: subprocess.Popen | None) -> None:
     if command is not None:
         children.stop(command)
         processes.resume(server.pid)
     if phase.fault:
-        try:
-            processes.set_fault(server, phase.fault, False)
-        except EvalProcessError as exc:
-            log.warning("%s", exc)
-            raise
-    return None
+        processes.set_fault(server, phase.fault, False)
 
 
-def _window(run: LiveRun, scenario: Scenario, t0: float, window, tracker: Tracker | None,
+def _window(run: LiveRun, scenario: Scenario, t0: float, window: Window, tracker: Tracker | None,
             writer: RecordingWriter | None, progress: TextIO, total: float) -> None:
     mid = (window.start + window.end) / 2 - t0
     index = scenario.phase_at(mid)
