@@ -110,7 +110,8 @@ def start_server(children: Children, cwd: Path, nice: int = 0, timeout: float = 
         line = proc.stdout.readline()
         seen.append(line)
         if match := URL_PATTERN.search(line):
-            threading.Thread(target=_drain, args=(proc,), daemon=True, name="eval-server-log").start()
+            threading.Thread(target=_drain, args=(proc, cwd / "server.log", seen), daemon=True,
+                             name="eval-server-log").start()
             return Server(proc=proc, url=match.group(1), port=int(match.group(2)), token=token)
     children.stop(proc)
     raise EvalProcessError(f"workload server printed no URL within {timeout:.0f}s (exit {proc.poll()}): "
@@ -124,10 +125,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _drain(proc: subprocess.Popen) -> None:
+def _drain(proc: subprocess.Popen, path: Path, head: list[str]) -> None:
+    # Keep reading so a full pipe never stalls the server; keep what it says for a failed run.
     assert proc.stdout is not None
-    for _ in proc.stdout:
-        pass
+    with open(path, "w") as out:
+        out.writelines(head)
+        for line in proc.stdout:
+            out.write(line)
+            out.flush()
 
 
 def start_load(children: Children, server: Server, schedule: str, max_tokens: str | None, seed: int,
