@@ -62,7 +62,9 @@ def _one(ax: Any, run: Any) -> None:
     for i, o in enumerate(outcomes):
         if o.opened is None:
             continue
-        cause = next((q.top_cause for q in outcomes[i:] if q.regression == o.opened and q.top_cause), o.top_cause)
+        # The cause as last ranked while the episode lasted (it is re-ranked while open).
+        cause = next((q.top_cause for q in reversed(outcomes[i:]) if q.regression == o.opened and q.top_cause),
+                     o.top_cause)
         ax.axvline(x[i], color="#c0392b", lw=1, ls="--")
         ax.annotate(f"regression: {cause}", (x[i], top), rotation=90, fontsize=7, color="#c0392b",
                     ha="right", va="top")
