@@ -117,3 +117,17 @@ def test_every_signal_has_a_known_label_and_positive_floors():
     assert {s.label for s in SIGNALS} == set(CAUSE_LABELS) - {"unknown"}
     assert all(s.floor > 0 and s.min_change > 0 for s in SIGNALS)
     assert BY_NAME["gc_pause"].unit == "ms/s"
+
+
+def test_run_queue_growth_with_more_cpu_per_token_is_compute_not_contention():
+    alone = rank(runqueue=3.0)
+    both = rank(runqueue=3.0, cpu_per_token=0.008)
+    kept = Attributor(contention_compute_discount=1.0).rank({**QUIET, "runqueue": 3.0, "cpu_per_token": 0.008}, STATS)
+    contention_alone = alone[0].score
+    assert alone[0].label == "cpu_contention"
+    assert next(c for c in both if c.label == "cpu_contention").score == pytest.approx(contention_alone * 0.5, abs=1e-3)
+    assert next(c for c in kept if c.label == "cpu_contention").score == pytest.approx(contention_alone)
+    # log2(10) * 0.5 = 1.66 for contention vs log2(4) * 0.5 = 1.0 for compute: the discount alone does not flip a
+    # much larger run-queue move, only evens it with the server's own extra work.
+    assert both[0].label == "cpu_contention"
+    assert rank(runqueue=1.0, cpu_per_token=0.008)[0].label == "compute"
