@@ -49,15 +49,13 @@ class Attributor:
     """Compares a regression's signal values with the baseline; parameters only, stateless between calls."""
 
     def __init__(self, min_z: float = 3.0, min_ratio: float = 1.5, compute_weight: float = 0.5,
-                 lock_blocked_discount: float = 0.5, profile_min_jsd: float = 0.1, max_causes: int = 4,
-                 contention_compute_discount: float = 0.5) -> None:
+                 lock_blocked_discount: float = 0.5, profile_min_jsd: float = 0.1, max_causes: int = 4) -> None:
         self.min_z = min_z
         self.min_ratio = min_ratio
         self.compute_weight = compute_weight
         self.lock_blocked_discount = lock_blocked_discount
         self.profile_min_jsd = profile_min_jsd
         self.max_causes = max_causes
-        self.contention_compute_discount = contention_compute_discount
 
     def moved(self, sig: Signal, value: float | None, stats: SignalStats | None) -> Moved | None:
         """The signal's move when it passes every gate (absolute change, z, ratio), else None."""
@@ -92,12 +90,14 @@ class Attributor:
         if "lock" in causes and "blocked" in causes and best["lock"][1].signal.name == "app_wait":
             c = causes["lock"]
             causes["lock"] = Cause("lock", round(c.score * self.lock_blocked_discount, 4), c.evidence, c.value, c.baseline)
-        # Run-queue wait is the witness of contention only while the server's own work per token is unchanged: a
-        # server that needs more CPU per token queues behind its own extra work, and that is compute.
-        if "cpu_contention" in causes and "compute" in causes:
+        # Run-queue wait per CPU second is the witness of contention only while the server's own work per token is
+        # unchanged: a server that needs k times the CPU per token queues behind its own extra work about k times
+        # as long. So contention keeps only the run-queue growth beyond the growth of CPU per token (log ratios).
+        if "cpu_contention" in causes and "compute" in causes and best["cpu_contention"][1].signal.name == "runqueue":
             c = causes["cpu_contention"]
-            causes["cpu_contention"] = Cause("cpu_contention", round(c.score * self.contention_compute_discount, 4),
-                                             c.evidence, c.value, c.baseline)
+            own = best["compute"][1].score  # log2 of the CPU-per-token ratio, before compute_weight
+            causes["cpu_contention"] = Cause("cpu_contention", round(max(c.score - own, 0.0), 4),
+                                             f"{c.evidence}; less CPU per token x{2 ** own:.3g}", c.value, c.baseline)
         self._add_profile(causes, jsd, jsd_stats)
         ranked = sorted(causes.values(), key=lambda c: (-c.score, c.label))[: self.max_causes]
         if ranked:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from analysis.attribution import Attributor
-from analysis.baseline import Baseline
+from analysis.baseline import Baseline, cpu_wait
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
 from analysis.profile import leaf_counts, merge, top_shifts
@@ -59,7 +59,7 @@ class LatencyDetector:
                  min_cause_z: float = 3.0, min_cause_ratio: float = 1.5, compute_weight: float = 0.5,
                  lock_blocked_discount: float = 0.5, profile_min_jsd: float = 0.1, max_causes: int = 4,
                  max_functions: int = 10, strong_cause_score: float = 4.0, strong_open_score: float = 0.0,
-                 rto_min_seconds: float = 0.2, contention_compute_discount: float = 0.5) -> None:
+                 rto_min_seconds: float = 0.2, min_net_scale: float = 0.2) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
         self.open_score = open_score
@@ -91,7 +91,7 @@ class LatencyDetector:
         self.strong_cause_score = strong_cause_score
         self.strong_open_score = strong_open_score
         self.rto_min_seconds = rto_min_seconds
-        self.contention_compute_discount = contention_compute_discount
+        self.min_net_scale = min_net_scale
         self._check_params()
         self.reset()
 
@@ -193,7 +193,8 @@ class LatencyDetector:
         score = self._score(f, expected_all, values) if usable else None
         strength = self._corroboration(values)
         explained = strength > 0
-        stalled = not usable and self._stalled(f) and explained
+        # Silence is the weakest latency evidence (clients may have left), so it needs the strongest mechanism.
+        stalled = not usable and self._stalled(f) and strength >= self.strong_cause_score
         anomalous = stalled or (score is not None and (
             score >= self.unexplained_open_score
             or (explained and score >= self.open_score)
@@ -240,7 +241,12 @@ class LatencyDetector:
             parts.append(zt)
         # The mean (exact, from the histogram's sum) and the tail count (from bucket deltas) see different
         # failures; averaging their z keeps one noisy estimate from alarming alone.
-        return round(sum(parts) / len(parts), 4)
+        gross = sum(parts) / len(parts)
+        # The same latency net of the time the server waited for a CPU: on a shared host that wait is most of the
+        # noise, and a fault that does not take CPUs away (a lock, GC, disk) stands out of what is left. CPU
+        # contention itself shows in the gross test.
+        net = model.z_net(f.mean_seconds, cpu_wait(f), f.requests, expected["mean"])
+        return round(gross if net is None else max(gross, net), 4)
 
     def _retransmit_cost(self, f: Features, values: dict[str, float | None]) -> float:
         """Seconds per request that retransmissions beyond the baseline's rate cost the clients, at least.
@@ -273,7 +279,8 @@ class LatencyDetector:
 
     def _refit(self) -> None:
         self.model_ = ExpectedLatency(self.max_elasticity, self.tail_quantile, self.min_log_scale,
-                                      self.load_allowance, self.load_quantile).fit(
+                                      self.load_allowance, self.load_quantile,
+                                      min_net_scale=self.min_net_scale).fit(
             self.baseline_.latency_rows())
         self.since_refit_ = 0
 
@@ -292,7 +299,7 @@ class LatencyDetector:
     def _attributor(self) -> Attributor:
         return Attributor(min_z=self.min_cause_z, min_ratio=self.min_cause_ratio, compute_weight=self.compute_weight,
                           lock_blocked_discount=self.lock_blocked_discount, profile_min_jsd=self.profile_min_jsd,
-                          max_causes=self.max_causes, contention_compute_discount=self.contention_compute_discount)
+                          max_causes=self.max_causes)
 
     def _causes(self, samples: list[dict], window: Window) -> list[Cause]:
         agg: dict[str, float | None] = {}

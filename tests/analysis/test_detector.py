@@ -406,3 +406,12 @@ def test_baseline_rows_keep_only_the_buckets_that_matter_and_count_the_same():
     for t in (0.05, 0.1, 0.13, 0.4, 3.0):
         assert exceed_count(short, t) == pytest.approx(exceed_count(full, t))
     assert trim(((0.1, 0.0), (float("inf"), 0.0))) == ()
+
+
+def test_a_stall_counts_only_with_a_strong_cause_and_strong_cause_score_is_its_edge():
+    stall = synth.windows(60, 4, Load(rate=0.0, retransmits=10))  # 2 /s: x10 the 0.2 /s floor, log2 3.3
+    strength = armed()._corroboration({**read_all(extract(stall[0])), "jsd": None})
+    assert 3.0 < strength < 4.0
+    assert opened(feed(armed(), stall)) == []  # a weak move and silence: clients may just have left
+    assert opened(feed(armed(strong_cause_score=strength), stall)) == [1]
+    assert opened(feed(armed(strong_cause_score=strength + 0.01), stall)) == []
