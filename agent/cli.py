@@ -147,6 +147,7 @@ def _cmd_baseline_reset(args: argparse.Namespace) -> int:
     except regressions_cmd.UsageError as exc:
         return _fail(str(exc))
 
+
 def _cmd_alerts(args: argparse.Namespace) -> int:
     config, code = _load_config(args.config)
     if config is None:
@@ -163,6 +164,16 @@ def _cmd_alert_test(args: argparse.Namespace) -> int:
     from agent.alerts import cli as alerts_cli
 
     return alerts_cli.send_test(config, args.receiver, store_dir=args.store)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    if args.scenarios and (code := _require_root("eval")) is not None:
+        return code
+    from agent.evaluation import command
+
+    return command.main(scenarios=args.scenarios, replay_files=args.replay or [], record=args.record,
+                        as_json=args.json, plot=args.plot, interval=args.interval, record_only=args.record_only,
+                        nice=args.nice)
 
 
 def _time_arg(text: str) -> float:
@@ -259,6 +270,19 @@ def build_parser() -> argparse.ArgumentParser:
     from agent.loadtest.command import add_parser as add_loadtest
 
     add_loadtest(sub)
+
+    ev = sub.add_parser("eval", help="score the detector on labelled fault scenarios (live, root) or recordings")
+    ev.add_argument("scenarios", nargs="*", metavar="SCENARIO", help="scenario TOML files to run live")
+    ev.add_argument("--replay", nargs="+", metavar="FILE", help="recorded runs (.jsonl.gz) to re-score offline")
+    ev.add_argument("--record", metavar="FILE", help="write the labelled windows here ({name}: the scenario's file name)")
+    ev.add_argument("--record-only", action="store_true", help="record without running the detector")
+    ev.add_argument("--interval", type=_ranged(float, 1, 60), default=None,
+                    help="window seconds (default: the scenario's interval_seconds, else 5)")
+    ev.add_argument("--nice", type=_ranged(int, -20, 19), default=0,
+                    help="run the server and load at this priority (the suite was recorded at -10 on a shared host)")
+    ev.add_argument("--json", action="store_true", help="print the scores as one JSON object on the last line")
+    ev.add_argument("--plot", metavar="FILE.png", help="draw latency, the expected band, phases and regressions")
+    ev.set_defaults(func=_cmd_eval)
     return parser
 
 

@@ -12,6 +12,36 @@ LATENCY_KINDS: tuple[str, ...] = ("histogram", "counter")
 
 
 @dataclass(frozen=True)
+class ServerFigures:
+    """Where a server publishes its load and per-phase timings; None where it publishes no such thing.
+
+    `tokens` is a sample name whose increase is generated tokens (a counter's `_total` or a
+    histogram's `_sum`); `waiting` and `running` are gauges; the rest are histogram base names whose
+    window mean is the increase of `_sum` over the increase of `_count`.
+    """
+
+    tokens: str | None = None
+    waiting: str | None = None
+    running: str | None = None
+    ttft: str | None = None
+    tpot: str | None = None
+    queue: str | None = None
+    prefill: str | None = None
+    decode: str | None = None
+
+
+VLLM_FIGURES = ServerFigures(
+    tokens="vllm:generation_tokens_total", waiting="vllm:num_requests_waiting", running="vllm:num_requests_running",
+    ttft="vllm:time_to_first_token_seconds", tpot="vllm:time_per_output_token_seconds",
+    queue="vllm:request_queue_time_seconds", prefill="vllm:request_prefill_time_seconds",
+    decode="vllm:request_decode_time_seconds")
+# TGI (router metrics): no TTFT and no per-request prefill/decode split, only per-batch forward times.
+TGI_FIGURES = ServerFigures(
+    tokens="tgi_request_generated_tokens_sum", waiting="tgi_queue_size", running="tgi_batch_current_size",
+    tpot="tgi_request_mean_time_per_token_duration", queue="tgi_request_queue_duration")
+
+
+@dataclass(frozen=True)
 class LatencyPreset:
     name: str
     url: str
@@ -22,6 +52,7 @@ class LatencyPreset:
     # For kind "counter": the counter of completed requests that divides the duration counter.
     count_metric: str | None
     summary: str
+    figures: ServerFigures = ServerFigures()
 
 
 PRESETS: dict[str, LatencyPreset] = {
@@ -35,6 +66,7 @@ PRESETS: dict[str, LatencyPreset] = {
             unit_seconds=1.0,
             count_metric=None,
             summary="the bundled PyTorch server; it exports vLLM's metric names on port 8000",
+            figures=VLLM_FIGURES,
         ),
         LatencyPreset(
             name="vllm",
@@ -44,6 +76,7 @@ PRESETS: dict[str, LatencyPreset] = {
             unit_seconds=1.0,
             count_metric=None,
             summary="vLLM's OpenAI-compatible server: end-to-end request latency histogram, seconds",
+            figures=VLLM_FIGURES,
         ),
         LatencyPreset(
             name="tgi",
@@ -54,6 +87,7 @@ PRESETS: dict[str, LatencyPreset] = {
             count_metric=None,
             summary="Hugging Face text-generation-inference: request duration histogram, seconds "
             "(launcher's default port 3000; the Docker image listens on 80)",
+            figures=TGI_FIGURES,
         ),
         LatencyPreset(
             name="triton",

@@ -6,6 +6,7 @@ import logging
 
 from agent.collectors import SourceFactories
 from agent.config import Config
+from agent.presets import PRESETS
 from agent.sources.gpu import GpuSource
 from agent.sources.latency import LatencySource
 from agent.sources.process import ProcessSource
@@ -32,8 +33,9 @@ def source_factories(target: Target, config: Config, pyspy: bool = True) -> Sour
 
 
 def _latency_source(spec) -> LatencySource:
+    figures = PRESETS[spec.preset].figures if spec.preset else None
     source = LatencySource(spec.url, spec.metric, timeout=spec.timeout_seconds, kind=spec.kind,
-                           count_metric=spec.count_metric, unit_seconds=spec.unit_seconds)
+                           count_metric=spec.count_metric, unit_seconds=spec.unit_seconds, figures=figures)
     try:
         source.prime()  # the baseline scrape, so the first window already has a delta
     except ProbeError as exc:

@@ -90,6 +90,14 @@ class Attributor:
         if "lock" in causes and "blocked" in causes and best["lock"][1].signal.name == "app_wait":
             c = causes["lock"]
             causes["lock"] = Cause("lock", round(c.score * self.lock_blocked_discount, 4), c.evidence, c.value, c.baseline)
+        # Run-queue wait per CPU second is the witness of contention only while the server's own work per token is
+        # unchanged: a server that needs k times the CPU per token queues behind its own extra work about k times
+        # as long. So contention keeps only the run-queue growth beyond the growth of CPU per token (log ratios).
+        if "cpu_contention" in causes and "compute" in causes and best["cpu_contention"][1].signal.name == "runqueue":
+            c = causes["cpu_contention"]
+            own = best["compute"][1].score  # log2 of the CPU-per-token ratio, before compute_weight
+            causes["cpu_contention"] = Cause("cpu_contention", round(max(c.score - own, 0.0), 4),
+                                             f"{c.evidence}; less CPU per token x{2 ** own:.3g}", c.value, c.baseline)
         self._add_profile(causes, jsd, jsd_stats)
         ranked = sorted(causes.values(), key=lambda c: (-c.score, c.label))[: self.max_causes]
         if ranked:

@@ -49,7 +49,14 @@ def trim(buckets: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float],
 
 def latency_row(f: Features) -> Row:
     return Row(n=f.requests or 0.0, rate=f.request_rate, tpr=f.tokens_per_request, mean=f.mean_seconds,
-               p50=f.p50_seconds, p99=f.p99_seconds, buckets=trim(f.buckets))
+               p50=f.p50_seconds, p99=f.p99_seconds, buckets=trim(f.buckets), cpu_wait=cpu_wait(f))
+
+
+def cpu_wait(f: Features) -> float | None:
+    """Run-queue seconds per request (Little's law), None where the run queue or the request rate is unknown."""
+    if f.runqueue_per_second is None or not f.request_rate:
+        return None
+    return f.runqueue_per_second / f.request_rate
 
 
 class Baseline:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from analysis.attribution import Attributor
-from analysis.baseline import Baseline
+from analysis.baseline import Baseline, cpu_wait
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
 from analysis.profile import leaf_counts, merge, top_shifts
@@ -58,7 +58,8 @@ class LatencyDetector:
                  max_elasticity: float = 2.0, tail_quantile: float = 0.9, min_log_scale: float = 0.05,
                  min_cause_z: float = 3.0, min_cause_ratio: float = 1.5, compute_weight: float = 0.5,
                  lock_blocked_discount: float = 0.5, profile_min_jsd: float = 0.1, max_causes: int = 4,
-                 max_functions: int = 10) -> None:
+                 max_functions: int = 10, strong_cause_score: float = 4.0, strong_open_score: float = 0.0,
+                 rto_min_seconds: float = 0.2, min_net_scale: float = 0.2) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
         self.open_score = open_score
@@ -87,6 +88,10 @@ class LatencyDetector:
         self.profile_min_jsd = profile_min_jsd
         self.max_causes = max_causes
         self.max_functions = max_functions
+        self.strong_cause_score = strong_cause_score
+        self.strong_open_score = strong_open_score
+        self.rto_min_seconds = rto_min_seconds
+        self.min_net_scale = min_net_scale
         self._check_params()
         self.reset()
 
@@ -98,6 +103,10 @@ class LatencyDetector:
         if not self.close_score < self.open_score <= self.unexplained_open_score:
             raise ValueError("need close_score < open_score <= unexplained_open_score, got "
                              f"{self.close_score!r}, {self.open_score!r}, {self.unexplained_open_score!r}")
+        if not self.strong_open_score <= self.open_score:
+            raise ValueError(f"need strong_open_score <= open_score, got {self.strong_open_score!r}")
+        if self.rto_min_seconds < 0:
+            raise ValueError(f"rto_min_seconds must be >= 0, got {self.rto_min_seconds!r}")
         if self.close_windows < 1:
             raise ValueError(f"close_windows must be >= 1, got {self.close_windows!r}")
         if self.baseline_windows < self.warmup_windows:
@@ -180,12 +189,16 @@ class LatencyDetector:
         model = self.model_
         expected_all = model.expected(f.request_rate, f.tokens_per_request)
         expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
-        score = self._score(f, expected_all) if usable else None
         values = {**read_all(f), "jsd": self.baseline_.jsd(leaves)}
-        explained = self._explained(values)
-        stalled = not usable and self._stalled(f) and explained
-        anomalous = stalled or (score is not None and score >= self.open_score and (
-            score >= self.unexplained_open_score or explained))
+        score = self._score(f, expected_all, values) if usable else None
+        strength = self._corroboration(values)
+        explained = strength > 0
+        # Silence is the weakest latency evidence (clients may have left), so it needs the strongest mechanism.
+        stalled = not usable and self._stalled(f) and strength >= self.strong_cause_score
+        anomalous = stalled or (score is not None and (
+            score >= self.unexplained_open_score
+            or (explained and score >= self.open_score)
+            or (strength >= self.strong_cause_score and score >= self.strong_open_score)))
         if score is not None or stalled:
             self.history_.append(anomalous)
         if anomalous:
@@ -220,15 +233,32 @@ class LatencyDetector:
 
     # -- pieces --------------------------------------------------------------------------------------
 
-    def _score(self, f: Features, expected: dict[str, float]) -> float | None:
+    def _score(self, f: Features, expected: dict[str, float], values: dict[str, float | None]) -> float | None:
         model = self.model_
         assert model is not None and f.mean_seconds is not None and f.requests is not None
-        parts = [model.z_mean(f.mean_seconds, f.requests, expected["mean"])]
+        parts = [model.z_mean(f.mean_seconds + self._retransmit_cost(f, values), f.requests, expected["mean"])]
         if (zt := model.z_tail(f.buckets, expected["mean"])) is not None:
             parts.append(zt)
         # The mean (exact, from the histogram's sum) and the tail count (from bucket deltas) see different
         # failures; averaging their z keeps one noisy estimate from alarming alone.
-        return round(sum(parts) / len(parts), 4)
+        gross = sum(parts) / len(parts)
+        # The same latency net of the time the server waited for a CPU: on a shared host that wait is most of the
+        # noise, and a fault that does not take CPUs away (a lock, GC, disk) stands out of what is left. CPU
+        # contention itself shows in the gross test.
+        net = model.z_net(f.mean_seconds, cpu_wait(f), f.requests, expected["mean"])
+        return round(gross if net is None else max(gross, net), 4)
+
+    def _retransmit_cost(self, f: Features, values: dict[str, float | None]) -> float:
+        """Seconds per request that retransmissions beyond the baseline's rate cost the clients, at least.
+
+        The server's histogram ends when it hands the reply to the kernel; a lost segment of that reply (or of the
+        request) costs its client at least one retransmission timeout (Linux RTO min, 200 ms) that the server never
+        sees. Spread over the window's requests that is a lower bound on the latency users lost to the network."""
+        rate, now = f.request_rate, values.get("retransmits")
+        stats = self.baseline_.stats().get("retransmits")
+        if rate is None or rate <= 0 or now is None or stats is None:
+            return 0.0
+        return max(0.0, now - stats.median) * self.rto_min_seconds / rate
 
     def _stalled(self, f: Features) -> bool:
         """Far fewer requests finished than the baseline's usual count: a server (or its network) that stalls
@@ -239,16 +269,18 @@ class LatencyDetector:
         expected = median(ns) * f.duration
         return expected >= self.min_stall_requests and f.requests < self.stall_fraction * expected
 
-    def _explained(self, values: dict[str, float | None]) -> bool:
-        """Whether some cause signal of this window moved: corroboration that lets a smaller latency rise count."""
+    def _corroboration(self, values: dict[str, float | None]) -> float:
+        """How far this window's strongest cause signal moved (its score, log2 of the ratio to the baseline), 0 when
+        none passed the gates: corroboration that lets a smaller latency rise count."""
         stats = self.baseline_.stats()
         causes = self._attributor().rank({k: v for k, v in values.items() if k != "jsd"}, stats, values.get("jsd"),
                                          stats.get("jsd"))
-        return causes[0].label != "unknown"
+        return 0.0 if causes[0].label == "unknown" else max(causes[0].score, 1e-9)
 
     def _refit(self) -> None:
         self.model_ = ExpectedLatency(self.max_elasticity, self.tail_quantile, self.min_log_scale,
-                                      self.load_allowance, self.load_quantile).fit(
+                                      self.load_allowance, self.load_quantile,
+                                      min_net_scale=self.min_net_scale).fit(
             self.baseline_.latency_rows())
         self.since_refit_ = 0
 

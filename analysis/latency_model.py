@@ -30,6 +30,9 @@ class Row:
     p50: float | None
     p99: float | None
     buckets: tuple[tuple[float, float], ...]
+    # Seconds per request the server's threads spent runnable but not running (Little's law: run-queue s/s over
+    # requests/s); None where the run queue was not measured.
+    cpu_wait: float | None = None
 
 
 def exceed_count(buckets: tuple[tuple[float, float], ...], threshold: float) -> float:
@@ -63,7 +66,10 @@ class ExpectedLatency:
     """Huber fits of log latency on log load; residual centre and per-request scale; the tail threshold."""
 
     def __init__(self, max_elasticity: float = 2.0, tail_quantile: float = 0.9, min_log_scale: float = 0.05,
-                 load_allowance: float = 1.0, load_quantile: float = 0.9) -> None:
+                 load_allowance: float = 1.0, load_quantile: float = 0.9, min_net_rows: int = 6,
+                 min_net_scale: float = 0.2) -> None:
+        self.min_net_scale = min_net_scale
+        self.min_net_rows = min_net_rows
         self.max_elasticity = max_elasticity
         self.load_quantile = load_quantile
         self.load_allowance = load_allowance
@@ -96,6 +102,15 @@ class ExpectedLatency:
         self.center_ = median(e for e, _ in res)
         self.typical_n_ = median(r.n for r in rows)
         self.unit_scale_ = mad_sigma((e - self.center_) * math.sqrt(n) for e, n in res)
+        # Latency net of CPU waits, in units of the expected mean: on a shared host most of the baseline's spread is
+        # time spent waiting for a CPU, which the run queue measures; what is left is the server's own time.
+        net = [((r.mean - r.cpu_wait) / math.exp(self._predict_log("mean", x[i])), r.n) for i, r in enumerate(rows)
+               if r.cpu_wait is not None]
+        self.net_center_: float | None = None
+        self.net_unit_scale_ = 0.0
+        if len(net) >= self.min_net_rows:
+            self.net_center_ = median(v for v, _ in net)
+            self.net_unit_scale_ = mad_sigma((v - self.net_center_) * math.sqrt(n) for v, n in net)
         # Tail: pool every baseline histogram in units of its window's expected mean, take its q-quantile.
         pooled: dict[float, float] = {}
         scaled_rows = []
@@ -162,6 +177,14 @@ class ExpectedLatency:
         # requests that share batches and a busy host are not independent, so noise does not shrink as 1/sqrt(n).
         scale = max(self.unit_scale_ / math.sqrt(min(n, self.typical_n_)), self.min_log_scale)
         return (math.log(mean) - math.log(expected_mean) - self.center_) / scale
+
+    def z_net(self, mean: float, cpu_wait: float | None, n: float, expected_mean: float) -> float | None:
+        """Robust z of this window's latency net of CPU waits, against the baseline's, in units of the expected mean;
+        None when the run queue was not measured here or in enough baseline windows."""
+        if cpu_wait is None or self.net_center_ is None:
+            return None
+        scale = max(self.net_unit_scale_ / math.sqrt(min(n, self.typical_n_)), self.min_net_scale)
+        return ((mean - cpu_wait) / expected_mean - self.net_center_) / scale
 
     def z_tail(self, buckets: tuple[tuple[float, float], ...], expected_mean: float) -> float | None:
         """Over-dispersed binomial z of how many requests passed the baseline's tail bound scaled to this load."""

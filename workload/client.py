@@ -109,7 +109,7 @@ def debug(url: str, token: str) -> dict:
 
 def fault_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m workload fault")
-    parser.add_argument("name", help="gc, lock, syscall, netloss, cpuhog or nocache")
+    parser.add_argument("name", help="gc, lock, syscall, netloss, cpuhog, nocache or io")
     parser.add_argument("state", choices=["on", "off"])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--token-file", type=Path, help="file (mode 0600) holding the admin token")

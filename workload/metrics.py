@@ -19,6 +19,9 @@ class ServerMetrics:
     e2e: Histogram
     ttft: Histogram
     tpot: Histogram
+    queue_time: Histogram
+    prefill_time: Histogram
+    decode_time: Histogram
     prompt_tokens: Counter
     generation_tokens: Counter
     running: Gauge
@@ -46,6 +49,11 @@ def create_metrics(registry: CollectorRegistry, model_name: str) -> ServerMetric
         e2e=hist("vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds.", E2E_BUCKETS),
         ttft=hist("vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS),
         tpot=hist("vllm:time_per_output_token_seconds", "Time per output token in seconds.", TPOT_BUCKETS),
+        queue_time=hist("vllm:request_queue_time_seconds", "Time spent waiting before the first engine iteration.",
+                        E2E_BUCKETS),
+        prefill_time=hist("vllm:request_prefill_time_seconds", "Time from admission to the first token.",
+                          E2E_BUCKETS),
+        decode_time=hist("vllm:request_decode_time_seconds", "Time from the first token to the last.", E2E_BUCKETS),
         prompt_tokens=Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", label,
                               registry=registry),
         generation_tokens=Counter("vllm:generation_tokens", "Number of generation tokens processed.", label,
@@ -70,7 +78,8 @@ def create_metrics(registry: CollectorRegistry, model_name: str) -> ServerMetric
         model_name=model_name,
     )
     # Touch every labelled child so each series exists, at zero, from the first scrape.
-    for metric in (metrics.e2e, metrics.ttft, metrics.tpot, metrics.prompt_tokens, metrics.generation_tokens,
+    for metric in (metrics.e2e, metrics.ttft, metrics.tpot, metrics.queue_time, metrics.prefill_time,
+                   metrics.decode_time, metrics.prompt_tokens, metrics.generation_tokens,
                    metrics.running, metrics.waiting, metrics.batch_size, metrics.iteration_tokens,
                    metrics.engine_errors):
         metric.labels(model_name)

@@ -41,6 +41,7 @@ class Request:
     prompt_len: int
     events: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    admitted_at: float | None = None
     first_token_at: float | None = None
 
     def cancel(self) -> None:
@@ -180,6 +181,7 @@ class Scheduler:
                 except PoolExhausted:
                     break
                 self._waiting.popleft()
+                request.admitted_at = self.clock()
                 self._running.append(request)
                 self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(request.prompt_len)
             self._gauges()
@@ -199,6 +201,11 @@ class Scheduler:
             n = len(request.seq.generated)
             if n > 1 and request.first_token_at is not None:
                 self.metrics.tpot.labels(name).observe((now - request.first_token_at) / (n - 1))
+            # vLLM's split of a finished request: waiting, then prefill up to its first token, then decode.
+            if request.admitted_at is not None and request.first_token_at is not None:
+                self.metrics.queue_time.labels(name).observe(request.admitted_at - request.arrival)
+                self.metrics.prefill_time.labels(name).observe(request.first_token_at - request.admitted_at)
+                self.metrics.decode_time.labels(name).observe(now - request.first_token_at)
         self.metrics.success.labels(name, reason).inc()
         request.events.put(Event("done", detail=reason))
 

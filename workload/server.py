@@ -224,6 +224,7 @@ def debug() -> Response:
         "use_cache": scheduler.engine.use_cache,
         "faults": serving.faults.active(),
         "cpuhog_pids": getattr(serving.faults.faults.get("cpuhog"), "pids", []),
+        "io_syncs": getattr(serving.faults.faults.get("io"), "syncs", 0),
     })
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.presets import ServerFigures
 from analysis.errors import ReadingError
 from analysis.health import Health
 from analysis.redact import redact_text, redact_url
@@ -136,6 +137,61 @@ def counter_delta(prev: Series | None, cur: Series) -> tuple[float, int]:
     return total, resets
 
 
+def parse_samples(text: str, names: set[str]) -> dict[str, Series]:
+    """Values of the exact sample names in `names` per label set; a name the text lacks is absent."""
+    found: dict[str, Series] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name in names:
+                    found.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ReadingError(f"malformed Prometheus text while reading the server's figures: {exc}") from exc
+    return found
+
+
+def figure_names(figures: ServerFigures) -> set[str]:
+    """Every sample name the figures need: counters and gauges as named, histograms' _sum and _count."""
+    names = {n for n in (figures.tokens, figures.waiting, figures.running) if n}
+    for base in (figures.ttft, figures.tpot, figures.queue, figures.prefill, figures.decode):
+        if base:
+            names.update((f"{base}_sum", f"{base}_count"))
+    return names
+
+
+def _increase(prev: dict[str, Series], cur: dict[str, Series], name: str) -> float | None:
+    if name not in cur:
+        return None
+    return counter_delta(prev.get(name), cur[name])[0]
+
+
+def _histogram_mean(prev: dict[str, Series], cur: dict[str, Series], base: str | None) -> float | None:
+    """This window's mean of a histogram: increase of _sum over increase of _count; None without observations."""
+    if base is None:
+        return None
+    total, count = _increase(prev, cur, f"{base}_sum"), _increase(prev, cur, f"{base}_count")
+    if total is None or not count:
+        return None
+    return total / count
+
+
+def _gauge(cur: dict[str, Series], name: str | None) -> float | None:
+    if name is None or name not in cur:
+        return None
+    return sum(cur[name].values())
+
+
+def bucket_counts(cumulative: dict[float, float]) -> dict[str, float]:
+    """Cumulative buckets -> requests per bucket, keyed by the upper bound as Prometheus writes it ("0.1", "+Inf")."""
+    out: dict[str, float] = {}
+    below = 0.0
+    for le in sorted(cumulative):
+        value = max(cumulative[le], below)  # a torn scrape can leave a bucket below the one before it
+        out["+Inf" if le == math.inf else repr(le).removesuffix(".0")] = value - below
+        below = value
+    return out
+
+
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
     """PromQL's histogram_quantile over cumulative buckets {upper bound: count}; None when empty."""
     if not 0.0 <= q <= 1.0:
@@ -177,7 +233,7 @@ class LatencySource:
 
     def __init__(self, url: str, metric: str, timeout: float = 2.0, kind: str = "histogram",
                  count_metric: str | None = None, unit_seconds: float = 1.0, fetch: Fetch = http_fetch,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, figures: ServerFigures | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"latency url must be http(s)://..., got {url!r}")
         if kind not in ("histogram", "counter"):
@@ -193,6 +249,10 @@ class LatencySource:
         self.url, self.metric, self.timeout, self.kind = url, metric, timeout, kind
         self.count_metric, self.unit_seconds = count_metric, unit_seconds
         self._fetch, self._clock = fetch, clock
+        # Only the names a preset lists are read: never anything else the server exports.
+        self.figures = figures
+        self._figure_names = figure_names(figures) if figures else set()
+        self._prev_figures: dict[str, Series] = {}
         self._prev: HistogramSnapshot | dict[str, Series] | None = None
         self._prev_at: float | None = None
         self._errors = 0
@@ -211,7 +271,7 @@ class LatencySource:
         Raises ReadingError (counted in health) when the endpoint or the metric fails; the
         baseline is kept, so the next good scrape covers the missed interval too.
         """
-        prev, prev_at = self._prev, self._prev_at
+        prev, prev_at, prev_figures = self._prev, self._prev_at, self._prev_figures
         cur, now = self._scrape()
         if prev is None or prev_at is None:
             return LatencyReading()
@@ -221,17 +281,35 @@ class LatencySource:
             buckets, total_sum, resets = histogram_delta(prev, cur)
             requests = buckets.get(math.inf, 0.0)
             p50, p95, p99 = (self._seconds(histogram_quantile(q, buckets)) if buckets else None for q in QUANTILES)
+            per_bucket = bucket_counts(buckets) if buckets else {}
         else:
             assert isinstance(prev, dict) and self.count_metric is not None
             total_sum, r1 = counter_delta(prev[self.metric], cur[self.metric])
             requests, r2 = counter_delta(prev[self.count_metric], cur[self.count_metric])
             resets = r1 + r2
             p50 = p95 = p99 = None
+            per_bucket = {}
         self._resets += resets
         self.last_mean_seconds = self._seconds(total_sum / requests) if requests > 0 else None
-        return LatencyReading(p50_seconds=p50, p95_seconds=p95, p99_seconds=p99,
-                              mean_seconds=self.last_mean_seconds, requests=requests,
-                              request_rate=requests / elapsed if elapsed > 0 else 0.0)
+        reading = LatencyReading(p50_seconds=p50, p95_seconds=p95, p99_seconds=p99,
+                                 mean_seconds=self.last_mean_seconds, requests=requests,
+                                 request_rate=requests / elapsed if elapsed > 0 else 0.0, buckets=per_bucket)
+        if self.figures is not None:
+            self._fill_figures(reading, prev_figures, self._prev_figures, elapsed)
+        return reading
+
+    def _fill_figures(self, reading: LatencyReading, prev: dict[str, Series], cur: dict[str, Series],
+                      elapsed: float) -> None:
+        f = self.figures
+        assert f is not None
+        tokens = _increase(prev, cur, f.tokens) if f.tokens else None
+        reading.tokens_per_second = tokens / elapsed if tokens is not None and elapsed > 0 else None
+        reading.waiting, reading.running = _gauge(cur, f.waiting), _gauge(cur, f.running)
+        reading.ttft_mean_seconds = self._seconds(_histogram_mean(prev, cur, f.ttft))
+        reading.tpot_mean_seconds = self._seconds(_histogram_mean(prev, cur, f.tpot))
+        reading.queue_mean_seconds = self._seconds(_histogram_mean(prev, cur, f.queue))
+        reading.prefill_mean_seconds = self._seconds(_histogram_mean(prev, cur, f.prefill))
+        reading.decode_mean_seconds = self._seconds(_histogram_mean(prev, cur, f.decode))
 
     def close(self) -> None:
         self._prev = None
@@ -255,12 +333,13 @@ class LatencySource:
             else:
                 assert self.count_metric is not None
                 snap = parse_counters(text, (self.metric, self.count_metric))
+            figures = parse_samples(text, self._figure_names) if self._figure_names else {}
         except ReadingError as exc:
             self._errors += 1
             self._last_error = str(exc)
             raise
         now = self._clock()
-        self._prev, self._prev_at = snap, now
+        self._prev, self._prev_at, self._prev_figures = snap, now, figures
         self._scrapes += 1
         self._last_error = None
         return snap, now

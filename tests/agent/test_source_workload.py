@@ -51,3 +51,29 @@ def test_sources_read_the_workload(require_root) -> None:
         finally:
             for src in (sampler, latency, process, gpu):
                 src.close()
+
+
+def test_latency_figures_of_the_workload_match_its_clients(require_root) -> None:
+    from agent.presets import PRESETS
+
+    with launched_server() as srv:
+        latency = LatencySource(srv.url + "/metrics", "vllm:e2e_request_latency_seconds",
+                                figures=PRESETS["workload"].figures)
+        try:
+            latency.prime()
+            result = run_load(srv.url, LoadSpec(phases=(Phase(rate=3.0, duration_s=6.0),), seed=5))
+            ok = [o.result for o in result.outcomes if o.result.ok]
+            assert ok, "the load produced no successful request"
+            lat = latency.read()
+            assert lat.requests == len(ok) and sum(lat.buckets.values()) == len(ok)
+            tokens = sum(len(r.token_ids) for r in ok)
+            # Every token the clients got was generated in this interval (no other traffic).
+            assert lat.tokens_per_second is not None and lat.tokens_per_second > 0
+            assert lat.tokens_per_second * (result.duration_s + 1) >= tokens * 0.8, (lat.tokens_per_second, tokens)
+            assert lat.waiting == 0.0 and lat.running == 0.0  # measured after the load drained
+            # vLLM's split of a request: queue + prefill + decode is its end-to-end time, to the float.
+            parts = lat.queue_mean_seconds + lat.prefill_mean_seconds + lat.decode_mean_seconds
+            assert parts == pytest.approx(lat.mean_seconds, rel=1e-6)
+            assert 0 < lat.ttft_mean_seconds <= lat.mean_seconds and 0 < lat.tpot_mean_seconds < lat.mean_seconds
+        finally:
+            latency.close()

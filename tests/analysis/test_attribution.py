@@ -1,5 +1,7 @@
 """Attribution: every label from its own signal, each gate at its edge, ranking, discounts and `unknown`."""
 
+import math
+
 import pytest
 
 from analysis.attribution import Attributor, SignalStats
@@ -117,3 +119,20 @@ def test_every_signal_has_a_known_label_and_positive_floors():
     assert {s.label for s in SIGNALS} == set(CAUSE_LABELS) - {"unknown"}
     assert all(s.floor > 0 and s.min_change > 0 for s in SIGNALS)
     assert BY_NAME["gc_pause"].unit == "ms/s"
+
+
+def test_run_queue_growth_with_more_cpu_per_token_is_compute_not_contention():
+    alone = rank(runqueue=3.0)  # x10 run-queue wait per CPU second, CPU per token unchanged: contention
+    assert alone[0].label == "cpu_contention" and alone[0].score == pytest.approx(math.log2(10), abs=1e-3)
+    # The same run-queue growth with x4 CPU per token: only the growth beyond x4 (log2 10 - log2 4) is contention.
+    both = rank(runqueue=3.0, cpu_per_token=0.008)
+    contention = next(c for c in both if c.label == "cpu_contention")
+    assert contention.score == pytest.approx(math.log2(10) - 2.0, abs=1e-3)
+    assert "less CPU per token x4" in contention.evidence
+    # Edge: run-queue growth no larger than the CPU-per-token growth leaves no contention, and compute ranks first.
+    even = rank(runqueue=1.2, cpu_per_token=0.008)
+    assert even[0].label == "compute"
+    assert next(c for c in even if c.label == "cpu_contention").score == pytest.approx(0.0, abs=1e-3)
+    # Contention leads again once its residual beats compute's weighted score (0.5 * log2 4 = 1): past x8 run queue.
+    assert rank(runqueue=2.3, cpu_per_token=0.008)[0].label == "compute"
+    assert rank(runqueue=2.5, cpu_per_token=0.008)[0].label == "cpu_contention"

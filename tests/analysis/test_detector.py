@@ -7,6 +7,7 @@ import pytest
 
 from analysis.detector import LatencyDetector, Verdict
 from analysis.features import extract
+from analysis.signals import read_all
 from tests.analysis import synth
 from tests.analysis.synth import Load
 
@@ -303,10 +304,52 @@ def score_of(window, **params) -> float:
 
 
 def test_open_score_edge():
-    w = synth.window(60, Load(slowdown=2.0, gc_pause=0.05))  # corroborated: GC moved
+    w = synth.window(60, Load(slowdown=2.0, gc_pause=0.006))  # corroborated: GC moved x6, below the strong bar
     s = score_of(w)
     assert armed(k=1, m=1, open_score=s).update(w).opened is not None
     assert armed(k=1, m=1, open_score=s + 0.01).update(w).opened is None
+
+
+def test_strong_open_score_edge():
+    # GC x50 is a strong move: latency need only be no better than expected, not open_score sigma worse.
+    w = synth.window(60, Load(slowdown=1.1, gc_pause=0.05))
+    s = score_of(w)
+    assert s < 4.0
+    assert armed(k=1, m=1, strong_open_score=s).update(w).opened is not None
+    assert armed(k=1, m=1, strong_open_score=s + 0.01).update(w).opened is None
+
+
+def test_strong_cause_score_edge():
+    w = synth.window(60, Load(slowdown=1.1, gc_pause=0.05))
+    det = armed()
+    strength = det._corroboration({**read_all(extract(w)), "jsd": None})
+    assert strength > 4.0  # log2(50 ms/s / the 1 ms/s floor)
+    assert armed(k=1, m=1, strong_open_score=-5.0, strong_cause_score=strength).update(w).opened is not None
+    assert armed(k=1, m=1, strong_open_score=-5.0, strong_cause_score=strength + 0.01).update(w).opened is None
+
+
+def test_a_strong_move_with_latency_better_than_expected_is_no_regression():
+    vs = feed(armed(), synth.windows(60, 6, Load(slowdown=0.6, gc_pause=0.05)))
+    assert opened(vs) == []
+
+
+def test_retransmits_beyond_the_baseline_cost_clients_rto_min_each_and_count_as_latency():
+    w = synth.window(60, Load(retransmits=60))  # 12 /s at 4 req/s: 0.6 s per request at the 200 ms RTO min
+    f = extract(w)
+    det = armed()
+    base = det.baseline_.stats()["retransmits"].median
+    cost = det._retransmit_cost(f, read_all(f))
+    assert cost == pytest.approx((12.0 - base) * 0.2 / f.request_rate)
+    assert armed(rto_min_seconds=0.0)._retransmit_cost(f, read_all(f)) == 0.0
+    assert score_of(w) > score_of(w, rto_min_seconds=0.0) + 4.0
+    # At the baseline's own rate there is no cost: normal retransmits are already in what "normal" means.
+    quiet = synth.window(60, Load(retransmits=base * 5))
+    assert det._retransmit_cost(extract(quiet), read_all(extract(quiet))) == 0.0
+
+
+def test_strong_open_score_must_not_exceed_open_score():
+    with pytest.raises(ValueError, match="strong_open_score"):
+        LatencyDetector(strong_open_score=5.0)
 
 
 def test_unexplained_open_score_edge():
@@ -363,3 +406,12 @@ def test_baseline_rows_keep_only_the_buckets_that_matter_and_count_the_same():
     for t in (0.05, 0.1, 0.13, 0.4, 3.0):
         assert exceed_count(short, t) == pytest.approx(exceed_count(full, t))
     assert trim(((0.1, 0.0), (float("inf"), 0.0))) == ()
+
+
+def test_a_stall_counts_only_with_a_strong_cause_and_strong_cause_score_is_its_edge():
+    stall = synth.windows(60, 4, Load(rate=0.0, retransmits=10))  # 2 /s: x10 the 0.2 /s floor, log2 3.3
+    strength = armed()._corroboration({**read_all(extract(stall[0])), "jsd": None})
+    assert 3.0 < strength < 4.0
+    assert opened(feed(armed(), stall)) == []  # a weak move and silence: clients may just have left
+    assert opened(feed(armed(strong_cause_score=strength), stall)) == [1]
+    assert opened(feed(armed(strong_cause_score=strength + 0.01), stall)) == []

@@ -1,5 +1,6 @@
 """Expected latency for the load: the Huber fit, its clamps, the load allowance, and both residual tests."""
 
+import dataclasses
 import math
 import random
 
@@ -106,3 +107,38 @@ def test_load_within_the_baseline_range_gets_no_allowance_only_beyond_its_load_q
     base = m.expected(4, 32)["mean"]
     assert m.expected(5, 32)["mean"] == pytest.approx(base, rel=0.02)          # the p90 of the rates seen
     assert m.expected(7.5, 32)["mean"] == pytest.approx(base * 1.5, rel=0.02)  # 1.5x beyond it
+
+
+def noisy_host_rows(count: int = 30, seed: int = 2) -> list[Row]:
+    """A shared host: each window's requests wait for a CPU a random while (its run queue says how long)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        wait = rng.uniform(0.0, 1.0)
+        mean = 0.1 + wait
+        out.append(Row(n=10, rate=2.0, tpr=32.0, mean=mean, p50=mean, p99=mean * 2, buckets=((math.inf, 10),),
+                       cpu_wait=wait))
+    return out
+
+
+def test_latency_net_of_cpu_waits_sees_what_the_host_noise_hides():
+    m = ExpectedLatency().fit(noisy_host_rows())
+    expected = m.expected(2.0, 32.0)["mean"]
+    # +0.6 s of the server's own time with an ordinary CPU wait: lost in the gross spread, plain in the net one.
+    assert m.z_mean(0.1 + 0.6 + 0.5, 10, expected) < 2
+    assert m.z_net(0.1 + 0.6 + 0.5, 0.5, 10, expected) > 4
+    # The same gross latency explained by waiting for a CPU is nothing new net of it.
+    assert abs(m.z_net(0.9, 0.8, 10, expected)) < 1
+    assert m.z_net(0.9, None, 10, expected) is None
+
+
+def test_z_net_needs_min_net_rows_with_a_run_queue_and_its_scale_is_floored_at_min_net_scale():
+    plain = [dataclasses.replace(r, cpu_wait=None) for r in noisy_host_rows()]
+    assert ExpectedLatency(min_net_rows=6).fit(plain[:25] + noisy_host_rows()[:5]).z_net(1.0, 0.5, 10, 1.0) is None
+    assert ExpectedLatency(min_net_rows=6).fit(plain[:24] + noisy_host_rows()[:6]).z_net(1.0, 0.5, 10, 1.0) is not None
+    flat = [Row(n=10, rate=2.0, tpr=32.0, mean=0.5, p50=0.5, p99=1.0, buckets=((math.inf, 10),), cpu_wait=0.4)] * 30
+    m = ExpectedLatency(min_net_scale=0.2).fit(flat)
+    assert m.net_unit_scale_ == 0
+    # Net 0.1 s of an expected 0.5 s = 0.2 units; 0.1 units more (0.05 s) is half a floored sigma.
+    assert m.z_net(0.55, 0.4, 10, 0.5) == pytest.approx(0.5)
+    assert ExpectedLatency(min_net_scale=0.1).fit(flat).z_net(0.55, 0.4, 10, 0.5) == pytest.approx(1.0)

@@ -202,3 +202,21 @@ def test_fault_cli_round_trip(server) -> None:
     assert denied.returncode == 1 and "401" in denied.stderr
     assert cli("gc", "off", "--token", server.token).returncode == 0
     assert debug(server.url, server.token)["faults"]["gc"] is False
+
+
+def proc_io_wchar(pid: int) -> int:
+    text = Path(f"/proc/{pid}/io").read_text()
+    return int(re.search(r"^wchar:\s+(\d+)", text, re.MULTILINE).group(1))
+
+
+def test_io_fault_writes_and_fsyncs_on_a_real_disk_per_step(server, fault) -> None:
+    tuning = FaultTuning()
+    mounts = {line.split()[1]: line.split()[2] for line in Path("/proc/mounts").read_text().splitlines()}
+    where = max((m for m in mounts if tuning.io_dir.startswith(m)), key=len)
+    assert mounts[where] != "tmpfs", f"{tuning.io_dir} is on tmpfs: fsync would not block"
+    off = delta(lambda: proc_io_wchar(server.pid), lambda: burst(server.url))
+    syncs = debug(server.url, server.token)["io_syncs"]
+    fault("io", True)
+    on = delta(lambda: proc_io_wchar(server.pid), lambda: burst(server.url))
+    assert on - off >= 0.9 * tuning.io_write_bytes * tuning.io_writes_per_sequence * STEPS, (off, on)
+    assert debug(server.url, server.token)["io_syncs"] - syncs >= STEPS * tuning.io_writes_per_sequence

@@ -1,0 +1,68 @@
+"""Run a detector over labelled windows in time order and keep what scoring and plots need of each verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from agent.evaluation.recording import LabelledWindow
+from analysis.scoring import Outcome
+from analysis.window import Window
+
+
+class Verdict(Protocol):
+    state: str
+    score: float | None
+    expected: dict[str, float]
+    regression: Any
+    opened: Any
+    closed: Any
+
+
+class Detector(Protocol):
+    def update(self, window: Window) -> Verdict: ...
+
+
+DetectorFactory = Callable[[], Detector]
+
+
+def default_detector_factory() -> DetectorFactory:
+    """The real detector (imported here, lazily: analysis.detector is built on another branch)."""
+    from analysis.detector import LatencyDetector
+
+    return LatencyDetector
+
+
+class Tracker:
+    """One detector for one scenario run; feed() one window at a time, in time order."""
+
+    def __init__(self, factory: DetectorFactory) -> None:
+        self.detector = factory()
+        self.last: Verdict | None = None
+
+    def feed(self, item: LabelledWindow) -> Outcome:
+        verdict = self.detector.update(item.window)
+        self.last = verdict
+        # The regression this window belongs to: the open one, else the one that closed on it.
+        current = verdict.regression or verdict.closed
+        w = item.window
+        p50 = w.latency.p50_seconds if w.latency else None
+        p99 = w.latency.p99_seconds if w.latency else None
+        return Outcome(start=w.start, end=w.end, label=item.label, phase=item.phase,
+                       warmup=verdict.state == "warmup", state=verdict.state,
+                       regression=current.id if current is not None else None,
+                       top_cause=current.top_cause if current is not None else None,
+                       opened=verdict.opened.id if verdict.opened is not None else None,
+                       score=_number(verdict.score), p50=p50, p99=p99,
+                       expected_p50=_number((verdict.expected or {}).get("p50")),
+                       expected_p99=_number((verdict.expected or {}).get("p99")))
+
+
+def detect(factory: DetectorFactory, windows: Iterable[LabelledWindow]) -> list[Outcome]:
+    """A fresh detector over `windows`, as a replay does it."""
+    tracker = Tracker(factory)
+    return [tracker.feed(item) for item in windows]
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,176 @@
+"""Run one scenario for real: its own server, the load, each phase's fault or command, collection and detector."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from agent.evaluation import processes
+from agent.evaluation.collection import Collector, start_collection
+from agent.evaluation.detection import DetectorFactory, Tracker
+from agent.evaluation.processes import Children
+from agent.evaluation.recording import LabelledWindow, RecordingWriter
+from analysis.scenario import Phase, Scenario
+from analysis.scoring import Outcome
+from analysis.window import Window
+
+StartCollection = Callable[[int, str, float], Collector]
+
+
+@dataclass
+class LiveRun:
+    scenario: Scenario
+    interval: float
+    windows: list[LabelledWindow] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    recorded: Path | None = None
+    complete: bool = False
+
+
+class _Stop(KeyboardInterrupt):
+    """SIGTERM during a run: unwinds like Ctrl-C so every child is ended."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop(f"signal {signum}")
+
+
+def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | None, record: Path | None,
+             progress: TextIO = sys.stderr, collect: StartCollection = start_collection, seed: int = 0,
+             nice: int = 0) -> LiveRun:
+    """Runs the whole schedule; every process it started is ended on any exit (Ctrl-C and SIGTERM included).
+
+    `nice` runs the server and the load generator at that priority (e.g. -10 on a shared, busy host,
+    so other people's work does not saturate the server before any fault does).
+    """
+    run = LiveRun(scenario=scenario, interval=interval)
+    children = Children()
+    collector: Collector | None = None
+    writer: RecordingWriter | None = None
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    work = Path(tempfile.mkdtemp(prefix="infersight-eval-"))
+    server: processes.Server | None = None
+    try:
+        _say(progress, f"{scenario.name}: starting the workload server")
+        server = processes.start_server(children, cwd=work, nice=nice)
+        _say(progress, f"{scenario.name}: server pid {server.pid} at {server.url}; loading probes")
+        collector = collect(server.pid, f"{server.url}/metrics", interval)
+        for name, why in collector.problems.items():
+            _say(progress, f"{scenario.name}: {name}: {why}")
+        collector.tick()  # drop the window that covers probe start-up, before any load
+        t0 = time.time()
+        if record is not None:
+            writer = RecordingWriter(record, scenario, interval, t0, extra={"server_nice": nice})
+        schedule = ",".join(f"{scenario.rate_of(p):g}:{p.seconds:g}" for p in scenario.phases)
+        processes.start_load(children, server, schedule, scenario.max_tokens, seed, work / "load.log", nice=nice)
+        tracker = Tracker(factory) if factory is not None else None
+        _schedule(run, scenario, interval, t0, server, children, collector, tracker, writer, work, progress)
+        run.complete = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if server is not None:
+            processes.resume(server.pid)
+        children.stop_all()
+        if collector is not None:
+            collector.close()
+        if writer is not None:
+            run.recorded = writer.close(complete=run.complete)
+        if run.complete:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            _say(progress, f"{scenario.name}: the server's, load's and commands' logs are kept in {work}")
+    return run
+
+
+def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, server: processes.Server,
+              children: Children, collector: Collector, tracker: Tracker | None, writer: RecordingWriter | None,
+              work: Path, progress: TextIO) -> None:
+    bounds = scenario.bounds()
+    total = scenario.seconds
+    current: int | None = None
+    command = None
+    next_tick = t0 + interval
+    last_tick = t0
+    while True:
+        now = time.time()
+        index = scenario.phase_at(now - t0)
+        if index != current:
+            if current is not None:
+                _end_phase(scenario.phases[current], server, children, command)
+                command = None
+            current = index
+            if index is None:
+                break
+            command = _begin_phase(scenario.phases[index], index, scenario, server, children, work, progress)
+        wake = min(next_tick, t0 + bounds[index][1])
+        time.sleep(max(0.0, wake - time.time()))
+        if time.time() >= next_tick - 1e-3:
+            last_tick = time.time()
+            for window in collector.tick():
+                _window(run, scenario, t0, window, tracker, writer, progress, total)
+            next_tick += interval
+            # A tick that overran its slot does not fire a burst of catch-up ticks.
+            next_tick = max(next_tick, time.time() + 0.1)
+    if time.time() - last_tick > interval / 2:  # the schedule ended well inside a window: keep that part
+        for window in collector.tick():
+            _window(run, scenario, t0, window, tracker, writer, progress, total)
+
+
+def _begin_phase(phase: Phase, index: int, scenario: Scenario, server: processes.Server, children: Children,
+                 work: Path, progress: TextIO) -> subprocess.Popen | None:
+    what = [f"label {phase.label}", f"rate {scenario.rate_of(phase):g}/s"]
+    if phase.fault:
+        processes.set_fault(server, phase.fault, True)
+        what.append(f"fault {phase.fault}")
+    command = None
+    if phase.run:
+        argv = phase.argv(server.pid, server.port, scenario.scenario_dir)
+        command = processes.start_command(children, argv, work / f"phase{index}.log")
+        what.append(f"run {' '.join(argv)}")
+    _say(progress, f"{scenario.name}: phase {index + 1}/{len(scenario.phases)} ({phase.seconds:g}s): {', '.join(what)}")
+    return command
+
+
+def _end_phase(phase: Phase, server: processes.Server, children: Children, command: subprocess.Popen | None) -> None:
+    if command is not None:
+        children.stop(command)
+        processes.resume(server.pid)
+    if phase.fault:
+        processes.set_fault(server, phase.fault, False)
+
+
+def _window(run: LiveRun, scenario: Scenario, t0: float, window: Window, tracker: Tracker | None,
+            writer: RecordingWriter | None, progress: TextIO, total: float) -> None:
+    mid = (window.start + window.end) / 2 - t0
+    index = scenario.phase_at(mid)
+    label = scenario.phases[index].label if index is not None else "normal"
+    item = LabelledWindow(window=window, label=label, phase=index)
+    run.windows.append(item)
+    if writer is not None:
+        writer.add(item)
+    state = ""
+    if tracker is not None:
+        outcome = tracker.feed(item)
+        run.outcomes.append(outcome)
+        state = f"  detector {outcome.state}"
+        if outcome.regression:
+            state += f" ({outcome.top_cause})"
+    lat = window.latency
+    p99 = f"{lat.p99_seconds * 1000:.0f} ms" if lat and lat.p99_seconds is not None else "-"
+    rate = f"{lat.request_rate:.1f}/s" if lat else "-"
+    phase = f"phase {index + 1} {label}" if index is not None else "after the schedule"
+    _say(progress, f"{scenario.name}: {mid + window.duration / 2:5.0f}/{total:.0f}s  {phase}  p99 {p99}  "
+                   f"rate {rate}{state}")
+
+
+def _say(out: TextIO, line: str) -> None:
+    out.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+    out.flush()

@@ -1,0 +1,77 @@
+"""`eval --plot`: per scenario, latency against the expected band, fault phases shaded and named, regressions marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+PHASE_COLOURS = {"gc": "#e6a23c", "lock": "#c45656", "blocked": "#8e6cbf", "syscalls": "#4c9f70",
+                 "network": "#3d8bd9", "cpu_contention": "#d96b3d", "compute": "#a0a03c", "unknown": "#999999"}
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed; the message says how to get it."""
+
+
+def plot_runs(runs: list[Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display on a server
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotUnavailable(f"--plot needs matplotlib ({exc}); pip install 'infersight[eval]'") from None
+    fig, axes = plt.subplots(len(runs), 1, figsize=(13, 3.4 * len(runs)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs):
+        _one(ax, run)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _one(ax: Any, run: Any) -> None:
+    outcomes = run.outcomes
+    if not outcomes:
+        ax.set_title(f"{run.scenario.name}: no windows")
+        return
+    t0 = outcomes[0].start
+    x = [(o.end - t0) for o in outcomes]
+
+    def ms(v: float | None) -> float:
+        return float("nan") if v is None else v * 1000
+
+    # Each window's value holds from its start to its end: steps, with the first window's start prepended.
+    xs = [0.0, *x]
+
+    def steps(values: list[float]) -> list[float]:
+        return [values[0], *values]
+
+    ax.plot(xs, steps([ms(o.p99) for o in outcomes]), color="#222222", lw=1.2, drawstyle="steps-pre", label="p99")
+    ax.plot(xs, steps([ms(o.p50) for o in outcomes]), color="#777777", lw=0.8, drawstyle="steps-pre", label="p50")
+    lo = steps([ms(o.expected_p50) for o in outcomes])
+    hi = steps([ms(o.expected_p99) for o in outcomes])
+    ax.fill_between(xs, lo, hi, color="#4c9f70", alpha=0.25, step="pre", label="expected p50..p99")
+    for p in run.score.phases:
+        if not p.is_fault:
+            continue
+        start, end = outcomes[p.first].start - t0, outcomes[p.last].end - t0
+        ax.axvspan(start, end, color=PHASE_COLOURS.get(p.label, "#999999"), alpha=0.18)
+        ax.text((start + end) / 2, 1.0, p.label, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                fontsize=8)
+    top = max((ms(o.p99) for o in outcomes if o.p99 is not None), default=1.0)
+    for i, o in enumerate(outcomes):
+        if o.opened is None:
+            continue
+        # The cause as last ranked while the episode lasted (it is re-ranked while open).
+        cause = next((q.top_cause for q in reversed(outcomes[i:]) if q.regression == o.opened and q.top_cause),
+                     o.top_cause)
+        ax.axvline(x[i], color="#c0392b", lw=1, ls="--")
+        ax.annotate(f"regression: {cause}", (x[i], top), rotation=90, fontsize=7, color="#c0392b",
+                    ha="right", va="top")
+    warm = [x[i] for i, o in enumerate(outcomes) if o.warmup]
+    if warm:
+        ax.axvspan(0, max(warm), color="#dddddd", alpha=0.5, label="warm-up")
+    ax.set_title(run.scenario.name, fontsize=10)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("latency (ms)")
+    ax.legend(loc="upper left", fontsize=7)

@@ -1,0 +1,118 @@
+"""Recorded scenario runs: a gzip'd JSON-lines file, a header with the schedule, then one labelled Window per line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from analysis.scenario import Scenario
+from analysis.window import Window
+
+FORMAT = "infersight-eval-recording/1"
+
+
+class RecordingError(ValueError):
+    """A file that is not a readable recording; the message names the file and line."""
+
+
+@dataclass
+class LabelledWindow:
+    window: Window
+    label: str
+    phase: int | None
+
+
+@dataclass
+class Recording:
+    scenario: Scenario
+    interval_seconds: float
+    started_at: float
+    windows: list[LabelledWindow]
+    header: dict[str, Any]
+
+
+def host_facts() -> dict[str, Any]:
+    """What a reader needs to judge the noise: the host was shared, and how busy it was at the start."""
+    load1, load5, load15 = os.getloadavg()
+    return {"loadavg": [round(load1, 2), round(load5, 2), round(load15, 2)], "cpus": os.cpu_count(),
+            "kernel": platform.release(), "python": platform.python_version(),
+            "note": "a shared 2-core machine with other engineers' builds and tests running: noisy by design"}
+
+
+class RecordingWriter:
+    """Writes FILE.part as it goes and renames it to FILE on close(complete=True), so a cut run never passes as whole."""
+
+    def __init__(self, path: Path, scenario: Scenario, interval: float, started_at: float,
+                 extra: dict[str, Any] | None = None) -> None:
+        self.path = path
+        self.part = path.with_name(path.name + ".part")
+        self._file: IO[str] | None = gzip.open(self.part, "wt", encoding="utf-8")
+        self._line({"format": FORMAT, "scenario": scenario.to_dict(), "interval_seconds": interval,
+                    "started_at": started_at, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "host": host_facts(), **(extra or {})})
+
+    def add(self, item: LabelledWindow) -> None:
+        # The host's 1-minute load average when the window closed: which stretches other work disturbed.
+        # Beside the window, never in it: the detector sees only what the agent collects.
+        self._line({"label": item.label, "phase": item.phase, "host_load1": round(os.getloadavg()[0], 2),
+                    "window": item.window.to_dict()})
+
+    def _line(self, obj: dict[str, Any]) -> None:
+        assert self._file is not None
+        self._file.write(json.dumps(obj, separators=(",", ":"), sort_keys=True) + "\n")
+        self._file.flush()
+
+    def close(self, complete: bool) -> Path:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if complete:
+            self.part.replace(self.path)
+            return self.path
+        return self.part
+
+
+def read_recording(path: Path) -> Recording:
+    lines = iter(_lines(path))
+    try:
+        header = json.loads(next(lines))
+    except StopIteration:
+        raise RecordingError(f"{path}: empty file") from None
+    except json.JSONDecodeError as exc:
+        raise RecordingError(f"{path}:1: not JSON ({exc})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise RecordingError(f"{path}:1: not an infersight recording (format {FORMAT!r} expected)")
+    try:
+        scenario = Scenario.from_dict(header["scenario"])
+        interval = float(header["interval_seconds"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RecordingError(f"{path}:1: header lacks {exc}") from None
+    windows = []
+    for n, line in enumerate(lines, start=2):
+        try:
+            row = json.loads(line)
+            windows.append(LabelledWindow(Window.from_dict(row["window"]), row["label"], row["phase"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise RecordingError(f"{path}:{n}: not a labelled window ({exc})") from None
+    return Recording(scenario=scenario, interval_seconds=interval, started_at=float(header.get("started_at", 0.0)),
+                     windows=windows, header=header)
+
+
+def _lines(path: Path) -> Iterator[str]:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield line
+    except FileNotFoundError:
+        raise RecordingError(f"{path}: no such file") from None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
+        raise RecordingError(f"{path}: not a readable gzip file ({exc})") from None

@@ -1,0 +1,127 @@
+"""`infersight eval --replay` end to end on a written recording, with a stand-in detector; bad input is one line."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.evaluation import command
+from agent.evaluation.recording import LabelledWindow, RecordingError, RecordingWriter, read_recording
+from analysis.scenario import parse_scenario
+from analysis.window import GcReading, LatencyReading, Window
+from tests.agent.eval_detector import ThresholdDetector
+
+SCENARIO = parse_scenario('''
+name = "synthetic gc"
+interval_seconds = 5
+[load]
+rate = 4.0
+[[phase]]
+seconds = 50
+label = "normal"
+[[phase]]
+seconds = 20
+fault = "gc"
+label = "gc"
+[[phase]]
+seconds = 30
+label = "normal"
+''')
+
+
+def window(i: int, slow: bool) -> Window:
+    mean = 0.5 if slow else 0.1
+    return Window(target="workload", pid=7, start=1000.0 + 5 * i, end=1005.0 + 5 * i,
+                  latency=LatencyReading(p50_seconds=mean, p95_seconds=mean * 2, p99_seconds=mean * 3,
+                                         mean_seconds=mean, requests=20, request_rate=4.0,
+                                         buckets={"0.1": 10.0, "+Inf": 10.0}),
+                  gc=GcReading(collections=50 if slow else 1, pause_seconds=0.4 if slow else 0.004))
+
+
+def write(path: Path, slow_windows: set[int], complete: bool = True) -> Path:
+    writer = RecordingWriter(path, SCENARIO, 5.0, 1000.0)
+    for i in range(20):
+        phase = SCENARIO.phase_at(5 * i + 2.5)
+        writer.add(LabelledWindow(window(i, i in slow_windows), SCENARIO.phases[phase].label, phase))
+    return writer.close(complete=complete)
+
+
+def run(*argv: str, replay: list[str] | None = None, **kw) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    args = {"scenarios": [], "replay_files": replay or [], "record": None, "as_json": False, "plot": None,
+            "interval": None, "record_only": False}
+    args.update(kw)
+    code = command.main(**args, out=out, err=err, factory=ThresholdDetector)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_a_recording_round_trips_and_a_cut_one_stays_partial(tmp_path: Path) -> None:
+    whole = write(tmp_path / "a.jsonl.gz", {11, 12})
+    rec = read_recording(whole)
+    assert rec.scenario == SCENARIO and rec.interval_seconds == 5.0 and len(rec.windows) == 20
+    assert [w.label for w in rec.windows].count("gc") == 4 and rec.windows[11].window.gc.collections == 50
+    assert rec.header["host"]["cpus"] >= 1 and len(rec.header["host"]["loadavg"]) == 3
+    cut = write(tmp_path / "b.jsonl.gz", set(), complete=False)
+    assert cut.name == "b.jsonl.gz.part" and not (tmp_path / "b.jsonl.gz").exists()
+
+
+def test_replay_json_scores_the_detection(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.jsonl.gz", {11, 12, 13})
+    code, out, err = run(replay=[str(path)], as_json=True)
+    assert code == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["recall"] == 1.0 and result["precision"] == 1.0 and result["attribution_top1"] == 1.0
+    assert result["median_delay_windows"] == 1.0 and result["windows_scored"] == 17
+    assert result["per_label"]["gc"]["detected"] == 1
+    assert result["scenarios"]["synthetic gc"]["false_alarms"] == 0
+
+
+def test_replay_counts_a_false_alarm_and_a_miss(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.jsonl.gz", {5})
+    code, out, _ = run(replay=[str(path)], as_json=True)
+    result = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and result["recall"] == 0.0 and result["false_alarms"] == 1 and result["precision"] == 0.0
+
+
+def test_text_table_and_plot(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.jsonl.gz", {11, 12})
+    png = tmp_path / "eval.png"
+    code, out, err = run(replay=[str(path)], plot=str(png))
+    assert code == 0, err
+    assert "precision 100%" in out and "gc" in out and "detected after 1 windows, top cause gc" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("content, says", [(b"not gzip", "not a readable gzip"),
+                                           (gzip.compress(b'{"format": "other"}\n'), "not an infersight recording"),
+                                           (gzip.compress(b""), "empty file")])
+def test_a_bad_recording_is_one_line_and_exit_2(tmp_path: Path, content: bytes, says: str) -> None:
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(content)
+    code, out, err = run(replay=[str(bad)])
+    assert code == 2 and says in err and err.count("\n") == 1 and out == ""
+    with pytest.raises(RecordingError):
+        read_recording(bad)
+
+
+def test_bad_argument_combinations_are_one_line(tmp_path: Path) -> None:
+    assert run()[0] == 2
+    code, _, err = run(replay=["x"], record="y")
+    assert code == 2 and "--replay" in err
+    code, _, err = run(scenarios=["a.toml"], record_only=True)
+    assert code == 2 and "--record-only needs --record" in err
+    bad = tmp_path / "s.toml"
+    bad.write_text('name="x"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="slow"\n')
+    code, _, err = run(scenarios=[str(bad)])
+    assert code == 2 and "phase[0].label" in err and err.count("\n") == 1
+
+
+def test_the_cli_parses_eval() -> None:
+    from agent.cli import build_parser
+
+    args = build_parser().parse_args(["eval", "--replay", "a.jsonl.gz", "b.jsonl.gz", "--json", "--plot", "p.png"])
+    assert args.replay == ["a.jsonl.gz", "b.jsonl.gz"] and args.json and args.plot == "p.png" and args.scenarios == []

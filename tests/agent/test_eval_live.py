@@ -1,0 +1,128 @@
+"""`infersight eval` live: a real server, load, a fault, an outside command; labels, cleanup on every exit."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.evaluation.live import run_live
+from agent.evaluation.recording import read_recording
+from analysis.scenario import load_scenario
+from tests.agent.eval_detector import ThresholdDetector
+
+pytestmark = [pytest.mark.slow, pytest.mark.workload, pytest.mark.bpf]
+REPO = Path(__file__).resolve().parents[2]
+
+# Writes its pid and a grandchild's pid, then waits: both must be gone once the phase ends.
+LINGER = '''
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
+time.sleep(600)
+'''
+
+
+def scenario_file(tmp: Path, linger_seconds: int = 8) -> Path:
+    (tmp / "linger.py").write_text(LINGER)
+    path = tmp / "s.toml"
+    path.write_text(f'''
+name = "live smoke"
+interval_seconds = 2
+[load]
+rate = 3.0
+max_tokens = "8-16"
+[[phase]]
+seconds = 8
+label = "normal"
+[[phase]]
+seconds = 6
+fault = "gc"
+label = "gc"
+[[phase]]
+seconds = {linger_seconds}
+rate = 1.0
+run = ["{sys.executable}", "{{scenario_dir}}/linger.py", "{{scenario_dir}}/pids"]
+label = "blocked"
+''')
+    return path
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purpose: it runs nothing.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_live_run_labels_its_windows_and_ends_everything(tmp_path: Path, require_root) -> None:
+    scenario = load_scenario(scenario_file(tmp_path))
+    progress = io.StringIO()
+    run = run_live(scenario, 2.0, lambda: ThresholdDetector(warmup=2), tmp_path / "rec.jsonl.gz", progress=progress)
+    log = progress.getvalue()
+    assert run.complete and run.recorded == tmp_path / "rec.jsonl.gz", log
+    labels = [w.label for w in run.windows]
+    # 22 s in 2 s windows; a busy host makes ticks late (longer windows, fewer of them), never gaps.
+    assert 6 <= len(labels) <= 12, labels
+    spans = [(a.window.end, b.window.start) for a, b in zip(run.windows, run.windows[1:])]
+    assert all(abs(end - start) < 1e-6 for end, start in spans)
+    assert sum(w.window.duration for w in run.windows) == pytest.approx(22, abs=2.5)
+    order = [label for i, label in enumerate(labels) if i == 0 or labels[i - 1] != label]
+    assert order == ["normal", "gc", "blocked"], labels
+    for item in run.windows:
+        mid = (item.window.start + item.window.end) / 2 - run.windows[0].window.start
+        assert item.phase == scenario.phase_at(mid), (item.phase, mid)
+    # Each window carries what the agent collects: BPF, py-spy, psutil and latency, with the server's figures.
+    w = run.windows[2].window
+    assert w.syscalls is not None and w.offcpu is not None and w.process is not None and w.stacks is not None
+    assert w.latency is not None and w.latency.requests > 0 and w.latency.tokens_per_second > 0, w.errors
+    gc_windows = [x.window for x in run.windows if x.label == "gc" and x.window.gc is not None]
+    normal = [x.window for x in run.windows[:3] if x.window.gc is not None]
+    if gc_windows and normal:  # the gc probe needs the interpreter's USDT or symbols; where it runs, it moved
+        assert max(g.gc.collections for g in gc_windows) > 5 * max(1, max(n.gc.collections for n in normal))
+    assert len(run.outcomes) == len(run.windows) and run.outcomes[0].warmup and not run.outcomes[-1].warmup
+    assert len(read_recording(run.recorded).windows) == len(run.windows)
+    server_pid = int(re.search(r"server pid (\d+)", log).group(1))
+    command_pid, grandchild = map(int, (tmp_path / "pids").read_text().split())
+    for pid in (server_pid, command_pid, grandchild):
+        assert not alive(pid), (pid, log)
+    assert "phase 2/3 (6s): label gc, rate 3/s, fault gc" in log
+
+
+def test_ctrl_c_ends_the_server_and_the_phase_command(tmp_path: Path, require_root) -> None:
+    path = scenario_file(tmp_path, linger_seconds=60)
+    record = tmp_path / "cut.jsonl.gz"
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "eval", str(path), "--record-only", "--record",
+                             str(record)], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    seen = []
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            seen.append(line)
+            if "phase 3/3" in line or not line:
+                break
+        assert "phase 3/3" in seen[-1], "".join(seen)
+        time.sleep(2)  # the command has written its pids
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, rest
+    assert "interrupted; every process it started was ended" in rest and "Traceback" not in rest
+    server_pid = int(re.search(r"server pid (\d+)", "".join(seen)).group(1))
+    command_pid, grandchild = map(int, (tmp_path / "pids").read_text().split())
+    for pid in (server_pid, command_pid, grandchild):
+        assert not alive(pid), pid
+    assert not record.exists() and record.with_name(record.name + ".part").exists()

@@ -1,0 +1,33 @@
+"""Packet loss from outside the server: an nftables table dropping PERCENT% of TCP to and from PORT (root)."""
+
+import signal
+import subprocess
+import sys
+import time
+
+
+def nft(args: list[str], stdin: str | None = None) -> None:
+    done = subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True, timeout=10, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"nft {' '.join(args)}: {done.stderr.strip()}")
+
+
+def main(port: int, seconds: float, percent: int = 10) -> int:
+    table = f"infersight_eval_drop_{port}"
+    # Input and output hooks: loopback traffic passes both, so the server's own port is covered.
+    rules = "".join(
+        f"  chain {hook} {{\n    type filter hook {hook} priority -150; policy accept;\n"
+        f"    tcp dport {port} numgen random mod 100 < {percent} counter drop\n"
+        f"    tcp sport {port} numgen random mod 100 < {percent} counter drop\n  }}\n"
+        for hook in ("input", "output"))
+    nft(["-f", "-"], f"table inet {table} {{\n{rules}}}\n")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        time.sleep(seconds)
+    finally:
+        nft(["delete", "table", "inet", table])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), *(int(a) for a in sys.argv[3:4])))
