@@ -56,7 +56,7 @@ def stripped(items: list[LabelledWindow]) -> list[LabelledWindow]:
 
 def test_the_suite_is_recorded() -> None:
     names = {p.name.removesuffix(".jsonl.gz") for p in RECORDED}
-    assert {"gc", "lock", "syscall", "netloss", "cpuhog", "nocache", "io"} <= names, names
+    assert {"gc", "lock", "syscall", "netloss", "cpuhog", "nocache", "io", "load_steps", "outside", "steady"} <= names, names
 
 
 def test_stripping_names_the_fault_would_give_changes_something_to_strip() -> None:
