@@ -18,6 +18,12 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from agent.presets import LATENCY_KINDS, PRESETS, LatencyKind
+from agent.sources.pyspy import (
+    DEFAULT_BURST_HOLD_SEGMENTS,
+    DEFAULT_BURST_RATE_HZ,
+    DEFAULT_RATE_HZ,
+    DEFAULT_SEGMENT_SECONDS,
+)
 
 DEFAULT_CONFIG_PATH = Path("/etc/infersight/infersight.toml")
 DEFAULT_STORE_DIR = Path("/var/lib/infersight")
@@ -159,7 +165,12 @@ class Config:
     retention_days: float = 14.0
     retention_bytes: int = 1 << 30
     listen: str = "127.0.0.1:9464"
-    pyspy_rate_hz: int = 49
+    # Stack sampling costs ~0.13-0.4% of a core per Hz on a 35-thread server: a low steady rate, and
+    # bursts at full rate while the detector sees a regression (docs/config.md says what each costs).
+    pyspy_rate_hz: int = DEFAULT_RATE_HZ
+    pyspy_burst_rate_hz: int = DEFAULT_BURST_RATE_HZ
+    pyspy_burst_hold_segments: int = DEFAULT_BURST_HOLD_SEGMENTS
+    pyspy_segment_seconds: int = DEFAULT_SEGMENT_SECONDS
     pyspy_nonblocking: bool = True
     log_level: str = "info"
     probes: ProbesConfig = field(default_factory=ProbesConfig)
@@ -171,6 +182,9 @@ class Config:
         _require_range("retention_days", self.retention_days, 0.01, 3650)
         _require_range("retention_bytes", self.retention_bytes, 1 << 20, 1 << 40)
         _require_range("pyspy_rate_hz", self.pyspy_rate_hz, 1, 1000)
+        _require_range("pyspy_burst_rate_hz", self.pyspy_burst_rate_hz, 1, 1000)
+        _require_range("pyspy_burst_hold_segments", self.pyspy_burst_hold_segments, 0, 1000)
+        _require_range("pyspy_segment_seconds", self.pyspy_segment_seconds, 1, 60)
         _require_choice("log_level", self.log_level, LOG_LEVELS)
         parse_listen(self.listen)
         if not self.targets:

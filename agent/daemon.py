@@ -12,6 +12,7 @@ from types import FrameType
 from waitress.server import create_server
 
 from agent import logs
+from agent.burst import BurstPolicy
 from agent.config import Config, check_config_paths
 from agent.detection import Detection
 from agent.detection_metrics import DetectionCollector
@@ -57,11 +58,13 @@ class Agent:
         self.store = Store.open(Path(config.store_dir))
         self.registry = build_registry(self.state)
         self.detection: Detection | None = None
+        self.burst: BurstPolicy | None = None
         if config.detector.enabled:
             warmup = config.detector.warmup_windows
             self.detection = Detection(self.store, make_detector=lambda: _latency_detector(warmup),
                                        identity=self._identity)
             self.registry.register(DetectionCollector(self.detection.snapshot))
+            self.burst = BurstPolicy(self.detection.snapshot)
         self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
                                "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
                                "FINDINGS": self.detection.snapshot if self.detection else None})
@@ -70,7 +73,8 @@ class Agent:
         self.loop = CollectionLoop(
             specs=config.targets,
             probes=ProbeSet(config.probes.enabled()),
-            make_sources=lambda t: make_target_sources(t, config),
+            make_sources=lambda t: make_target_sources(
+                t, config, wants_burst=self.burst.wants_burst if self.burst is not None else None),
             state=self.state,
             sink=self._sink,
             interval=config.interval_seconds,

@@ -60,8 +60,8 @@ def build(args, config: Config) -> Exported:
 
     if not stored:
         pid = args.pid if args.pid is not None else _live_pid(config, args.target)
-        profile = capture_live(pid, args.duration, kind=args.kind, rate_hz=config.pyspy_rate_hz)
-        return export(profile, args.format, kind=args.kind, title=title, rate_hz=config.pyspy_rate_hz)
+        profile = capture_live(pid, args.duration, kind=args.kind, rate_hz=config.pyspy_burst_rate_hz)
+        return export(profile, args.format, kind=args.kind, title=title, rate_hz=config.pyspy_burst_rate_hz)
 
     store = _store(config, args.store)
     try:

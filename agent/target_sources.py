@@ -56,14 +56,19 @@ class SourceBundle:
             source.close()
 
 
-def make_target_sources(target: Target, config: Config, pyspy: bool = True) -> SourceBundle:
+def make_target_sources(target: Target, config: Config, pyspy: bool = True,
+                        wants_burst: Callable[[str], bool] | None = None) -> SourceBundle:
+    """`wants_burst(target name)` switches stack sampling to its burst rate (the daemon's BurstPolicy)."""
     factories: dict[str, tuple[str, Callable[[], Source]]] = {
         "process": ("process", lambda: ProcessSource(target.pid)),
         "gpu": ("gpu", lambda: GpuSource(target.pid)),
     }
     if pyspy:
-        factories["stacks"] = ("pyspy", lambda: PySpySampler(target.pid, rate_hz=config.pyspy_rate_hz,
-                                                             nonblocking=config.pyspy_nonblocking))
+        trigger = (lambda: wants_burst(target.name)) if wants_burst is not None else None
+        factories["stacks"] = ("pyspy", lambda: PySpySampler(
+            target.pid, rate_hz=config.pyspy_rate_hz, nonblocking=config.pyspy_nonblocking,
+            segment_seconds=config.pyspy_segment_seconds, burst_rate_hz=config.pyspy_burst_rate_hz,
+            burst_hold_segments=config.pyspy_burst_hold_segments, wants_burst=trigger))
     latency = target.spec.latency
     if latency is not None:
         factories["latency"] = ("latency", lambda: _latency_source(latency))
