@@ -167,6 +167,7 @@ class Config:
     listen: str = "127.0.0.1:9464"
     # Stack sampling costs ~0.13-0.4% of a core per Hz on a 35-thread server: a low steady rate, and
     # bursts at full rate while the detector sees a regression (docs/config.md says what each costs).
+    pyspy_enabled: bool = True
     pyspy_rate_hz: int = DEFAULT_RATE_HZ
     pyspy_burst_rate_hz: int = DEFAULT_BURST_RATE_HZ
     pyspy_burst_hold_segments: int = DEFAULT_BURST_HOLD_SEGMENTS

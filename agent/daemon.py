@@ -74,7 +74,8 @@ class Agent:
             specs=config.targets,
             probes=ProbeSet(config.probes.enabled()),
             make_sources=lambda t: make_target_sources(
-                t, config, wants_burst=self.burst.wants_burst if self.burst is not None else None),
+                t, config, pyspy=config.pyspy_enabled,
+                wants_burst=self.burst.wants_burst if self.burst is not None else None),
             state=self.state,
             sink=self._sink,
             interval=config.interval_seconds,

@@ -126,7 +126,7 @@ def test_example_config_in_docs_loads() -> None:
 @pytest.mark.parametrize("text, message", [
     ("interval_second = 3", "unknown key interval_second (did you mean 'interval_seconds'?)"),
     ("zzz = 3", ("unknown key zzz (known: interval_seconds, store_dir, retention_days, retention_bytes, "
-                 "listen, pyspy_rate_hz, pyspy_burst_rate_hz, pyspy_burst_hold_segments, pyspy_segment_seconds, "
+                 "listen, pyspy_enabled, pyspy_rate_hz, pyspy_burst_rate_hz, pyspy_burst_hold_segments, pyspy_segment_seconds, "
                  "pyspy_nonblocking, log_level, probes, detector, targets)")),
     ("[probes]\nsyscall = true", "unknown key probes.syscall (did you mean 'syscalls'?)"),
     ('[[targets]]\nname = "a"\npid = 1\nlatncy = {preset = "vllm"}',
