@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from agent.sources.folded import apportion
 
-_THREAD_FRAME = re.compile(r"^thread \((?P<tid>\d+)\)(?:: (?P<name>.*))?$")
+_THREAD_FRAME = re.compile(r"^thread \((?P<tid>[0-9a-fA-Fx]+)\)(?:: (?P<name>.*))?$")
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]*)(?::\d+)?\)$")
 
 # Leaf Python frames that mean "blocked, waiting" (py-spy's own idle heuristic, widened). They only decide
@@ -51,7 +51,8 @@ def parse_by_thread(text: str) -> dict[int | None, ThreadStacks]:
         frames = stack.split(";")
         tid: int | None = None
         if m := _THREAD_FRAME.match(frames[0]):
-            tid = int(m["tid"])
+            # Decimal is the OS thread id; hex is a pthread id (py-spy without the native id): no kernel figure.
+            tid = int(m["tid"]) if m["tid"].isdigit() else None
             frames[0] = m["name"] or f"thread {m['tid']}"
         entry = out.setdefault(tid, ThreadStacks(tid=tid, stacks=Counter()))
         entry.stacks[";".join(frames)] += int(count)

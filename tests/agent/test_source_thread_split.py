@@ -12,11 +12,13 @@ from agent.sources.thread_split import ThreadStacks, is_waiting_leaf, parse_by_t
 def test_parse_keeps_the_tid_apart_and_the_name_in_the_stack() -> None:
     text = ("thread (7254): busy;run (t.py:3);work (t.py:9) 40\n"
             "thread (7255): busy;run (t.py:3);work (t.py:9) 2\n"
-            "thread (7256);idle (t.py:1) 5\n\n")
+            "thread (7256);idle (t.py:1) 5\n"
+            "thread (0x7F01): old;idle (t.py:1) 3\n\n")
     threads = parse_by_thread(text)
     assert threads[7254].stacks == {"busy;run (t.py:3);work (t.py:9)": 40}
     assert threads[7255].samples == 2
     assert threads[7256].stacks == {"thread 7256;idle (t.py:1)": 5}
+    assert threads[None].stacks == {"old;idle (t.py:1)": 3}  # a pthread id: judged by its leaf later
 
 
 def test_parse_quotes_a_bad_line() -> None:
