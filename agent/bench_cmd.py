@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged, source_list) -> None:
@@ -19,6 +20,8 @@ def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged, sour
                           help="open-loop requests per second (default 4)")
     overhead.add_argument("--settle", type=ranged(float, 0, 600), default=5.0,
                           help="seconds between an agent's first window and its measurement (default 5)")
+    overhead.add_argument("--compare-tree", type=Path, metavar="DIR",
+                          help="also run each source's agent from this checkout (before/after, interleaved)")
     overhead.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
     overhead.set_defaults(func=_overhead)
 
@@ -34,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged, sour
 def _overhead(args: argparse.Namespace) -> int:
     from benchmarks import overhead  # the benchmark programs, beside the packages; not imported by the daemon
 
-    return overhead.main(args.pairs, args.seconds, args.only, args.rate, args.json, args.settle)
+    return overhead.main(args.pairs, args.seconds, args.only, args.rate, args.json, args.settle, args.compare_tree)
 
 
 def _soak(args: argparse.Namespace) -> int:

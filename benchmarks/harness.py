@@ -63,8 +63,9 @@ def agent_config(source: str, store_dir: Path, listen: str, server_pid: int, ser
 class AgentProcess:
     """`python -m agent.cli run` with a generated config, as a child of the benchmark (so its tree is ours)."""
 
-    def __init__(self, workdir: Path, config_text: str, listen: str) -> None:
+    def __init__(self, workdir: Path, config_text: str, listen: str, tree: Path = REPO) -> None:
         self.workdir = workdir
+        self.tree = tree
         self.url = f"http://{listen}"
         self.config_path = workdir / "infersight.toml"
         self.config_path.write_text(config_text)
@@ -80,7 +81,7 @@ class AgentProcess:
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(self.config_path)],
-                                         cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                                         cwd=self.tree, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 
     def wait_ready(self, timeout: float = 180.0) -> dict[str, float]:
         """Until the agent stored its first window (its probes compiled and attached)."""

@@ -20,6 +20,10 @@ class Done:
     tokens: int
     ok: bool
 
+    @property
+    def finished_at(self) -> float:
+        return self.sent_at + self.latency_s
+
 
 class OpenLoop:
     """Sends requests at Poisson arrivals of `rate` per second whether or not earlier ones finished."""
@@ -52,6 +56,14 @@ class OpenLoop:
         """Requests sent in [since, until) that have finished."""
         with self._lock:
             return [d for d in self._done if since <= d.sent_at < until]
+
+    def tokens_finished(self, since: float, until: float) -> int:
+        """Tokens of the requests that finished in [since, until): the server's output rate, seen from outside.
+
+        Counted here rather than scraped from the server, whose /metrics waits behind busy
+        request threads for tens of seconds when the host is starved."""
+        with self._lock:
+            return sum(d.tokens for d in self._done if d.ok and since <= d.finished_at < until)
 
     def _run(self) -> None:
         next_at = time.monotonic()

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from benchmarks.harness import SOURCES, AgentProcess, BenchError, agent_config, free_port, scrape
+from benchmarks.harness import REPO, SOURCES, AgentProcess, BenchError, agent_config, free_port
 from benchmarks.openloop import Done, OpenLoop
 from benchmarks.procstat import cpu_seconds, usage
 
-TOKENS = "vllm:generation_tokens_total"
 # The goals of issue 13, checked on the default agent ('all').
 GOALS = {"agent_cpu_percent": 2.0, "throughput_loss": 0.01, "p99_increase": 0.02, "cpu_per_token": 0.01,
          "agent_rss_bytes": 200 * 2**20}
@@ -131,25 +130,18 @@ class Run:
     def __init__(self, seconds: float, settle: float, rate: float, progress: TextIO) -> None:
         self.seconds, self.settle, self.rate, self.out = seconds, settle, rate, progress
         self.workdir = Path(tempfile.mkdtemp(prefix="infersight-bench-"))
+        self.load: OpenLoop | None = None
 
     def log(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
-    def tokens(self, server_url: str) -> float:
-        # A starved host can take seconds to answer: retry before giving up on the whole run.
-        for attempt in range(3):
-            try:
-                return scrape(f"{server_url}/metrics", timeout=30.0).get(TOKENS, 0.0)
-            except OSError as exc:
-                self.log(f"server /metrics did not answer ({exc}); retrying")
-                time.sleep(2 ** attempt)
-        raise BenchError(f"the server's /metrics at {server_url} did not answer three times")
-
     def phase(self, source: str, pair: int, server: Any, agent: AgentProcess | None) -> Phase:
+        """Measure one side: tokens of the requests finished in it, the server's CPU, the agent tree's CPU."""
+        assert self.load is not None
         label = f"[{source} pair {pair + 1}] agent {'on ' if agent else 'off'}"
-        t0, tok0, cpu0 = time.monotonic(), self.tokens(server.url), cpu_seconds(server.proc.pid)
+        t0, cpu0 = time.monotonic(), cpu_seconds(server.proc.pid)
         u0 = usage(agent.pid) if agent else None
-        scraper = PageScraper(agent.url) if agent is not None and source == "page" else None
+        scraper = PageScraper(agent.url) if agent is not None and source.split(" @ ")[0] == "page" else None
         if scraper:
             scraper.__enter__()
         try:
@@ -160,9 +152,9 @@ class Run:
         finally:
             if scraper:
                 scraper.__exit__()
-        t1, tok1, cpu1 = time.monotonic(), self.tokens(server.url), cpu_seconds(server.proc.pid)
-        phase = Phase(source=source, pair=pair, agent_on=agent is not None, start=t0, end=t1, tokens=tok1 - tok0,
-                      server_cpu=cpu1 - cpu0)
+        t1, cpu1 = time.monotonic(), cpu_seconds(server.proc.pid)
+        phase = Phase(source=source, pair=pair, agent_on=agent is not None, start=t0, end=t1,
+                      tokens=float(self.load.tokens_finished(t0, t1)), server_cpu=cpu1 - cpu0)
         if agent is not None and u0 is not None:
             u1 = usage(agent.pid)
             phase.agent_cpu, phase.agent_peak_rss = u1.total_cpu - u0.total_cpu, u1.peak_rss_bytes
@@ -171,11 +163,13 @@ class Run:
                  f"cores{cpu_note}")
         return phase
 
-    def start_agent(self, source: str, server: Any, n: int) -> AgentProcess:
+    def start_agent(self, cond: Condition, server: Any, n: int) -> AgentProcess:
+        source = cond.label
         listen = f"127.0.0.1:{free_port()}"
         folder = self.workdir / f"agent{n}"
         folder.mkdir(mode=0o700)
-        agent = AgentProcess(folder, agent_config(source, folder / "store", listen, server.proc.pid, server.url), listen)
+        agent = AgentProcess(folder, agent_config(cond.source, folder / "store", listen, server.proc.pid, server.url),
+                             listen, tree=cond.tree)
         agent.start()
         self.log(f"[{source}] agent starting (pid {agent.pid}); waiting for its first window")
         agent.wait_ready()
@@ -183,7 +177,23 @@ class Run:
         return agent
 
 
-def run(pairs: int, seconds: float, sources: list[str], rate: float, settle: float = 5.0,
+@dataclass(frozen=True)
+class Condition:
+    """One agent to compare with no agent: a source, run from this tree or another checkout (before/after)."""
+
+    label: str
+    source: str
+    tree: Path = REPO
+
+
+def conditions(sources: list[str], compare_tree: Path | None) -> list[Condition]:
+    out = [Condition(s, s) for s in sources]
+    if compare_tree is not None:
+        out += [Condition(f"{s} @ {compare_tree}", s, compare_tree) for s in sources]
+    return out
+
+
+def run(pairs: int, seconds: float, conds: list[Condition], rate: float, settle: float = 5.0,
         progress: TextIO = sys.stderr) -> dict[str, Any]:
     from workload.launch import launched_server
 
@@ -192,22 +202,24 @@ def run(pairs: int, seconds: float, sources: list[str], rate: float, settle: flo
     load_before = os.getloadavg()
     with launched_server() as server:
         loop = OpenLoop(server.url, rate)
+        bench.load = loop
         loop.start()
         bench.log(f"server pid {server.proc.pid} at {server.url}; open-loop load {rate} req/s; warming up {settle:.0f} s")
         time.sleep(max(settle, 5.0))
         n = 0
         try:
-            for source in sources:
-                for pair in range(pairs):
-                    # ABBA: which side goes first alternates, so a drift in the host's load favours neither.
+            # Pair-major: every condition gets its pair before any gets its next, so a slow drift in the
+            # host's load spreads over all of them; inside a pair, ABBA alternates which side goes first.
+            for pair in range(pairs):
+                for cond in conds:
                     for on in ((False, True) if pair % 2 == 0 else (True, False)):
                         if not on:
-                            phases.append(bench.phase(source, pair, server, None))
+                            phases.append(bench.phase(cond.label, pair, server, None))
                             continue
                         n += 1
-                        agent = bench.start_agent(source, server, n)
+                        agent = bench.start_agent(cond, server, n)
                         try:
-                            phases.append(bench.phase(source, pair, server, agent))
+                            phases.append(bench.phase(cond.label, pair, server, agent))
                         finally:
                             agent.stop()
                         time.sleep(settle)
@@ -217,8 +229,8 @@ def run(pairs: int, seconds: float, sources: list[str], rate: float, settle: flo
         for p in phases:
             p.requests = loop.between(p.start, p.end)
     shutil.rmtree(bench.workdir, ignore_errors=True)  # kept when the run failed: the agents' logs are there
-    per_source = {s: summarize([p for p in phases if p.source == s]) for s in sources}
-    head = per_source["all"] if "all" in per_source else per_source[sources[0]]
+    per_source = {c.label: summarize([p for p in phases if p.source == c.label]) for c in conds}
+    head = per_source["all"] if "all" in per_source else per_source[conds[0].label]
     return {**{k: head[k] for k in ("throughput_ratio", "p50_ratio", "p99_ratio", "cpu_per_token_ratio",
                                     "agent_cpu_percent", "agent_rss_bytes", "pairs", "goals")},
             "seconds": seconds, "rate": rate, "load_average_before": [round(x, 2) for x in load_before],
@@ -244,7 +256,8 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main(pairs: int, seconds: float, only: list[str] | None, rate: float, as_json: bool, settle: float) -> int:
+def main(pairs: int, seconds: float, only: list[str] | None, rate: float, as_json: bool, settle: float,
+         compare_tree: Path | None = None) -> int:
     if os.geteuid() != 0:
         print("infersight: bench overhead must run as root: the agent loads BPF programs and runs py-spy",
               file=sys.stderr)
@@ -252,8 +265,12 @@ def main(pairs: int, seconds: float, only: list[str] | None, rate: float, as_jso
     sources = only or ["all"]
     if "each" in sources:
         sources = [s for s in SOURCES if s != "all"] + ["all"]
+    if compare_tree is not None and not (compare_tree / "agent" / "cli.py").is_file():
+        print(f"infersight: --compare-tree {str(compare_tree)!r} is not an infersight checkout (no agent/cli.py)",
+              file=sys.stderr)
+        return 2
     try:
-        result = run(pairs, seconds, sources, rate, settle)
+        result = run(pairs, seconds, conditions(sources, compare_tree), rate, settle)
     except (BenchError, OSError) as exc:
         print(f"infersight: bench overhead failed: {exc}", file=sys.stderr)
         return 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -24,7 +26,8 @@ TREE = textwrap.dedent("""
 
 
 def test_usage_sums_own_reaped_and_live_children() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    # Its own session, so the whole tree (the live burner too) goes with one killpg.
+    proc = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
         first = usage(proc.pid)
@@ -38,7 +41,7 @@ def test_usage_sums_own_reaped_and_live_children() -> None:
         assert second.total_cpu >= first.total_cpu
         assert second.peak_rss_bytes >= second.rss_bytes
     finally:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     with pytest.raises(ProcessGone, match=str(proc.pid)):
         usage(proc.pid)
