@@ -29,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged, sour
     soak.add_argument("--minutes", type=ranged(float, 0.5, 7 * 24 * 60), required=True, help="how long to run")
     soak.add_argument("--every", type=ranged(float, 1, 3600), default=15.0, help="seconds between readings (default 15)")
     soak.add_argument("--rate", type=ranged(float, 0.1, 1000), default=2.0, help="requests per second (default 2)")
+    soak.add_argument("--restart-every", type=ranged(float, 1, 24 * 60), default=None, metavar="MIN",
+                      help="restart the server every MIN minutes (a new pid behind its pidfile): targets come and go")
     soak.add_argument("--plot", metavar="FILE.png", help="draw the readings (SVG rendered by headless chromium)")
     soak.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
     soak.set_defaults(func=_soak)
@@ -43,4 +45,4 @@ def _overhead(args: argparse.Namespace) -> int:
 def _soak(args: argparse.Namespace) -> int:
     from benchmarks import soak
 
-    return soak.main(args.minutes, args.every, args.rate, args.plot, args.json)
+    return soak.main(args.minutes, args.every, args.rate, args.plot, args.json, args.restart_every)

@@ -42,9 +42,10 @@ def scrape(url: str, timeout: float = 5.0) -> dict[str, float]:
     return out
 
 
-def agent_config(source: str, store_dir: Path, listen: str, server_pid: int, server_url: str,
-                 extra: dict[str, object] | None = None) -> str:
-    """The TOML of an agent that runs `source` only (or everything, for 'all') against one server pid."""
+def agent_config(source: str, store_dir: Path, listen: str, server_pid: int | None, server_url: str,
+                 extra: dict[str, object] | None = None, pidfile: Path | None = None) -> str:
+    """The TOML of an agent that runs `source` only (or everything, for 'all') against one server: by pid, or
+    by pidfile when the server is restarted under it."""
     if source not in SOURCES:
         raise BenchError(f"unknown source {source!r}; choose from {', '.join(SOURCES)}")
     probes = {p: source in (p, "all") for p in PROBES}
@@ -55,7 +56,8 @@ def agent_config(source: str, store_dir: Path, listen: str, server_pid: int, ser
         lines.append(f"{key} = {str(value).lower() if isinstance(value, bool) else value}")
     lines.append("[probes]")
     lines += [f"{p} = {'true' if on else 'false'}" for p, on in probes.items()]
-    lines += ["[[targets]]", 'name = "workload"', f"pid = {server_pid}", "[targets.latency]",
+    which = f'pidfile = "{pidfile}"' if pidfile is not None else f"pid = {server_pid}"
+    lines += ["[[targets]]", 'name = "workload"', which, "[targets.latency]",
               'preset = "workload"', f'url = "{server_url}/metrics"']
     return "\n".join(lines) + "\n"
 

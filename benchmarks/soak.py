@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -84,65 +85,103 @@ def table(readings: list[Reading], rows: int = 20) -> str:
     return "\n".join(lines)
 
 
-def run(minutes: float, every: float, rate: float, progress: TextIO = sys.stderr) -> tuple[list[Reading], int]:
-    from workload.launch import launched_server
+class Served:
+    """The bundled server under open-loop load; `restart()` replaces it: a new pid behind the same pidfile and port."""
 
+    def __init__(self, rate: float, workdir: Path) -> None:
+        self.rate = rate
+        self.port = free_port()
+        self.pidfile = workdir / "workload.pid"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.restarts = 0
+        self._stack = contextlib.ExitStack()
+        self.loop: OpenLoop | None = None
+
+    def start(self) -> None:
+        from workload.launch import launched_server
+
+        self._stack.enter_context(launched_server("--port", str(self.port), "--pidfile", str(self.pidfile)))
+        self.loop = OpenLoop(self.url, self.rate)
+        self.loop.start()
+
+    def stop(self) -> None:
+        if self.loop is not None:
+            self.loop.stop()
+        self._stack.close()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+        self.restarts += 1
+
+
+def run(minutes: float, every: float, rate: float, restart_every: float | None = None,
+        progress: TextIO = sys.stderr) -> tuple[list[Reading], int]:
     workdir = Path(tempfile.mkdtemp(prefix="infersight-soak-"))
     readings: list[Reading] = []
-    with launched_server() as server:
-        loop = OpenLoop(server.url, rate)
-        loop.start()
-        listen = f"127.0.0.1:{free_port()}"
-        store = workdir / "store"
-        agent = AgentProcess(workdir, agent_config("all", store, listen, server.proc.pid, server.url), listen)
+    served = Served(rate, workdir)
+    listen = f"127.0.0.1:{free_port()}"
+    store = workdir / "store"
+    agent = AgentProcess(workdir, agent_config("all", store, listen, None, served.url, pidfile=served.pidfile), listen)
+    try:
+        served.start()
         agent.start()
-        try:
-            agent.wait_ready()
-            print(f"agent pid {agent.pid} ready; soaking {minutes:g} min, a reading every {every:g} s",
-                  file=progress, flush=True)
-            t0 = time.monotonic()
-            prev: tuple[float, float] | None = None
-            while (now := time.monotonic()) - t0 <= minutes * 60:
-                try:
-                    u = usage(agent.pid)
-                except ProcessGone as exc:
-                    raise BenchError(f"the agent died during the soak: {agent.tail()}") from exc
-                try:
-                    m = agent.scrape()
-                except OSError:
-                    m = {}
-                cpu = 100 * (u.total_cpu - prev[1]) / (now - prev[0]) if prev else None
-                prev = (now, u.total_cpu)
+        agent.wait_ready()
+        print(f"agent pid {agent.pid} ready; soaking {minutes:g} min, a reading every {every:g} s"
+              + (f", the server restarted every {restart_every:g} min" if restart_every else ""),
+              file=progress, flush=True)
+        t0 = time.monotonic()
+        next_restart = t0 + restart_every * 60 if restart_every else None
+        prev: tuple[float, float] | None = None
+        while (now := time.monotonic()) - t0 <= minutes * 60:
+            if next_restart is not None and now >= next_restart:
+                # Targets come and go: the agent must drop the old one's sources and take up the new pid.
+                served.restart()
+                next_restart += restart_every * 60  # type: ignore[operator]
+                print(f"{(time.monotonic() - t0) / 60:5.1f} min  server restarted ({served.restarts})",
+                      file=progress, flush=True)
+                continue
+            try:
+                u = usage(agent.pid)
+            except ProcessGone as exc:
+                raise BenchError(f"the agent died during the soak: {agent.tail()}") from exc
+            try:
+                m = agent.scrape()
+            except OSError:
+                m = {}
+            cpu = 100 * (u.total_cpu - prev[1]) / (now - prev[0]) if prev else None
+            prev = (now, u.total_cpu)
 
-                def metric(name: str) -> int | None:
-                    return int(m[name]) if name in m else None
+            def metric(name: str) -> int | None:
+                return int(m[name]) if name in m else None
 
-                r = Reading(t=now - t0, rss_bytes=u.rss_bytes, peak_rss_bytes=u.peak_rss_bytes, fds=u.fds,
-                            threads=u.threads, children=u.live_children, cpu_percent=cpu, store_bytes=store_bytes(store),
-                            windows=metric("infersight_agent_windows_total"),
-                            late_ticks=metric("infersight_agent_late_ticks_total"),
-                            dropped_windows=metric("infersight_agent_dropped_windows_total"),
-                            tick_seconds=m.get("infersight_agent_window_duration_seconds"))
-                readings.append(r)
-                print(f"{r.t / 60:5.1f} min  RSS {r.rss_bytes / 2**20:6.1f} MiB  fds {r.fds}  threads {r.threads}  "
-                      f"CPU {cpu if cpu is None else round(cpu, 2)}%  store {r.store_bytes / 2**20:.2f} MiB  "
-                      f"late {r.late_ticks}", file=progress, flush=True)
-                time.sleep(max(0.0, every - (time.monotonic() - now)))
-        finally:
-            agent.stop()
-            loop.stop()
+            r = Reading(t=now - t0, rss_bytes=u.rss_bytes, peak_rss_bytes=u.peak_rss_bytes, fds=u.fds,
+                        threads=u.threads, children=u.live_children, cpu_percent=cpu, store_bytes=store_bytes(store),
+                        windows=metric("infersight_agent_windows_total"),
+                        late_ticks=metric("infersight_agent_late_ticks_total"),
+                        dropped_windows=metric("infersight_agent_dropped_windows_total"),
+                        tick_seconds=m.get("infersight_agent_window_duration_seconds"))
+            readings.append(r)
+            print(f"{r.t / 60:5.1f} min  RSS {r.rss_bytes / 2**20:6.1f} MiB  fds {r.fds}  threads {r.threads}  "
+                  f"CPU {cpu if cpu is None else round(cpu, 2)}%  store {r.store_bytes / 2**20:.2f} MiB  "
+                  f"late {r.late_ticks}", file=progress, flush=True)
+            time.sleep(max(0.0, every - (time.monotonic() - now)))
+    finally:
+        agent.stop()
+        served.stop()
     shutil.rmtree(workdir, ignore_errors=True)  # kept when the soak failed: the agent's log is there
     from agent.config import Config
 
     return readings, Config().retention_bytes
 
 
-def main(minutes: float, every: float, rate: float, plot_path: str | None, as_json: bool) -> int:
+def main(minutes: float, every: float, rate: float, plot_path: str | None, as_json: bool,
+         restart_every: float | None = None) -> int:
     if os.geteuid() != 0:
         print("infersight: bench soak must run as root: the agent loads BPF programs and runs py-spy", file=sys.stderr)
         return 1
     try:
-        readings, bound = run(minutes, every, rate)
+        readings, bound = run(minutes, every, rate, restart_every)
     except (BenchError, OSError) as exc:
         print(f"infersight: bench soak failed: {exc}", file=sys.stderr)
         return 1

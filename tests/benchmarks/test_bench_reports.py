@@ -89,3 +89,9 @@ def test_plot_renders_a_png_with_chromium(tmp_path: Path) -> None:
     out = tmp_path / "soak.png"
     assert plot.render_png(text, out, *plot.size(len(panels))) is None
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 2000
+
+
+def test_agent_config_by_pidfile_for_a_server_that_restarts(tmp_path: Path) -> None:
+    text = agent_config("all", tmp_path / "s", "127.0.0.1:1", None, "http://127.0.0.1:8", pidfile=tmp_path / "w.pid")
+    (target,) = config_from_dict(tomllib.loads(text)).targets
+    assert target.pid is None and target.pidfile == tmp_path / "w.pid"
