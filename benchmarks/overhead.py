@@ -36,6 +36,8 @@ class Phase:
     tokens: float
     server_cpu: float
     agent_cpu: float | None = None
+    # Of agent_cpu: the agent process alone; the rest is its children (py-spy).
+    agent_own_cpu: float | None = None
     agent_peak_rss: int | None = None
     requests: list[Done] = field(default_factory=list)
 
@@ -60,7 +62,7 @@ def summarize(phases: list[Phase]) -> dict[str, Any]:
     by_pair: dict[int, dict[bool, Phase]] = {}
     for p in phases:
         by_pair.setdefault(p.pair, {})[p.agent_on] = p
-    tput, p50, p99, cpt, agent_cpu = [], [], [], [], []
+    tput, p50, p99, cpt, agent_cpu, own_cpu = [], [], [], [], [], []
     for sides in by_pair.values():
         off, on = sides.get(False), sides.get(True)
         if off is None or on is None or not off.tokens or not on.tokens:
@@ -73,9 +75,13 @@ def summarize(phases: list[Phase]) -> dict[str, Any]:
                 out.append(a / b)
         if on.agent_cpu is not None:
             agent_cpu.append(100.0 * on.agent_cpu / on.seconds)
+        if on.agent_own_cpu is not None:
+            own_cpu.append(100.0 * on.agent_own_cpu / on.seconds)
     peaks = [p.agent_peak_rss for p in phases if p.agent_peak_rss is not None]
     summary = {"pairs": len(tput), "throughput_ratio": _spread(tput), "p50_ratio": _spread(p50),
                "p99_ratio": _spread(p99), "cpu_per_token_ratio": _spread(cpt), "agent_cpu_percent": _spread(agent_cpu),
+               "agent_process_cpu_percent": _spread(own_cpu),
+               "agent_children_cpu_percent": _spread([a - b for a, b in zip(agent_cpu, own_cpu)]),
                "agent_rss_bytes": max(peaks) if peaks else None,
                "requests_off": sum(len(p.requests) for p in phases if not p.agent_on),
                "requests_on": sum(len(p.requests) for p in phases if p.agent_on),
@@ -158,6 +164,7 @@ class Run:
         if agent is not None and u0 is not None:
             u1 = usage(agent.pid)
             phase.agent_cpu, phase.agent_peak_rss = u1.total_cpu - u0.total_cpu, u1.peak_rss_bytes
+            phase.agent_own_cpu = u1.own_cpu - u0.own_cpu
         cpu_note = f", agent {100 * phase.agent_cpu / phase.seconds:.2f}% of a core" if phase.agent_cpu is not None else ""
         self.log(f"{label}: {phase.tokens / phase.seconds:.1f} tokens/s, server {phase.server_cpu / phase.seconds:.2f} "
                  f"cores{cpu_note}")
@@ -245,12 +252,12 @@ def _fmt(s: dict[str, float] | None, digits: int = 3) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    rows = ["| source | agent CPU % of one core | agent peak RSS MiB | throughput on/off | p50 on/off | p99 on/off "
+    rows = ["| source | agent CPU % of one core (with children) | of which py-spy | agent peak RSS MiB | throughput on/off | p50 on/off | p99 on/off "
             "| server CPU per token on/off | pairs | requests off/on |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in result["sources"].items():
         rss = f"{s['agent_rss_bytes'] / 2**20:.0f}" if s["agent_rss_bytes"] else "n/a"
-        rows.append(f"| {name} | {_fmt(s['agent_cpu_percent'], 2)} | {rss} | {_fmt(s['throughput_ratio'])} | "
+        rows.append(f"| {name} | {_fmt(s['agent_cpu_percent'], 2)} | {_fmt(s['agent_children_cpu_percent'], 2)} | {rss} | {_fmt(s['throughput_ratio'])} | "
                     f"{_fmt(s['p50_ratio'])} | {_fmt(s['p99_ratio'])} | {_fmt(s['cpu_per_token_ratio'])} | {s['pairs']} | "
                     f"{s['requests_off']}/{s['requests_on']} |")
     return "\n".join(rows)
