@@ -31,7 +31,7 @@ WantsBurst = Callable[[], bool]
 
 # Defaults measured in docs/BENCHMARKS.md ("Stack sampling"): py-spy costs ~0.13% of a core per Hz on the
 # 35-thread demo server (~0.4% loaded) plus ~15 ms of CPU per attach.
-DEFAULT_RATE_HZ = 7
+DEFAULT_RATE_HZ = 3
 DEFAULT_BURST_RATE_HZ = 49
 DEFAULT_SEGMENT_SECONDS = 5
 DEFAULT_BURST_HOLD_SEGMENTS = 3

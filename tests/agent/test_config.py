@@ -53,7 +53,7 @@ def error_of(conf_dir: Path, text: str) -> str:
 def test_no_file_gives_defaults_with_the_bundled_workload_target() -> None:
     c = load_config(None)
     assert c == Config()
-    assert (c.interval_seconds, c.pyspy_rate_hz, c.pyspy_nonblocking, c.listen) == (5.0, 7, True, "127.0.0.1:9464")
+    assert (c.interval_seconds, c.pyspy_rate_hz, c.pyspy_nonblocking, c.listen) == (5.0, 3, True, "127.0.0.1:9464")
     assert (c.pyspy_burst_rate_hz, c.pyspy_burst_hold_segments, c.pyspy_segment_seconds) == (49, 3, 5)
     assert c.store_dir == Path("/var/lib/infersight")
     assert c.probes.enabled() == ["syscalls", "offcpu", "gc", "tcp", "runqueue"]
