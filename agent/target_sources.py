@@ -65,9 +65,11 @@ def make_target_sources(target: Target, config: Config, pyspy: bool = True,
     }
     if pyspy:
         trigger = (lambda: wants_burst(target.name)) if wants_burst is not None else None
+        # A segment longer than a window would leave whole windows without stacks.
+        segment = min(config.pyspy_segment_seconds, max(1, int(config.interval_seconds)))
         factories["stacks"] = ("pyspy", lambda: PySpySampler(
             target.pid, rate_hz=config.pyspy_rate_hz, nonblocking=config.pyspy_nonblocking,
-            segment_seconds=config.pyspy_segment_seconds, burst_rate_hz=config.pyspy_burst_rate_hz,
+            segment_seconds=segment, burst_rate_hz=config.pyspy_burst_rate_hz,
             burst_hold_segments=config.pyspy_burst_hold_segments, wants_burst=trigger))
     latency = target.spec.latency
     if latency is not None:
