@@ -59,6 +59,14 @@ def test_soak_verdict_measures_growth_after_warmup() -> None:
     assert verdict(flat[:2], 2**30) == {"error": "only 2 readings: run longer than three intervals"}
 
 
+def test_soak_verdict_ignores_a_momentary_extra_fd_or_thread() -> None:
+    blips = [reading(60.0 * i, 100, fds=20 + (2 if i == 5 else 0), threads=12 + (1 if i == 7 else 0))
+             for i in range(12)]
+    v = verdict(blips, retention_bytes=2**30)
+    assert v["fds_max_after"] == 22 and v["threads_max_after"] == 13
+    assert v["goals"]["no_fd_growth"] and v["goals"]["no_thread_growth"], v
+
+
 @pytest.mark.parametrize("source", SOURCES)
 def test_agent_config_loads_and_runs_only_its_source(source: str, tmp_path: Path) -> None:
     text = agent_config(source, tmp_path / "store", "127.0.0.1:9999", 4242, "http://127.0.0.1:8000")
