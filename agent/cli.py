@@ -283,7 +283,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="print the scores as one JSON object on the last line")
     ev.add_argument("--plot", metavar="FILE.png", help="draw latency, the expected band, phases and regressions")
     ev.set_defaults(func=_cmd_eval)
+
+    from agent import bench_cmd
+
+    bench_cmd.add_parser(sub, Parser, _ranged, _source_list)
     return parser
+
+
+def _source_list(text: str) -> list[str]:
+    from benchmarks.harness import SOURCES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in (*SOURCES, "each")]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown source(s) {bad or text!r}; choose from {','.join(SOURCES)},each")
+    return names
 
 
 def _probe_list(known: list[str]):

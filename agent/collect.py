@@ -26,8 +26,9 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
     logs.setup("warning")
     spec = TargetSpec(name=f"pid{pid}", pid=pid)
     enabled = {name: name in probes for name in ProbesConfig().enabled()}
+    # One py-spy segment per window at the asked rate: `collect` is a short look, not the always-on agent.
     config = Config(interval_seconds=max(interval, 1.0), pyspy_rate_hz=pyspy_rate, probes=ProbesConfig(**enabled),
-                    targets=(spec,))
+                    pyspy_segment_seconds=max(1, min(60, int(interval))), targets=(spec,))
 
     stop = threading.Event()
 

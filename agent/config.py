@@ -20,6 +20,12 @@ from urllib.parse import urlsplit
 
 from agent.alerts.config import AlertsConfig, AlertsFieldError, ReceiverConfig, check_receivers
 from agent.presets import LATENCY_KINDS, PRESETS, LatencyKind
+from agent.sources.pyspy import (
+    DEFAULT_BURST_HOLD_SEGMENTS,
+    DEFAULT_BURST_RATE_HZ,
+    DEFAULT_RATE_HZ,
+    DEFAULT_SEGMENT_SECONDS,
+)
 
 DEFAULT_STORE_DIR = Path("/var/lib/infersight")
 # The bundled workload's command line is `python -m workload serve ...`.
@@ -160,7 +166,13 @@ class Config:
     retention_days: float = 14.0
     retention_bytes: int = 1 << 30
     listen: str = "127.0.0.1:9464"
-    pyspy_rate_hz: int = 49
+    # Stack sampling costs ~0.13-0.4% of a core per Hz on a 35-thread server: a low steady rate, and
+    # bursts at full rate while the detector sees a regression (docs/config.md says what each costs).
+    pyspy_enabled: bool = True
+    pyspy_rate_hz: int = DEFAULT_RATE_HZ
+    pyspy_burst_rate_hz: int = DEFAULT_BURST_RATE_HZ
+    pyspy_burst_hold_segments: int = DEFAULT_BURST_HOLD_SEGMENTS
+    pyspy_segment_seconds: int = DEFAULT_SEGMENT_SECONDS
     pyspy_nonblocking: bool = True
     log_level: str = "info"
     # Besides root: whose processes a target may select. Another user's process is never traced by
@@ -178,6 +190,9 @@ class Config:
         _require_range("retention_days", self.retention_days, 0.01, 3650)
         _require_range("retention_bytes", self.retention_bytes, 1 << 20, 1 << 40)
         _require_range("pyspy_rate_hz", self.pyspy_rate_hz, 1, 1000)
+        _require_range("pyspy_burst_rate_hz", self.pyspy_burst_rate_hz, 1, 1000)
+        _require_range("pyspy_burst_hold_segments", self.pyspy_burst_hold_segments, 0, 1000)
+        _require_range("pyspy_segment_seconds", self.pyspy_segment_seconds, 1, 60)
         _require_choice("log_level", self.log_level, LOG_LEVELS)
         parse_listen(self.listen)
         _require_range("max_targets", self.max_targets, 1, 1024)

@@ -15,6 +15,7 @@ from waitress.server import create_server
 
 from agent import logs
 from agent.alerts.service import AlertService
+from agent.burst import BurstPolicy
 from agent.collectors import Collectors
 from agent.config import Config, check_config_paths
 from agent.detection import Detection
@@ -99,11 +100,13 @@ class Agent:
         self.registry = build_registry(self.state)
         self.registry.register(self.alerts.collector())
         self.detection: Detection | None = None
+        self.burst: BurstPolicy | None = None
         if config.detector.enabled:
             warmup = config.detector.warmup_windows
             self.detection = Detection(self.store, make_detector=lambda: _latency_detector(warmup),
                                        identity=self._identity, listeners=[self.alerts])
             self.registry.register(DetectionCollector(self.detection.snapshot))
+            self.burst = BurstPolicy(self.detection.snapshot)
         self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
                                "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
                                "FINDINGS": self.detection.snapshot if self.detection else None,
@@ -118,7 +121,9 @@ class Agent:
             raise
         self.loop = CollectionLoop(
             specs=config.targets,
-            collectors=Collectors(config.probes.enabled(), make_sources=lambda t: source_factories(t, config)),
+            collectors=Collectors(config.probes.enabled(), make_sources=lambda t: source_factories(
+                t, config, pyspy=config.pyspy_enabled,
+                wants_burst=self.burst.wants_burst if self.burst is not None else None)),
             state=self.state,
             discover_fn=make_discover(config, self.state),
             sink=self._sink,

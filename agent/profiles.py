@@ -29,7 +29,8 @@ def capture_live(pid: int, duration: float, kind: str = "active", rate_hz: int =
     else:
         from agent.sources.pyspy import PySpySampler
 
-        sampler = PySpySampler(pid, rate_hz=rate_hz)
+        # A live capture is short and asked for: full rate from the start, in 1 s segments.
+        sampler = PySpySampler(pid, rate_hz=rate_hz, burst_rate_hz=rate_hz, segment_seconds=1)
         try:
             sleep(duration)
             # The sampler records in 1 s segments: this holds every segment that finished within `duration`.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from agent.collectors import SourceFactories
 from agent.config import Config
@@ -17,15 +18,22 @@ from analysis.errors import ProbeError
 log = logging.getLogger("infersight.sources")
 
 
-def source_factories(target: Target, config: Config, pyspy: bool = True) -> SourceFactories:
-    """Window field -> constructor; the Collectors registry builds them when the target appears."""
+def source_factories(target: Target, config: Config, pyspy: bool = True,
+                     wants_burst: Callable[[str], bool] | None = None) -> SourceFactories:
+    """Window field -> constructor; the Collectors registry builds them when the target appears.
+    `wants_burst(target name)` switches stack sampling to its burst rate (the daemon's BurstPolicy)."""
     factories: SourceFactories = {
         "process": lambda: ProcessSource(target.pid),
         "gpu": lambda: GpuSource(target.pid),
     }
     if pyspy:
-        factories["stacks"] = lambda: PySpySampler(target.pid, rate_hz=config.pyspy_rate_hz,
-                                                   nonblocking=config.pyspy_nonblocking)
+        trigger = (lambda: wants_burst(target.name)) if wants_burst is not None else None
+        # A segment longer than a window would leave whole windows without stacks.
+        segment = min(config.pyspy_segment_seconds, max(1, int(config.interval_seconds)))
+        factories["stacks"] = lambda: PySpySampler(
+            target.pid, rate_hz=config.pyspy_rate_hz, nonblocking=config.pyspy_nonblocking,
+            segment_seconds=segment, burst_rate_hz=config.pyspy_burst_rate_hz,
+            burst_hold_segments=config.pyspy_burst_hold_segments, wants_burst=trigger)
     latency = target.spec.latency
     if latency is not None:
         factories["latency"] = lambda: _latency_source(latency)

@@ -1,4 +1,4 @@
-"""Parse py-spy's raw (folded) output and split samples into active and idle stacks."""
+"""Parse py-spy's raw (folded) output and its closing summary line."""
 
 from __future__ import annotations
 
@@ -35,41 +35,7 @@ def parse_summary(stdout: str) -> tuple[int, int] | None:
     return (int(m["samples"]), int(m["errors"])) if m else None
 
 
-def _thread(stack: str) -> str:
-    return stack.split(";", 1)[0]
-
-
-def split_idle(active: Counter[str], everything: Counter[str], active_errors: int = 0) -> Counter[str]:
-    """Idle stacks = (all threads' samples) - (active threads' samples), settled per thread.
-
-    Both recorders take the same number of ticks over the same second, so a thread's idle
-    share is exact: samples in `everything` minus samples in `active` (less the ticks the
-    active recorder failed to read). Which of its stacks were idle is estimated from the
-    per-stack differences, scaled to that share: the two recorders tick at different
-    instants, so a busy thread's stack keys (line numbers) differ a little between them and
-    must not leak into idle. A thread never seen active is idle in full, stack by stack.
-    """
-    active_by_thread: Counter[str] = Counter()
-    for stack, n in active.items():
-        active_by_thread[_thread(stack)] += n
-    diffs: dict[str, dict[str, int]] = {}
-    totals: Counter[str] = Counter()
-    for stack, n in everything.items():
-        thread = _thread(stack)
-        totals[thread] += n
-        if (d := n - active.get(stack, 0)) > 0:
-            diffs.setdefault(thread, {})[stack] = d
-    idle: Counter[str] = Counter()
-    for thread, candidates in diffs.items():
-        seen_active = active_by_thread[thread]
-        share = totals[thread] - seen_active - (active_errors if seen_active else 0)
-        if share <= 0:
-            continue
-        idle.update(_apportion(candidates, share))
-    return idle
-
-
-def _apportion(weights: dict[str, int], total: int) -> dict[str, int]:
+def apportion(weights: dict[str, int], total: int) -> dict[str, int]:
     """Split `total` over keys in proportion to `weights` (largest remainder, sums exactly)."""
     whole = sum(weights.values())
     if total >= whole:

@@ -1,4 +1,4 @@
-"""Continuous py-spy sampling of one process, active and idle Python stacks kept apart."""
+"""Continuous py-spy sampling of one process: one recorder, a low steady rate, bursts on demand."""
 
 from __future__ import annotations
 
@@ -19,12 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.sources.folded import parse_folded, parse_summary, split_idle
+from agent.sources.folded import parse_summary
+from agent.sources.thread_split import parse_by_thread, split_by_busy
 from analysis.errors import AccessDenied, ProbeError, ReadingError, SourceUnavailable, TargetGone
 from analysis.health import Health
 from analysis.window import StackReading
 
 Runner = Callable[..., subprocess.Popen]
+WantsBurst = Callable[[], bool]
+
+# Defaults measured in docs/BENCHMARKS.md ("Stack sampling"): py-spy costs ~0.13% of a core per Hz on the
+# 35-thread demo server (~0.4% loaded) plus ~15 ms of CPU per attach.
+DEFAULT_RATE_HZ = 3
+DEFAULT_BURST_RATE_HZ = 49
+DEFAULT_SEGMENT_SECONDS = 5
+DEFAULT_BURST_HOLD_SEGMENTS = 3
 
 _PR_SET_PDEATHSIG = 1
 _BANNER = b"Sampling process"
@@ -44,28 +53,21 @@ def _die_with_parent() -> None:
 
 
 @dataclass
-class _Run:
-    """One py-spy process recording one segment."""
+class _Segment:
+    """One py-spy process recording every thread (`--idle --threads`) for `segment_seconds`."""
 
-    kind: str  # "active" (busy threads only) | "all" (with --idle)
+    launched_at: float
+    rate_hz: int
+    burst: bool
     proc: subprocess.Popen
     output: Path
     stdout: bytes = b""
     attached_at: float | None = None
-
-
-@dataclass
-class _Segment:
-    launched_at: float
-    runs: list[_Run] = field(default_factory=list)
+    # Each thread's runnable nanoseconds (on CPU + in the run queue) when the recording began.
+    runnable_before: dict[int, int] = field(default_factory=dict)
 
     def done(self) -> bool:
-        return all(r.proc.poll() is not None for r in self.runs)
-
-    @property
-    def attached_at(self) -> float | None:
-        times = [r.attached_at for r in self.runs]
-        return None if None in times else max(t for t in times if t is not None)
+        return self.proc.poll() is not None
 
 
 class SegmentFailed(Exception):
@@ -73,11 +75,15 @@ class SegmentFailed(Exception):
 
 
 class PySpySampler:
-    """Samples `pid` with py-spy in back-to-back segments of `segment_seconds`.
+    """Samples `pid` with py-spy in back-to-back segments of `segment_seconds`, one recorder at a time.
 
-    py-spy 0.4.3 writes folded output only when a recording ends and never marks a sample
-    idle, so each segment runs two recorders side by side for the same number of ticks:
-    one without `--idle` (threads on CPU) and one with it (all threads); idle = all - active.
+    py-spy 0.4.3 writes folded output only when a recording ends and never marks a sample idle.
+    Its cost is reading every thread on every tick, so one recorder reads all of them (`--idle
+    --threads`) and the active/idle split comes from the kernel instead: each thread's runnable
+    time over the segment (`/proc/PID/task/TID/schedstat`) says how many of its samples were
+    active, its leaf frames say which (`thread_split`). The steady rate is low; while
+    `wants_burst()` says so (a regression opening, the detector's score rising) segments run at
+    `burst_rate_hz`, and `burst_hold_segments` more after it stops saying so.
     The next segment is launched one attach-time before the current one stops sampling, so
     windows see no gap beyond what `health().detail['gap_seconds']` reports.
     """
@@ -85,23 +91,31 @@ class PySpySampler:
     name = "stacks"
     MAX_PENDING = 2
 
-    def __init__(self, pid: int, rate_hz: int = 49, nonblocking: bool = True, segment_seconds: int = 1,
+    def __init__(self, pid: int, rate_hz: int = DEFAULT_RATE_HZ, nonblocking: bool = True,
+                 segment_seconds: int = DEFAULT_SEGMENT_SECONDS, burst_rate_hz: int = DEFAULT_BURST_RATE_HZ,
+                 wants_burst: WantsBurst | None = None, burst_hold_segments: int = DEFAULT_BURST_HOLD_SEGMENTS,
                  runner: Runner = subprocess.Popen, pyspy_path: str | None = None,
                  clock: Callable[[], float] = time.monotonic, proc_root: Path = Path("/proc"),
                  backoff_initial: float = 0.5, backoff_max: float = 30.0, by_function: bool = True,
                  autostart: bool = True) -> None:
         if pid <= 0:
             raise ValueError(f"pid must be positive, got {pid!r}")
-        if not 1 <= rate_hz <= 1000:
-            raise ValueError(f"rate_hz must be within 1..1000, got {rate_hz!r}")
+        for key, value in (("rate_hz", rate_hz), ("burst_rate_hz", burst_rate_hz)):
+            if not isinstance(value, int) or not 1 <= value <= 1000:
+                raise ValueError(f"{key} must be a whole number within 1..1000, got {value!r}")
         if not isinstance(segment_seconds, int) or not 1 <= segment_seconds <= 60:
             # py-spy's --duration accepts whole seconds only.
             raise ValueError(f"segment_seconds must be a whole number within 1..60, got {segment_seconds!r}")
+        if not isinstance(burst_hold_segments, int) or not 0 <= burst_hold_segments <= 1000:
+            raise ValueError(f"burst_hold_segments must be a whole number within 0..1000, got {burst_hold_segments!r}")
         self.pid = pid
         self.rate_hz = rate_hz
+        self.burst_rate_hz = burst_rate_hz
         self.nonblocking = nonblocking
         self.segment_seconds = segment_seconds
+        self.burst_hold_segments = burst_hold_segments
         self.by_function = by_function
+        self._wants_burst = wants_burst
         self._runner = runner
         self._pyspy = pyspy_path if pyspy_path is not None else find_pyspy()
         self._clock = clock
@@ -118,20 +132,23 @@ class PySpySampler:
         self._idle: Counter[str] = Counter()
         self._terminal: ProbeError | None = None
         self._counter = 0
+        self._hold = 0
+        self._last_rate: int | None = None
         # Recent attach times: the next segment starts the slowest of them early, since a
         # gap loses samples for good while an overlap is only counted (both are in health).
         self._attach_recent: deque[float] = deque([0.05], maxlen=5)
         self._last_end: float | None = None
-        self._stats: dict[str, Any] = {"segments": 0, "restarts": 0, "gap_seconds": 0.0, "overlap_seconds": 0.0,
-                                       "lost_seconds": 0, "pyspy_sample_errors": 0, "backoff_seconds": 0.0,
-                                       "last_attach_seconds": None}
+        self._stats: dict[str, Any] = {"segments": 0, "burst_segments": 0, "restarts": 0, "gap_seconds": 0.0,
+                                       "overlap_seconds": 0.0, "lost_seconds": 0, "pyspy_sample_errors": 0,
+                                       "backoff_seconds": 0.0, "last_attach_seconds": None,
+                                       "threads_split_by_leaf": 0, "rate_hz_now": None,
+                                       "last_effective_rate_hz": None}
         self._errors = 0
         self._last_error: str | None = None
         self._error_since_read: str | None = None
         self._ticks = 0
         self._started_at: float | None = None
         self._last_read_at: float | None = None
-        self._stats["last_effective_rate_hz"] = None
         if autostart:
             self.start()
 
@@ -161,17 +178,18 @@ class PySpySampler:
             active, idle = self._active, self._idle
             self._active, self._idle = Counter(), Counter()
             now = self._clock()
-            # Ticks actually merged per wall second since the last read: below rate_hz when py-spy
+            # Ticks actually merged per wall second since the last read: below the rate when py-spy
             # lagged (a starved CPU stretches a recording) or segments were lost or gapped.
             since = now - (self._last_read_at if self._last_read_at is not None else self._started_at or now)
             self._stats["last_effective_rate_hz"] = round(self._ticks / since, 2) if since > 0 else None
             ticks, self._ticks, self._last_read_at = self._ticks, 0, now
             failure, self._error_since_read = self._error_since_read, None
+            rate = self._last_rate if self._last_rate is not None else self.rate_hz
         if ticks == 0:
             # Nothing sampled is not "no stacks": the window has no reading, with the reason.
             raise ReadingError(f"py-spy sampled nothing since the last read: {failure}" if failure
                                else "py-spy finished no recording since the last read")
-        return StackReading(active=dict(active), idle=dict(idle), rate_hz=float(self.rate_hz), samples=ticks)
+        return StackReading(active=dict(active), idle=dict(idle), rate_hz=float(rate), samples=ticks)
 
     def close(self) -> None:
         self._stop.set()
@@ -205,7 +223,7 @@ class PySpySampler:
         failures = 0
         # Segments still recording (or still exiting), oldest first. They are settled as they
         # finish, never waited for on schedule: on a starved CPU py-spy falls behind and a
-        # "1 s" recording can take seconds, which must not stall the next launch.
+        # "5 s" recording can take longer, which must not stall the next launch.
         pending: deque[_Segment] = deque()
 
         def settle(block: bool) -> None:
@@ -253,115 +271,143 @@ class PySpySampler:
         finally:
             self._kill_live()
 
+    def _burst_now(self) -> bool:
+        """Decided once per segment: the trigger, or the hold left over from its last firing."""
+        wanted = False
+        if self._wants_burst is not None:
+            try:
+                wanted = bool(self._wants_burst())
+            except Exception as exc:  # the trigger is the daemon's code: a fault there costs the burst, not sampling
+                self._record_error(f"burst trigger failed: {exc!r}", restart=False)
+        if wanted:
+            self._hold = self.burst_hold_segments
+            return True
+        if self._hold > 0:
+            self._hold -= 1
+            return True
+        return False
+
     def _launch(self) -> _Segment:
         self._counter += 1
-        segment = _Segment(launched_at=self._clock())
-        for kind in ("active", "all"):
-            assert self._workdir is not None
-            output = self._workdir / f"seg{self._counter}-{kind}.txt"
-            argv = [self._pyspy, "record", "--pid", str(self.pid), "--rate", str(self.rate_hz),
-                    "--duration", str(self.segment_seconds), "--format", "raw", "--threads",
-                    "--output", str(output)]
-            if self.nonblocking:
-                argv.append("--nonblocking")
-            if self.by_function:
-                # Keys by a function's first line: stable between the two recorders and across windows.
-                argv.append("--function")
-            if kind == "all":
-                argv.append("--idle")
-            try:
-                proc = self._runner(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, bufsize=0, preexec_fn=_die_with_parent)
-            except OSError as exc:
-                self._abandon(segment)
-                raise SegmentFailed(f"cannot run {self._pyspy}: {exc}") from exc
-            with self._lock:
-                self._live.append(proc)
-            segment.runs.append(_Run(kind=kind, proc=proc, output=output))
-        return segment
+        burst = self._burst_now()
+        rate = self.burst_rate_hz if burst else self.rate_hz
+        assert self._workdir is not None
+        output = self._workdir / f"seg{self._counter}.txt"
+        argv = [self._pyspy, "record", "--pid", str(self.pid), "--rate", str(rate),
+                "--duration", str(self.segment_seconds), "--format", "raw", "--threads", "--idle",
+                "--output", str(output)]
+        if self.nonblocking:
+            argv.append("--nonblocking")
+        if self.by_function:
+            # Keys by a function's first line: stable across segments and windows.
+            argv.append("--function")
+        try:
+            proc = self._runner(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, bufsize=0, preexec_fn=_die_with_parent)
+        except OSError as exc:
+            raise SegmentFailed(f"cannot run {self._pyspy}: {exc}") from exc
+        with self._lock:
+            self._live.append(proc)
+            self._stats["rate_hz_now"] = rate
+        return _Segment(launched_at=self._clock(), rate_hz=rate, burst=burst, proc=proc, output=output)
 
     def _await_attach(self, segment: _Segment, timeout: float = 10.0) -> bool:
-        """Wait until every recorder printed its banner (printed once attached); False if one died."""
+        """Wait until the recorder printed its banner (printed once attached); False if it died."""
         deadline = self._clock() + timeout
+        stdout = segment.proc.stdout
+        assert stdout is not None
         with selectors.DefaultSelector() as sel:
-            for run in segment.runs:
-                sel.register(run.proc.stdout, selectors.EVENT_READ, run)  # type: ignore[arg-type]
-            while any(r.attached_at is None for r in segment.runs):
+            sel.register(stdout, selectors.EVENT_READ)
+            while segment.attached_at is None:
                 left = deadline - self._clock()
                 if left <= 0 or self._stop.is_set():
                     return False
                 for key, _ in sel.select(timeout=min(left, 0.5)):
-                    run = key.data
                     chunk = os.read(key.fd, 4096)
                     if not chunk:
-                        sel.unregister(key.fileobj)
-                        if run.attached_at is None:
-                            return False
-                        continue
-                    run.stdout += chunk
-                    if run.attached_at is None and _BANNER in run.stdout:
-                        run.attached_at = self._clock()
-        attach = segment.attached_at - segment.launched_at  # type: ignore[operator]
+                        return False
+                    segment.stdout += chunk
+                    if _BANNER in segment.stdout:
+                        segment.attached_at = self._clock()
+        segment.runnable_before = self._runnable_ns()
+        attach = segment.attached_at - segment.launched_at
         self._attach_recent.append(attach)
         with self._lock:
             self._stats["last_attach_seconds"] = round(attach, 4)
         return True
 
-    def _finish(self, segment: _Segment) -> bool:
-        """Wait for a segment's recorders, parse both outputs and add them to the pending reading."""
-        counts: dict[str, Counter[str]] = {}
-        sample_errors: dict[str, int] = {}
+    def _runnable_ns(self) -> dict[int, int]:
+        """Each thread's time on a CPU plus in the run queue, in ns (schedstat); {} where unreadable."""
+        out: dict[int, int] = {}
         try:
-            for run in segment.runs:
-                out, err = self._wait(run, timeout=self.segment_seconds + 10)
-                run.stdout += out
-                if run.proc.returncode != 0:
-                    raise SegmentFailed(_reason(err, run.proc.returncode))
-                summary = parse_summary(run.stdout.decode(errors="replace"))
-                sample_errors[run.kind] = summary[1] if summary else 0
-                counts[run.kind] = parse_folded(run.output.read_text()) if run.output.exists() else Counter()
+            tids = os.listdir(self._proc_root / str(self.pid) / "task")
+        except OSError:
+            return out
+        for tid in tids:
+            try:
+                fields = (self._proc_root / str(self.pid) / "task" / tid / "schedstat").read_text().split()
+                out[int(tid)] = int(fields[0]) + int(fields[1])
+            except (OSError, ValueError, IndexError):
+                continue  # the thread ended between listing and reading: it is judged by its leaf frames
+        return out
+
+    def _finish(self, segment: _Segment) -> bool:
+        """Wait for a segment's recorder, parse its output, split it and add it to the pending reading."""
+        try:
+            out, err = self._wait(segment, timeout=self.segment_seconds + 10)
+            segment.stdout += out
+            if segment.proc.returncode != 0:
+                raise SegmentFailed(_reason(err, segment.proc.returncode))
+            ended = self._clock()
+            runnable_after = self._runnable_ns()
+            summary = parse_summary(segment.stdout.decode(errors="replace"))
+            threads = parse_by_thread(segment.output.read_text()) if segment.output.exists() else {}
         except (SegmentFailed, ValueError, OSError) as exc:
-            self._abandon(segment)  # reaps the sibling recorder too: no zombie until close()
+            self._abandon(segment)
             with self._lock:
                 self._stats["lost_seconds"] += self.segment_seconds
             if not self._target_state(str(exc)):
                 self._record_error(f"py-spy segment lost: {exc}", restart=True)
             return False
         finally:
-            for run in segment.runs:
-                run.output.unlink(missing_ok=True)
-        idle = split_idle(counts["active"], counts["all"], sample_errors["active"])
+            segment.output.unlink(missing_ok=True)
+        span_ns = max((ended - (segment.attached_at or ended)) * 1e9, 1.0)
+        busy = {tid: (runnable_after[tid] - before) / span_ns
+                for tid, before in segment.runnable_before.items() if tid in runnable_after}
+        active, idle = split_by_busy(threads, busy)
         with self._lock:
-            self._active.update(counts["active"])
+            self._active.update(active)
             self._idle.update(idle)
             self._stats["segments"] += 1
+            self._stats["burst_segments"] += int(segment.burst)
+            self._stats["threads_split_by_leaf"] += sum(1 for tid in threads if tid not in busy)
             # py-spy takes rate*duration - 1 ticks per recording (observed with 0.4.3).
-            self._ticks += self.rate_hz * self.segment_seconds - 1
-            self._stats["pyspy_sample_errors"] += sum(sample_errors.values())
+            self._ticks += segment.rate_hz * self.segment_seconds - 1
+            self._last_rate = segment.rate_hz
+            self._stats["pyspy_sample_errors"] += summary[1] if summary else 0
         return True
 
-    def _wait(self, run: _Run, timeout: float) -> tuple[bytes, bytes]:
+    def _wait(self, segment: _Segment, timeout: float) -> tuple[bytes, bytes]:
         try:
-            out, err = run.proc.communicate(timeout=timeout)
+            out, err = segment.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            run.proc.kill()
-            run.proc.communicate()
-            raise SegmentFailed(f"py-spy {run.kind} recorder hung past {timeout:.0f} s") from exc
+            segment.proc.kill()
+            segment.proc.communicate()
+            raise SegmentFailed(f"py-spy recorder hung past {timeout:.0f} s") from exc
         finally:
-            self._forget(run.proc)
+            self._forget(segment.proc)
         return out or b"", err or b""
 
     def _abandon(self, segment: _Segment) -> str:
-        """Kill a segment that will not be used; returns the first recorder's error text."""
-        self._kill(segment)
-        reasons = []
-        for run in segment.runs:
-            _, err = run.proc.communicate()
-            self._forget(run.proc)
-            run.output.unlink(missing_ok=True)
-            if run.proc.returncode not in (0, -signal.SIGKILL):
-                reasons.append(_reason(err or b"", run.proc.returncode))
-        return reasons[0] if reasons else "stopped before attaching"
+        """Kill a segment that will not be used; returns the recorder's error text."""
+        if segment.proc.poll() is None:
+            segment.proc.kill()
+        _, err = segment.proc.communicate()
+        self._forget(segment.proc)
+        segment.output.unlink(missing_ok=True)
+        if segment.proc.returncode not in (0, -signal.SIGKILL):
+            return _reason(err or b"", segment.proc.returncode)
+        return "stopped before attaching"
 
     def _account_gap(self, segment: _Segment) -> None:
         start = segment.attached_at
@@ -400,11 +446,6 @@ class PySpySampler:
         self._stop.wait(seconds)
 
     # -- children ---------------------------------------------------------------------------
-
-    def _kill(self, segment: _Segment) -> None:
-        for run in segment.runs:
-            if run.proc.poll() is None:
-                run.proc.kill()
 
     def _forget(self, proc: subprocess.Popen) -> None:
         with self._lock:

@@ -53,7 +53,8 @@ def error_of(conf_dir: Path, text: str) -> str:
 def test_no_file_gives_defaults_with_the_bundled_workload_target() -> None:
     c = load_config(None)
     assert c == Config()
-    assert (c.interval_seconds, c.pyspy_rate_hz, c.pyspy_nonblocking, c.listen) == (5.0, 49, True, "127.0.0.1:9464")
+    assert (c.interval_seconds, c.pyspy_rate_hz, c.pyspy_nonblocking, c.listen) == (5.0, 3, True, "127.0.0.1:9464")
+    assert (c.pyspy_burst_rate_hz, c.pyspy_burst_hold_segments, c.pyspy_segment_seconds) == (49, 3, 5)
     assert c.store_dir == Path("/var/lib/infersight")
     assert c.probes.enabled() == ["syscalls", "offcpu", "gc", "tcp", "runqueue"]
     (t,) = c.targets
@@ -125,7 +126,8 @@ def test_example_config_in_docs_loads() -> None:
 @pytest.mark.parametrize("text, message", [
     ("interval_second = 3", "unknown key interval_second (did you mean 'interval_seconds'?)"),
     ("zzz = 3", ("unknown key zzz (known: interval_seconds, store_dir, retention_days, retention_bytes, "
-                 "listen, pyspy_rate_hz, pyspy_nonblocking, log_level, allowed_users, max_targets, probes, "
+                 "listen, pyspy_enabled, pyspy_rate_hz, pyspy_burst_rate_hz, pyspy_burst_hold_segments, "
+                 "pyspy_segment_seconds, pyspy_nonblocking, log_level, allowed_users, max_targets, probes, "
                  "detector, targets, alerts, receivers)")),
     ("[probes]\nsyscall = true", "unknown key probes.syscall (did you mean 'syscalls'?)"),
     ('[[targets]]\nname = "a"\npid = 1\nlatncy = {preset = "vllm"}',
@@ -139,6 +141,10 @@ def test_example_config_in_docs_loads() -> None:
     ("pyspy_rate_hz = 0", "pyspy_rate_hz: must be within [1, 1000], got 0"),
     ("pyspy_rate_hz = 1001", "pyspy_rate_hz: must be within [1, 1000], got 1001"),
     ("pyspy_rate_hz = 49.5", "pyspy_rate_hz: expected an integer, got 49.5 (float)"),
+    ("pyspy_segment_seconds = 0", "pyspy_segment_seconds: must be within [1, 60], got 0"),
+    ("pyspy_segment_seconds = 2.5", "pyspy_segment_seconds: expected an integer, got 2.5 (float)"),
+    ("pyspy_burst_rate_hz = 1001", "pyspy_burst_rate_hz: must be within [1, 1000], got 1001"),
+    ("pyspy_burst_hold_segments = -1", "pyspy_burst_hold_segments: must be within [0, 1000], got -1"),
     ('pyspy_nonblocking = "yes"', "pyspy_nonblocking: expected a boolean, got 'yes' (string)"),
     ("retention_bytes = 1000", "retention_bytes: must be within [1048576, 1099511627776], got 1000"),
     ("retention_days = 0", "retention_days: must be within [0.01, 3650], got 0.0"),

@@ -1,12 +1,10 @@
-"""py-spy raw output parsing and the per-thread active/idle split."""
+"""py-spy raw output parsing."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 
-from agent.sources.folded import parse_folded, parse_summary, split_idle
+from agent.sources.folded import apportion, parse_folded, parse_summary
 
 
 def test_thread_frame_keeps_the_name_only() -> None:
@@ -27,26 +25,7 @@ def test_summary() -> None:
     assert parse_summary("nothing") is None
 
 
-def test_thread_never_active_is_idle_in_full() -> None:
-    everything = Counter({"waiter;wait (t.py:8)": 48, "busy;work (t.py:6)": 48})
-    active = Counter({"busy;work (t.py:6)": 48})
-    assert split_idle(active, everything) == {"waiter;wait (t.py:8)": 48}
-
-
-def test_busy_thread_with_shifted_line_numbers_leaks_nothing() -> None:
-    # The two recorders caught the same always-running thread on different lines.
-    everything = Counter({"busy;work (t.py:6)": 30, "busy;work (t.py:7)": 18})
-    active = Counter({"busy;work (t.py:6)": 20, "busy;work (t.py:7)": 28})
-    assert split_idle(active, everything) == {}
-
-
-def test_mixed_thread_gets_its_idle_share_on_its_waiting_stack() -> None:
-    everything = Counter({"w;compute": 30, "w;queue.get": 18})
-    active = Counter({"w;compute": 29})
-    assert split_idle(active, everything) == {"w;queue.get": 18, "w;compute": 1}
-
-
-def test_active_read_errors_do_not_turn_into_idle() -> None:
-    everything = Counter({"busy;work": 48})
-    active = Counter({"busy;work": 45})
-    assert split_idle(active, everything, active_errors=3) == {}
+def test_apportion_sums_exactly_and_keeps_proportions() -> None:
+    assert apportion({"a": 30, "b": 10}, 4) == {"a": 3, "b": 1}
+    assert sum(apportion({"a": 1, "b": 1, "c": 1}, 2).values()) == 2
+    assert apportion({"a": 3}, 10) == {"a": 3}

@@ -19,7 +19,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.workload]
 
 def test_sources_read_the_workload(require_root) -> None:
     with launched_server() as srv:
-        sampler = PySpySampler(srv.proc.pid)
+        # Full rate in 1 s segments: the 6 s of load must hold finished segments with busy threads in them
+        # (the always-on default, 3 Hz in 5 s segments, may have none finished yet).
+        sampler = PySpySampler(srv.proc.pid, rate_hz=49, segment_seconds=1)
         latency = LatencySource(srv.url + "/metrics", "vllm:e2e_request_latency_seconds")
         process = ProcessSource(srv.proc.pid)
         gpu = GpuSource(srv.proc.pid)

@@ -1,0 +1,48 @@
+"""`infersight bench overhead|soak`: the agent's own cost, measured by the programs in `benchmarks/`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged, source_list) -> None:
+    bench = sub.add_parser("bench", help="measure the agent's own cost (root)")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH", parser_class=parser_class)
+
+    overhead = bench_sub.add_parser("overhead", help="workload under fixed load, agent off/on in interleaved pairs")
+    overhead.add_argument("--pairs", type=ranged(int, 1, 1000), default=5, help="off/on pairs per source (default 5)")
+    overhead.add_argument("--seconds", type=ranged(float, 5, 3600), default=30.0, help="seconds per side (default 30)")
+    overhead.add_argument("--only", type=source_list, default=None,
+                          help="comma-separated sources measured alone (probes, stacks, store, page, all; 'each': "
+                               "every one); default: the default agent")
+    overhead.add_argument("--rate", type=ranged(float, 0.1, 1000), default=4.0,
+                          help="open-loop requests per second (default 4)")
+    overhead.add_argument("--settle", type=ranged(float, 0, 600), default=5.0,
+                          help="seconds between an agent's first window and its measurement (default 5)")
+    overhead.add_argument("--compare-tree", type=Path, metavar="DIR",
+                          help="also run each source's agent from this checkout (before/after, interleaved)")
+    overhead.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
+    overhead.set_defaults(func=_overhead)
+
+    soak = bench_sub.add_parser("soak", help="workload, load and agent for M minutes: RSS, fds, threads, CPU, store")
+    soak.add_argument("--minutes", type=ranged(float, 0.5, 7 * 24 * 60), required=True, help="how long to run")
+    soak.add_argument("--every", type=ranged(float, 1, 3600), default=15.0, help="seconds between readings (default 15)")
+    soak.add_argument("--rate", type=ranged(float, 0.1, 1000), default=2.0, help="requests per second (default 2)")
+    soak.add_argument("--restart-every", type=ranged(float, 1, 24 * 60), default=None, metavar="MIN",
+                      help="restart the server every MIN minutes (a new pid behind its pidfile): targets come and go")
+    soak.add_argument("--plot", metavar="FILE.png", help="draw the readings (SVG rendered by headless chromium)")
+    soak.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
+    soak.set_defaults(func=_soak)
+
+
+def _overhead(args: argparse.Namespace) -> int:
+    from benchmarks import overhead  # the benchmark programs, beside the packages; not imported by the daemon
+
+    return overhead.main(args.pairs, args.seconds, args.only, args.rate, args.json, args.settle, args.compare_tree)
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from benchmarks import soak
+
+    return soak.main(args.minutes, args.every, args.rate, args.plot, args.json, args.restart_every)

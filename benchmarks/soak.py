@@ -1,0 +1,216 @@
+"""`infersight bench soak`: the demo setup for M minutes; the agent's RSS, fds, threads, CPU, store and lateness."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from benchmarks import plot
+from benchmarks.harness import AgentProcess, BenchError, agent_config, free_port
+from benchmarks.openloop import OpenLoop
+from benchmarks.procstat import ProcessGone, usage
+
+# Readings before this share of the run are warm-up (BPF compiled, caches and the store's first pages filled).
+WARMUP_SHARE = 0.2
+RSS_GROWTH_GOAL = 0.10
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One look at the agent, `t` seconds into the soak; cpu_percent covers the time since the previous one."""
+
+    t: float
+    rss_bytes: int
+    peak_rss_bytes: int
+    fds: int
+    threads: int
+    children: int
+    cpu_percent: float | None
+    store_bytes: int
+    windows: int | None
+    late_ticks: int | None
+    dropped_windows: int | None
+    tick_seconds: float | None
+
+
+def store_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*") if p.is_file())
+
+
+def verdict(readings: list[Reading], retention_bytes: int) -> dict[str, Any]:
+    """Growth after warm-up and the soak goals of issue 13."""
+    if len(readings) < 3:
+        return {"error": f"only {len(readings)} readings: run longer than three intervals"}
+    start = max(1, int(len(readings) * WARMUP_SHARE))
+    warm = readings[start - 1]
+    quarter = max(1, len(readings) // 4)
+    tail = readings[-quarter:]
+    early = readings[start:start + quarter] or [warm]
+    rss_growth = max(r.rss_bytes for r in tail) / warm.rss_bytes - 1
+    cpu = [r.cpu_percent for r in readings[start:] if r.cpu_percent is not None]
+    last = readings[-1]
+    out = {"warmup_readings": start, "rss_after_warmup_mib": round(warm.rss_bytes / 2**20, 1),
+           "rss_end_mib": round(last.rss_bytes / 2**20, 1), "rss_growth_after_warmup": round(rss_growth, 4),
+           "peak_rss_mib": round(max(r.peak_rss_bytes for r in readings) / 2**20, 1),
+           "fds_after_warmup": warm.fds, "fds_max_after": max(r.fds for r in readings[start:]),
+           "threads_after_warmup": warm.threads, "threads_max_after": max(r.threads for r in readings[start:]),
+           "cpu_percent_median": round(sorted(cpu)[len(cpu) // 2], 2) if cpu else None,
+           "store_bytes": last.store_bytes, "retention_bytes": retention_bytes,
+           "windows": last.windows, "late_ticks": last.late_ticks, "dropped_windows": last.dropped_windows,
+           "tick_seconds_max": max((r.tick_seconds or 0.0) for r in readings)}
+    # A py-spy recorder's pipes or a sampler replaced at a target change are transient: growth is a
+    # higher level at the end than just after warm-up, not a momentary maximum.
+    out["fds_median_early_late"] = [_median([r.fds for r in early]), _median([r.fds for r in tail])]
+    out["threads_median_early_late"] = [_median([r.threads for r in early]), _median([r.threads for r in tail])]
+    out["goals"] = {"rss_growth<=10%": rss_growth <= RSS_GROWTH_GOAL,
+                    "no_fd_growth": out["fds_median_early_late"][1] <= out["fds_median_early_late"][0],
+                    "no_thread_growth": out["threads_median_early_late"][1] <= out["threads_median_early_late"][0],
+                    "store_within_bound": last.store_bytes <= retention_bytes,
+                    "no_late_windows": last.late_ticks == 0 and last.dropped_windows == 0}
+    return out
+
+
+def _median(values: list[int]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return float(ordered[mid]) if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def table(readings: list[Reading], rows: int = 20) -> str:
+    step = max(1, len(readings) // rows)
+    chosen = readings[::step] + ([readings[-1]] if (len(readings) - 1) % step else [])
+    lines = ["| min | RSS MiB | peak MiB | fds | threads | py-spy | CPU % of a core | store MiB | windows | late | tick s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in chosen:
+        cpu = f"{r.cpu_percent:.2f}" if r.cpu_percent is not None else "n/a"
+        lines.append(f"| {r.t / 60:.1f} | {r.rss_bytes / 2**20:.1f} | {r.peak_rss_bytes / 2**20:.1f} | {r.fds} | "
+                     f"{r.threads} | {r.children} | {cpu} | {r.store_bytes / 2**20:.2f} | {r.windows} | "
+                     f"{r.late_ticks} | {r.tick_seconds if r.tick_seconds is not None else 'n/a'} |")
+    return "\n".join(lines)
+
+
+class Served:
+    """The bundled server under open-loop load; `restart()` replaces it: a new pid behind the same pidfile and port."""
+
+    def __init__(self, rate: float, workdir: Path) -> None:
+        self.rate = rate
+        self.port = free_port()
+        self.pidfile = workdir / "workload.pid"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.restarts = 0
+        self._stack = contextlib.ExitStack()
+        self.loop: OpenLoop | None = None
+
+    def start(self) -> None:
+        from workload.launch import launched_server
+
+        self._stack.enter_context(launched_server("--port", str(self.port), "--pidfile", str(self.pidfile)))
+        self.loop = OpenLoop(self.url, self.rate)
+        self.loop.start()
+
+    def stop(self) -> None:
+        if self.loop is not None:
+            self.loop.stop()
+        self._stack.close()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+        self.restarts += 1
+
+
+def run(minutes: float, every: float, rate: float, restart_every: float | None = None,
+        progress: TextIO = sys.stderr) -> tuple[list[Reading], int]:
+    workdir = Path(tempfile.mkdtemp(prefix="infersight-soak-"))
+    readings: list[Reading] = []
+    served = Served(rate, workdir)
+    listen = f"127.0.0.1:{free_port()}"
+    store = workdir / "store"
+    agent = AgentProcess(workdir, agent_config("all", store, listen, None, served.url, pidfile=served.pidfile), listen)
+    try:
+        served.start()
+        agent.start()
+        agent.wait_ready()
+        print(f"agent pid {agent.pid} ready; soaking {minutes:g} min, a reading every {every:g} s"
+              + (f", the server restarted every {restart_every:g} min" if restart_every else ""),
+              file=progress, flush=True)
+        t0 = time.monotonic()
+        next_restart = t0 + restart_every * 60 if restart_every else None
+        prev: tuple[float, float] | None = None
+        while (now := time.monotonic()) - t0 <= minutes * 60:
+            if next_restart is not None and now >= next_restart:
+                # Targets come and go: the agent must drop the old one's sources and take up the new pid.
+                served.restart()
+                next_restart += restart_every * 60  # type: ignore[operator]
+                print(f"{(time.monotonic() - t0) / 60:5.1f} min  server restarted ({served.restarts})",
+                      file=progress, flush=True)
+                continue
+            try:
+                u = usage(agent.pid)
+            except ProcessGone as exc:
+                raise BenchError(f"the agent died during the soak: {agent.tail()}") from exc
+            try:
+                m = agent.scrape()
+            except OSError:
+                m = {}
+            cpu = 100 * (u.total_cpu - prev[1]) / (now - prev[0]) if prev else None
+            prev = (now, u.total_cpu)
+
+            def metric(name: str) -> int | None:
+                return int(m[name]) if name in m else None
+
+            r = Reading(t=now - t0, rss_bytes=u.rss_bytes, peak_rss_bytes=u.peak_rss_bytes, fds=u.fds,
+                        threads=u.threads, children=u.live_children, cpu_percent=cpu, store_bytes=store_bytes(store),
+                        windows=metric("infersight_agent_windows_total"),
+                        late_ticks=metric("infersight_agent_late_ticks_total"),
+                        dropped_windows=metric("infersight_agent_dropped_windows_total"),
+                        tick_seconds=m.get("infersight_agent_window_duration_seconds"))
+            readings.append(r)
+            print(f"{r.t / 60:5.1f} min  RSS {r.rss_bytes / 2**20:6.1f} MiB  fds {r.fds}  threads {r.threads}  "
+                  f"CPU {cpu if cpu is None else round(cpu, 2)}%  store {r.store_bytes / 2**20:.2f} MiB  "
+                  f"late {r.late_ticks}", file=progress, flush=True)
+            time.sleep(max(0.0, every - (time.monotonic() - now)))
+    finally:
+        agent.stop()
+        served.stop()
+    shutil.rmtree(workdir, ignore_errors=True)  # kept when the soak failed: the agent's log is there
+    from agent.config import Config
+
+    return readings, Config().retention_bytes
+
+
+def main(minutes: float, every: float, rate: float, plot_path: str | None, as_json: bool,
+         restart_every: float | None = None) -> int:
+    if os.geteuid() != 0:
+        print("infersight: bench soak must run as root: the agent loads BPF programs and runs py-spy", file=sys.stderr)
+        return 1
+    try:
+        readings, bound = run(minutes, every, rate, restart_every)
+    except (BenchError, OSError) as exc:
+        print(f"infersight: bench soak failed: {exc}", file=sys.stderr)
+        return 1
+    result = verdict(readings, bound)
+    print(table(readings))
+    print(json.dumps(result, indent=1))
+    if plot_path:
+        panels = {"RSS MiB": [(r.t, r.rss_bytes / 2**20) for r in readings],
+                  "open fds": [(r.t, r.fds) for r in readings],
+                  "threads": [(r.t, r.threads) for r in readings],
+                  "CPU % of one core (with py-spy)": [(r.t, r.cpu_percent) for r in readings if r.cpu_percent is not None],
+                  "store MiB": [(r.t, r.store_bytes / 2**20) for r in readings],
+                  "late ticks (total)": [(r.t, r.late_ticks or 0) for r in readings]}
+        title = f"infersight soak: {minutes:g} min, {rate:g} req/s, a reading every {every:g} s"
+        width, height = plot.size(len(panels))
+        why = plot.render_png(plot.svg(title, panels), Path(plot_path), width, height)
+        print(f"infersight: wrote {plot_path}" if why is None else f"infersight: no plot: {why}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({**result, "readings": [asdict(r) for r in readings]}))
+    return 0

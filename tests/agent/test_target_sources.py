@@ -1,0 +1,28 @@
+"""source_factories: the stack sampler gets the config's rates, a segment no longer than a window, the trigger."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agent.config import Config, TargetSpec
+from agent.target_sources import source_factories
+from agent.targets import Target
+
+
+@pytest.mark.parametrize("interval, segment, expected", [(5.0, 5, 5), (3.0, 5, 3), (2.5, 1, 1), (60.0, 10, 10)])
+def test_sampler_segment_is_at_most_one_window(interval: float, segment: int, expected: int) -> None:
+    spec = TargetSpec(name="me", pid=os.getpid())
+    config = Config(interval_seconds=interval, pyspy_segment_seconds=segment, pyspy_rate_hz=5, pyspy_burst_rate_hz=31,
+                    targets=(spec,))
+    asked: list[str] = []
+    target = Target(name="me", pid=os.getpid(), start_time=0, cmdline=("python",), spec=spec)
+    factories = source_factories(target, config, wants_burst=lambda name: asked.append(name) or False)
+    sampler = factories["stacks"]()
+    try:
+        assert sampler.segment_seconds == expected
+        assert (sampler.rate_hz, sampler.burst_rate_hz) == (5, 31)
+        assert sampler._wants_burst() is False and set(asked) == {"me"}  # the trigger asks by target name
+    finally:
+        sampler.close()

@@ -1,0 +1,105 @@
+"""The benchmark reports: pair ratios and goals, the soak verdict, the agent config per source, the plot."""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from agent.config import config_from_dict
+from benchmarks import plot
+from benchmarks.harness import SOURCES, BenchError, agent_config
+from benchmarks.openloop import Done
+from benchmarks.overhead import Phase, summarize
+from benchmarks.soak import Reading, verdict
+
+
+def phase(pair: int, on: bool, tokens: float, server_cpu: float, latencies: list[float],
+          agent_cpu: float | None = None) -> Phase:
+    p = Phase(source="all", pair=pair, agent_on=on, start=0.0, end=10.0, tokens=tokens, server_cpu=server_cpu,
+              agent_cpu=agent_cpu, agent_peak_rss=150 * 2**20 if on else None)
+    p.requests = [Done(0.0, lat, 10, True) for lat in latencies]
+    return p
+
+
+def test_summary_ratios_per_pair_and_goals() -> None:
+    phases = [phase(0, False, 1000, 5.0, [1.0] * 99 + [2.0]), phase(0, True, 990, 5.0, [1.0] * 99 + [2.02],
+                                                                     agent_cpu=0.15),
+              phase(1, True, 1000, 5.2, [1.1] * 100, agent_cpu=0.25), phase(1, False, 1000, 5.0, [1.0] * 100)]
+    s = summarize(phases)
+    assert s["pairs"] == 2
+    assert s["throughput_ratio"] == {"median": 0.995, "min": 0.99, "max": 1.0}
+    assert s["agent_cpu_percent"] == {"median": 2.0, "min": 1.5, "max": 2.5}
+    assert s["cpu_per_token_ratio"]["max"] == pytest.approx(1.04)
+    assert s["p99_ratio"]["min"] == pytest.approx(1.01)
+    assert s["agent_rss_bytes"] == 150 * 2**20
+    assert s["goals"] == {"agent_cpu<=2%": True, "throughput_loss<=1%": True, "p99_increase<=2%": False,
+                          "cpu_per_token_within_1%": False, "rss<=200MB": True}
+
+
+def test_pair_missing_a_side_is_not_counted() -> None:
+    assert summarize([phase(0, False, 1000, 5.0, [1.0])])["pairs"] == 0
+
+
+def reading(t: float, rss_mib: float, fds: int = 20, threads: int = 12, late: int = 0) -> Reading:
+    return Reading(t=t, rss_bytes=int(rss_mib * 2**20), peak_rss_bytes=int(rss_mib * 2**20), fds=fds, threads=threads,
+                   children=1, cpu_percent=1.0, store_bytes=2**20, windows=int(t // 5), late_ticks=late,
+                   dropped_windows=0, tick_seconds=0.05)
+
+
+def test_soak_verdict_measures_growth_after_warmup() -> None:
+    flat = [reading(60.0 * i, 100 + (30 if i == 0 else 0)) for i in range(10)]  # compile peak in warm-up only
+    v = verdict(flat, retention_bytes=2**30)
+    assert v["rss_growth_after_warmup"] == 0.0 and all(v["goals"].values()), v
+    leaking = [reading(60.0 * i, 100 + 5 * i, fds=20 + i) for i in range(10)]
+    goals = verdict(leaking, retention_bytes=2**30)["goals"]
+    assert goals["rss_growth<=10%"] is False and goals["no_fd_growth"] is False and goals["no_thread_growth"]
+    assert verdict(flat[:2], 2**30) == {"error": "only 2 readings: run longer than three intervals"}
+
+
+def test_soak_verdict_ignores_a_momentary_extra_fd_or_thread() -> None:
+    blips = [reading(60.0 * i, 100, fds=20 + (2 if i == 5 else 0), threads=12 + (1 if i == 7 else 0))
+             for i in range(12)]
+    v = verdict(blips, retention_bytes=2**30)
+    assert v["fds_max_after"] == 22 and v["threads_max_after"] == 13
+    assert v["goals"]["no_fd_growth"] and v["goals"]["no_thread_growth"], v
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_agent_config_loads_and_runs_only_its_source(source: str, tmp_path: Path) -> None:
+    text = agent_config(source, tmp_path / "store", "127.0.0.1:9999", 4242, "http://127.0.0.1:8000")
+    config = config_from_dict(tomllib.loads(text))
+    enabled = config.probes.enabled()
+    if source == "all":
+        assert len(enabled) == 5 and config.pyspy_enabled
+    elif source == "stacks":
+        assert enabled == [] and config.pyspy_enabled
+    elif source in ("store", "page"):
+        assert enabled == [] and not config.pyspy_enabled
+    else:
+        assert enabled == [source] and not config.pyspy_enabled
+    assert config.targets[0].pid == 4242 and config.targets[0].latency.url == "http://127.0.0.1:8000/metrics"
+
+
+def test_unknown_source_is_one_line() -> None:
+    with pytest.raises(BenchError, match="unknown source 'gpu'"):
+        agent_config("gpu", Path("/x"), "127.0.0.1:1", 1, "http://h:1")
+
+
+def test_plot_renders_a_png_with_chromium(tmp_path: Path) -> None:
+    if shutil.which("chromium") is None:
+        pytest.fail("chromium is missing; 'make setup' installs Debian's chromium")
+    panels = {"RSS MiB": [(0.0, 100.0), (60.0, 101.0), (120.0, 100.5)], "empty": []}
+    text = plot.svg("soak", panels)
+    assert "<polyline" in text and "no readings" in text
+    out = tmp_path / "soak.png"
+    assert plot.render_png(text, out, *plot.size(len(panels))) is None
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 2000
+
+
+def test_agent_config_by_pidfile_for_a_server_that_restarts(tmp_path: Path) -> None:
+    text = agent_config("all", tmp_path / "s", "127.0.0.1:1", None, "http://127.0.0.1:8", pidfile=tmp_path / "w.pid")
+    (target,) = config_from_dict(tomllib.loads(text)).targets
+    assert target.pid is None and target.pidfile == tmp_path / "w.pid"
