@@ -36,7 +36,10 @@ def open_collection(pid: int, probes: list[str], pyspy: bool, pyspy_rate: int) -
 
     spec = TargetSpec(name=f"pid{pid}", pid=pid)
     enabled = {name: name in probes for name in ProbesConfig().enabled()}
-    config = Config(interval_seconds=5.0, pyspy_rate_hz=pyspy_rate, probes=ProbesConfig(**enabled), targets=(spec,))
+    # 1 s py-spy segments: a step's stacks must be cut at its end, and a step may be shorter than the daemon's
+    # 5 s segment.
+    config = Config(interval_seconds=5.0, pyspy_rate_hz=pyspy_rate, pyspy_segment_seconds=1,
+                    probes=ProbesConfig(**enabled), targets=(spec,))
     state = AgentState()
     collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config, pyspy=pyspy))
     loop = CollectionLoop(specs=[spec], collectors=collectors, state=state, sink=lambda w: None, interval=5.0)

@@ -14,6 +14,7 @@ from workload import tokenizer
 from workload.client import ClientError, admin_call, complete, debug, set_fault
 from workload.config import preset
 from workload.engine import Engine, generate
+from workload.faults import FAULT_NAMES
 
 pytestmark = pytest.mark.workload
 
@@ -166,7 +167,7 @@ def test_admin_needs_the_token(server) -> None:
         set_fault(server.url, "meteor", True, server.token)
     assert unknown.value.status == 404 and "meteor" in str(unknown.value)
     assert admin_call(server.url, "GET", "/admin/faults", server.token) == {
-        name: False for name in ("gc", "lock", "syscall", "netloss", "cpuhog", "nocache")}
+        name: False for name in FAULT_NAMES}
 
 
 def test_admin_disabled_without_a_token(server_factory) -> None:
