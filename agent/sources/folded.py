@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
 
 _THREAD_FRAME = re.compile(r"^thread \((?P<tid>[0-9a-fA-Fx]+)\)(?:: (?P<name>.*))?$")
 _SUMMARY = re.compile(r"Samples: (?P<samples>\d+) Errors: (?P<errors>\d+)")
 
 
-def parse_folded(text: str) -> Counter[str]:
-    """'frame;frame;frame COUNT' lines -> Counter; the thread frame keeps the thread's name only.
+def raw_stacks(text: str) -> Iterator[tuple[str | None, str, int]]:
+    """'frame;frame;frame COUNT' lines -> (py-spy's thread id text or None, stack, count), one per line.
 
-    py-spy's `--threads` root frame is 'thread (TID): NAME'; keeping the tid would split one
-    worker pool's identical stacks into one entry per OS thread and change on every restart.
+    py-spy's `--threads` root frame is 'thread (TID): NAME'; the stack keeps the thread's name only:
+    keeping the tid would split one worker pool's identical stacks into one entry per OS thread and
+    change on every restart.
     """
-    stacks: Counter[str] = Counter()
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -23,9 +24,18 @@ def parse_folded(text: str) -> Counter[str]:
         if not sep or not count.isdigit():
             raise ValueError(f"py-spy raw line {lineno} is not 'stack count': {line!r}")
         frames = stack.split(";")
+        tid = None
         if m := _THREAD_FRAME.match(frames[0]):
-            frames[0] = m["name"] or f"thread {m['tid']}"
-        stacks[";".join(frames)] += int(count)
+            tid = m["tid"]
+            frames[0] = m["name"] or f"thread {tid}"
+        yield tid, ";".join(frames), int(count)
+
+
+def parse_folded(text: str) -> Counter[str]:
+    """Raw py-spy output -> stack -> samples, threads keyed by name (see `raw_stacks`)."""
+    stacks: Counter[str] = Counter()
+    for _, stack, count in raw_stacks(text):
+        stacks[stack] += count
     return stacks
 
 

@@ -6,9 +6,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from agent.sources.folded import apportion
+from agent.sources.folded import apportion, raw_stacks
 
-_THREAD_FRAME = re.compile(r"^thread \((?P<tid>[0-9a-fA-Fx]+)\)(?:: (?P<name>.*))?$")
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]*)(?::\d+)?\)$")
 
 # Leaf Python frames that mean "blocked, waiting" (py-spy's own idle heuristic, widened). They only decide
@@ -42,20 +41,11 @@ class ThreadStacks:
 def parse_by_thread(text: str) -> dict[int | None, ThreadStacks]:
     """py-spy raw output with `--threads` -> per OS thread id; stacks keyed like `parse_folded` keys them."""
     out: dict[int | None, ThreadStacks] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        stack, sep, count = line.rpartition(" ")
-        if not sep or not count.isdigit():
-            raise ValueError(f"py-spy raw line {lineno} is not 'stack count': {line!r}")
-        frames = stack.split(";")
-        tid: int | None = None
-        if m := _THREAD_FRAME.match(frames[0]):
-            # Decimal is the OS thread id; hex is a pthread id (py-spy without the native id): no kernel figure.
-            tid = int(m["tid"]) if m["tid"].isdigit() else None
-            frames[0] = m["name"] or f"thread {m['tid']}"
+    for raw_tid, stack, count in raw_stacks(text):
+        # Decimal is the OS thread id; hex is a pthread id (py-spy without the native id): no kernel figure.
+        tid = int(raw_tid) if raw_tid is not None and raw_tid.isdigit() else None
         entry = out.setdefault(tid, ThreadStacks(tid=tid, stacks=Counter()))
-        entry.stacks[";".join(frames)] += int(count)
+        entry.stacks[stack] += count
     return out
 
 
