@@ -29,6 +29,7 @@ from agent.target_policy import make_discover
 from agent.target_sources import source_factories
 from analysis.window import Window
 from dashboards.app import create_app
+from dashboards.series import Rollup
 
 log = logging.getLogger("infersight.daemon")
 
@@ -107,7 +108,9 @@ class Agent:
                                        identity=self._identity, listeners=[self.alerts])
             self.registry.register(DetectionCollector(self.detection.snapshot))
             self.burst = BurstPolicy(self.detection.snapshot)
+        self.rollup = Rollup(self.store)
         self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
+                               "ROLLUP": self.rollup,
                                "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
                                "FINDINGS": self.detection.snapshot if self.detection else None,
                                "ALERTS": self.alerts.view,
@@ -153,23 +156,32 @@ class Agent:
         self.alerts.start()
         log.info("status page at %s/ and metrics at %s/metrics", self.web.url, self.web.url)
         self.loop.start()
-        retention = threading.Thread(target=self._retention, name="retention", daemon=True)
-        retention.start()
+        housekeeping = threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True)
+        housekeeping.start()
         try:
             self.loop.run(self.stop_event)
         finally:
             self.close()
 
-    def _retention(self) -> None:
-        # Once at start, then hourly: deleting old windows is cheap but VACUUM is not.
+    def _housekeeping(self) -> None:
+        # Retention once at start, then hourly: deleting old windows is cheap but VACUUM is not. The page's minute
+        # rollup every 5 minutes, so a 7-day chart never waits for more than a few minutes of windows to be read.
+        rounds = 0
         while True:
+            if rounds % 12 == 0:
+                try:
+                    self.store.apply_retention(max_age_s=self.config.retention_seconds,
+                                               max_bytes=self.config.retention_bytes)
+                except Exception:  # a retention failure must not kill the agent; counted and logged
+                    self.state.count_error("retention")
+                    log.exception("retention failed")
             try:
-                self.store.apply_retention(max_age_s=self.config.retention_seconds,
-                                           max_bytes=self.config.retention_bytes)
-            except Exception:  # a retention failure must not kill the agent; counted and logged
-                self.state.count_error("retention")
-                log.exception("retention failed")
-            if self.stop_event.wait(3600):
+                self.rollup.warm([t.name for t in self.store.targets()])
+            except Exception:  # the page reads windows directly without it; counted and logged
+                self.state.count_error("rollup")
+                log.exception("minute rollup failed")
+            rounds += 1
+            if self.stop_event.wait(300):
                 return
 
     def close(self) -> None:

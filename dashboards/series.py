@@ -1,7 +1,8 @@
-"""Time series of stored windows for the charts, downsampled in SQLite and cached as minute buckets for long ranges."""
+"""Time series of stored windows for the charts, downsampled in SQLite; long ranges read the store's minute rollup."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sqlite3
@@ -53,9 +54,22 @@ CACHE_MAX_SECONDS = 8 * 86400.0
 MAX_POINTS = 2000
 
 
+# Stored with the rolled-up minutes: rows rolled up for other fields are stale and get rebuilt.
+FIELDS_KEY = json.dumps(FIELDS, sort_keys=True, separators=(",", ":"))
+
+
 class AggregatingStore(Protocol):
     def aggregate(self, target: str, since: float, until: float, bucket_seconds: float,
                   fields: dict[str, str]) -> list[Any]: ...
+
+
+class RollupStore(AggregatingStore, Protocol):
+    def rollup_progress(self, target: str) -> tuple[float, str] | None: ...
+
+    def rollup_minutes(self, target: str, since: float, until: float) -> list[dict]: ...
+
+    def save_rollup(self, target: str, minutes: list[dict], done_until: float, fields: str,
+                    keep_since: float) -> None: ...
 
 
 @dataclass
@@ -71,6 +85,13 @@ class Bucket:
     def of(cls, agg: Any) -> Bucket:
         return cls(agg.start, agg.windows, agg.seconds, {k: v or 0.0 for k, v in agg.sums.items()},
                    dict(agg.counts), dict(agg.maxes))
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Bucket:
+        """A minute as the store's rollup keeps it (missing fields, from an older set, count as unmeasured)."""
+        return cls(row["start"], row["windows"], row["seconds"],
+                   {k: row["sums"].get(k) or 0.0 for k in FIELDS}, {k: row["counts"].get(k, 0) for k in FIELDS},
+                   {k: row["maxes"].get(k) for k in FIELDS})
 
     def add(self, other: Bucket) -> None:
         self.windows += other.windows
@@ -102,61 +123,63 @@ def derive(b: Bucket) -> dict[str, float | None]:
 
 
 class Rollup:
-    """Minute buckets per target, kept in memory once final: a week is 10,080 small records per target.
+    """Minute buckets per target, persisted in the store's minute_rollup table once final.
 
-    One contiguous cached span per target, [lo, hi); a request extends it at either end and reads the unsettled
-    tail fresh. Decoding a week of window JSON takes seconds, which is why it is done once, not per request.
+    Decoding a week of window JSON takes seconds; reading a week of rolled-up minutes (10,080 small rows per target)
+    does not. The agent advances the rollup in the background and each long-range request advances it first, so a
+    request reads stored minutes plus the unsettled tail fresh, also right after the agent restarts.
     """
 
-    def __init__(self, store: AggregatingStore, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: RollupStore, clock: Callable[[], float] = time.time) -> None:
         self._store = store
         self._clock = clock
         self._lock = threading.Lock()
-        self._spans: dict[str, tuple[float, float]] = {}
-        self._buckets: dict[str, dict[float, Bucket]] = {}
         self.warm_error: str | None = None
+
+    def advance(self, target: str) -> float:
+        """Roll up the target's final minutes not yet stored (within the last CACHE_MAX_SECONDS); returns the
+        time before which every minute is rolled up. A store that cannot be written (read-only, full) leaves the
+        mark where it was: the caller reads the rest straight from the windows."""
+        final = math.floor((self._clock() - SETTLE_SECONDS) / MINUTE) * MINUTE
+        keep = final - CACHE_MAX_SECONDS
+        with self._lock:
+            progress = self._store.rollup_progress(target)
+            done = progress[0] if progress is not None and progress[1] == FIELDS_KEY else keep
+            done = max(done, keep)
+            try:
+                # A day at a time: each write holds the store's writer briefly, and the agent is not starved.
+                while done < final:
+                    end = min(final, done + 86400.0)
+                    minutes = [_minute_row(a) for a in self._store.aggregate(target, done, end, MINUTE, FIELDS)]
+                    self._store.save_rollup(target, minutes, end, FIELDS_KEY, keep)
+                    done = end
+            except (sqlite3.Error, OSError) as exc:
+                self.warm_error = f"{type(exc).__name__}: {exc}"
+                log.warning("minute rollup of %s stopped at %s: %s", target, done, self.warm_error)
+        return done
 
     def minute_buckets(self, target: str, since: float, until: float) -> list[Bucket]:
         since = math.floor(since / MINUTE) * MINUTE
-        final = math.floor((self._clock() - SETTLE_SECONDS) / MINUTE) * MINUTE
-        with self._lock:
-            cached = self._buckets.setdefault(target, {})
-            lo, hi = self._spans.get(target, (final, final))
-            start = max(since, final - CACHE_MAX_SECONDS)
-            if start < lo:
-                self._fill(target, cached, start, lo)
-                lo = start
-            if hi < final:
-                self._fill(target, cached, hi, final)
-                hi = final
-            for old in [s for s in cached if s < final - CACHE_MAX_SECONDS]:
-                del cached[old]
-            lo = max(lo, final - CACHE_MAX_SECONDS)
-            self._spans[target] = (lo, hi)
-            found = [cached[s] for s in sorted(cached) if since <= s < until]
-        if until > hi:
-            found += [Bucket.of(a) for a in self._store.aggregate(target, max(hi, since), until, MINUTE, FIELDS)]
+        done = self.advance(target)
+        found = [Bucket.from_row(r) for r in self._store.rollup_minutes(target, since, min(until, done))]
+        if until > done:
+            found += [Bucket.of(a) for a in self._store.aggregate(target, max(done, since), until, MINUTE, FIELDS)]
         return found
 
-    def _fill(self, target: str, cached: dict[float, Bucket], since: float, until: float) -> None:
-        # A day at a time: each query holds a read transaction briefly, and the agent's writer is not starved.
-        t = since
-        while t < until:
-            end = min(until, t + 86400.0)
-            for a in self._store.aggregate(target, t, end, MINUTE, FIELDS):
-                cached[a.start] = Bucket.of(a)
-            t = end
-
-    def warm(self, targets: list[str], seconds: float = 7 * 86400.0) -> None:
-        """Build the cache for the last `seconds` (run on a background thread). A failure is kept in
-        `warm_error` and logged: the requests that follow build what they need themselves."""
-        now = self._clock()
+    def warm(self, targets: list[str]) -> None:
+        """Advance every target's rollup (run on a background thread). A failure is kept in `warm_error` and
+        logged: the requests that follow read what they need themselves."""
         try:
             for target in targets:
-                self.minute_buckets(target, now - seconds, now)
+                self.advance(target)
         except (sqlite3.Error, OSError) as exc:
             self.warm_error = f"{type(exc).__name__}: {exc}"
-            log.warning("chart cache warm-up failed: %s", self.warm_error)
+            log.warning("chart rollup warm-up failed: %s", self.warm_error)
+
+
+def _minute_row(a: Any) -> dict[str, Any]:
+    return {"start": a.start, "windows": a.windows, "seconds": a.seconds, "sums": dict(a.sums),
+            "counts": dict(a.counts), "maxes": dict(a.maxes)}
 
 
 def series(store: AggregatingStore, rollup: Rollup | None, target: str, since: float, until: float,

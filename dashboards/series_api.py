@@ -33,10 +33,11 @@ def _rollup(store) -> Rollup:
     ext = current_app.extensions
     with _ROLLUP_LOCK:
         if "infersight_rollup" not in ext:
-            rollup = Rollup(store)
+            # The agent passes the rollup it advances in the background; a page on its own makes one.
+            rollup = current_app.config.get("ROLLUP") or Rollup(store)
             ext["infersight_rollup"] = rollup
-            # Long ranges read minute buckets; building a week of them takes seconds, so it starts at the
-            # first chart request instead of at the first 7-day one.
+            # Long ranges read the stored minutes; catching up on the ones not rolled up yet (a week, on a store
+            # that never had a rollup) takes seconds, so it starts at the first chart request, not the 7-day one.
             names = [t.name for t in store.targets()]
             threading.Thread(target=rollup.warm, args=(names,), name="rollup-warm", daemon=True).start()
     return ext["infersight_rollup"]

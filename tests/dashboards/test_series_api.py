@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import sqlite3
 import time
 
 import pytest
@@ -12,7 +14,7 @@ from analysis.health import Health
 from analysis.snapshot import TargetStatus
 from dashboards.app import create_app
 from dashboards.security import CSP
-from dashboards.series import Rollup, series
+from dashboards.series import FIELDS, FIELDS_KEY, MINUTE, SETTLE_SECONDS, Bucket, Rollup
 from tests.dashboards.synthetic import HOSTILE_FRAME, fill, regression
 
 NOW = time.time()
@@ -57,15 +59,76 @@ def test_unmeasured_fields_are_null_not_zero(client, store):
     assert data["t"] == [] or all(v is None for v in data["series"]["p99_ms"])
 
 
-def test_minute_rollup_gives_the_same_answer_as_the_store(store):
-    direct = series(store, None, "server", NOW - 3600, NOW, 30)
-    clock = {"now": NOW}
-    rolled = Rollup(store, clock=lambda: clock["now"])
-    # Force the rollup path (it serves ranges above 3 h) by asking it for its minute buckets directly.
-    minutes = rolled.minute_buckets("server", NOW - 3600, NOW)
-    assert sum(b.windows for b in minutes) == sum(direct["windows"])
-    again = rolled.minute_buckets("server", NOW - 3600, NOW)
-    assert [b.start for b in again] == [b.start for b in minutes]
+def _as_tuples(buckets):
+    return [(b.start, b.windows, round(b.seconds, 6), {k: round(v, 9) for k, v in b.sums.items()}, b.counts,
+             b.maxes) for b in buckets]
+
+
+def test_minute_rollup_gives_the_same_answer_as_the_store(tmp_path):
+    s = fill(tmp_path / "store", NOW, 3600, slow_from=NOW - 600)
+    try:
+        direct = [Bucket.of(a) for a in s.aggregate("server", NOW - 3600, NOW + 60, MINUTE, FIELDS)]
+        rolled = Rollup(s, clock=lambda: NOW)
+        # Force the rollup path (it serves ranges above 3 h) by asking it for its minute buckets directly.
+        minutes = rolled.minute_buckets("server", NOW - 3600, NOW + 60)
+        assert _as_tuples(minutes) == _as_tuples(direct)
+        done, fields = s.rollup_progress("server")
+        assert fields == FIELDS_KEY and done <= NOW - SETTLE_SECONDS < done + MINUTE
+        # Every final minute with a window is on disk; the unsettled tail is read fresh and not stored.
+        stored = s.rollup_minutes("server", 0, NOW + 60)
+        assert [m["start"] for m in stored] == [b.start for b in minutes if b.start < done]
+        assert minutes[-1].start >= done
+        again = rolled.minute_buckets("server", NOW - 3600, NOW + 60)
+        assert _as_tuples(again) == _as_tuples(minutes)
+    finally:
+        s.close()
+
+
+def test_a_restarted_page_reads_the_stored_minutes_not_the_windows(tmp_path):
+    s = fill(tmp_path / "store", NOW, 3600)
+    Rollup(s, clock=lambda: NOW).advance("server")
+    first = s.rollup_minutes("server", 0, NOW)
+    # Remove the windows the rollup covers: a new Rollup (the agent restarted) must still answer from the minutes.
+    done, _ = s.rollup_progress("server")
+    with s.transaction() as conn:
+        conn.execute("DELETE FROM profiles")
+        conn.execute("DELETE FROM windows WHERE start < ?", (done,))
+    again = Rollup(s, clock=lambda: NOW).minute_buckets("server", NOW - 3600, done)
+    assert len(again) == len(first) > 50 and sum(b.windows for b in again) == sum(m["windows"] for m in first)
+    s.close()
+
+
+def test_rollup_of_another_field_set_is_rebuilt_and_old_minutes_are_dropped(tmp_path):
+    s = fill(tmp_path / "store", NOW, 3600)
+    s.save_rollup("server", [{"start": 60.0, "windows": 1, "seconds": 5.0, "sums": {"p50": 9.0},
+                              "counts": {"p50": 1}, "maxes": {"p50": 9.0}}], NOW, '{"p50":"$.old"}', 0.0)
+    minutes = Rollup(s, clock=lambda: NOW).minute_buckets("server", NOW - 3600, NOW)
+    assert s.rollup_progress("server")[1] == FIELDS_KEY
+    assert s.rollup_minutes("server", 0, 120) == []  # the stale minute went with its field set
+    assert sum(b.windows for b in minutes) == len(s.windows("server", since=NOW - 3600, until=NOW,
+                                                            with_profiles=False)) - _straddling(s)
+    s.close()
+
+
+def _straddling(s) -> int:
+    """Windows that overlap the range but start before it (the rollup groups windows by start)."""
+    return sum(1 for w in s.windows("server", since=NOW - 3600, until=NOW, with_profiles=False)
+               if w.start < math.floor((NOW - 3600) / MINUTE) * MINUTE)
+
+
+def test_a_store_that_cannot_be_written_still_answers_from_the_windows(tmp_path):
+    s = fill(tmp_path / "store", NOW, 3600)
+
+    def refuse(*args, **kwargs):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    s.save_rollup = refuse
+    rollup = Rollup(s, clock=lambda: NOW)
+    minutes = rollup.minute_buckets("server", NOW - 3600, NOW + 60)
+    direct = [Bucket.of(a) for a in s.aggregate("server", NOW - 3600, NOW + 60, MINUTE, FIELDS)]
+    assert _as_tuples(minutes) == _as_tuples(direct) and "readonly" in rollup.warm_error
+    assert s.rollup_progress("server") is None
+    s.close()
 
 
 def test_overview_has_state_band_and_sparkline(client):
