@@ -400,12 +400,15 @@ class PySpySampler:
 
     def _abandon(self, segment: _Segment) -> str:
         """Kill a segment that will not be used; returns the recorder's error text."""
-        if segment.proc.poll() is None:
+        ended_by_itself = segment.proc.poll() is not None
+        if not ended_by_itself:
             segment.proc.kill()
         _, err = segment.proc.communicate()
         self._forget(segment.proc)
         segment.output.unlink(missing_ok=True)
-        if segment.proc.returncode not in (0, -signal.SIGKILL):
+        # A recorder something else killed (the OOM killer, an operator's kill -9) says so; only our own
+        # kill of a recorder that never attached is "stopped before attaching".
+        if ended_by_itself and segment.proc.returncode != 0:
             return _reason(err or b"", segment.proc.returncode)
         return "stopped before attaching"
 

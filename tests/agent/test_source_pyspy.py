@@ -130,8 +130,12 @@ def test_killed_pyspy_is_restarted_and_counted(require_root, target, sampler_fac
     wait_for(lambda: sampler.health().detail["restarts"] >= 1, 20, "the sampler to notice the kill")
     health = sampler.health()
     assert health.errors >= 1
-    assert "signal 9" in (health.reason or ""), health
-    assert health.detail["lost_seconds"] >= 1
+    assert "killed by signal 9" in (health.reason or ""), health
+    # The victim may have been recording (its seconds are lost) or still attaching (nothing recorded yet).
+    if "segment lost" in health.reason:
+        assert health.detail["lost_seconds"] >= 1, health
+    else:
+        assert "failed to attach" in health.reason, health
     assert not psutil.pid_exists(victim), "the killed recorder was not reaped"
     sampler.read()
     done = health.detail["segments"]
