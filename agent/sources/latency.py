@@ -150,6 +150,23 @@ def parse_samples(text: str, names: set[str]) -> dict[str, Series]:
     return found
 
 
+def relevant_text(text: str, prefixes: tuple[str, ...]) -> str:
+    """Only the lines of the families whose names start with `prefixes`: their samples and their # HELP/# TYPE.
+
+    The parser costs ~12 µs a line; a server's /metrics holds hundreds of lines we never read (the workload's 244
+    took 3 ms per parse, twice per window). Lines are kept whole, so what is parsed means what it meant."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) > 2 and parts[2].startswith(prefixes):
+                kept.append(line)
+        elif line.startswith(prefixes):
+            kept.append(line)
+    kept.append("")
+    return "\n".join(kept)
+
+
 def figure_names(figures: ServerFigures) -> set[str]:
     """Every sample name the figures need: counters and gauges as named, histograms' _sum and _count."""
     names = {n for n in (figures.tokens, figures.waiting, figures.running) if n}
@@ -252,6 +269,7 @@ class LatencySource:
         # Only the names a preset lists are read: never anything else the server exports.
         self.figures = figures
         self._figure_names = figure_names(figures) if figures else set()
+        self._prefixes = (metric, *([count_metric] if count_metric else []), *sorted(self._figure_names))
         self._prev_figures: dict[str, Series] = {}
         self._prev: HistogramSnapshot | dict[str, Series] | None = None
         self._prev_at: float | None = None
@@ -324,16 +342,23 @@ class LatencySource:
     def _seconds(self, value: float | None) -> float | None:
         return None if value is None else value * self.unit_seconds
 
+    def _parse(self, text: str) -> tuple[HistogramSnapshot | dict[str, Series], dict[str, Series]]:
+        snap: HistogramSnapshot | dict[str, Series]
+        if self.kind == "histogram":
+            snap = parse_histogram(text, self.metric)
+        else:
+            assert self.count_metric is not None
+            snap = parse_counters(text, (self.metric, self.count_metric))
+        return snap, parse_samples(text, self._figure_names) if self._figure_names else {}
+
     def _scrape(self) -> tuple[HistogramSnapshot | dict[str, Series], float]:
         try:
             text = self._fetch(self.url, self.timeout)
-            snap: HistogramSnapshot | dict[str, Series]
-            if self.kind == "histogram":
-                snap = parse_histogram(text, self.metric)
-            else:
-                assert self.count_metric is not None
-                snap = parse_counters(text, (self.metric, self.count_metric))
-            figures = parse_samples(text, self._figure_names) if self._figure_names else {}
+            try:
+                snap, figures = self._parse(relevant_text(text, self._prefixes))
+            except ReadingError:
+                # The whole text names what is wrong (a malformed line elsewhere, what the endpoint does expose).
+                snap, figures = self._parse(text)
         except ReadingError as exc:
             self._errors += 1
             self._last_error = str(exc)

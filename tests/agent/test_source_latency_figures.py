@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from agent.presets import PRESETS, TGI_FIGURES, VLLM_FIGURES
-from agent.sources.latency import LatencySource, bucket_counts, figure_names
+from agent.sources.latency import LatencySource, bucket_counts, figure_names, relevant_text
 
 E2E = "vllm:e2e_request_latency_seconds"
 
@@ -116,3 +117,23 @@ def test_tgi_figures() -> None:
 
 def test_bucket_counts_repair_a_torn_scrape() -> None:
     assert bucket_counts({0.1: 3.0, 0.5: 2.0, float("inf"): 6.0}) == {"0.1": 3.0, "0.5": 0.0, "+Inf": 3.0}
+
+
+def test_only_the_read_families_are_parsed_and_they_read_the_same() -> None:
+    """relevant_text keeps the read families' samples and # lines; everything else never reaches the parser."""
+    registry = CollectorRegistry()
+    hist = Histogram("vllm:e2e_request_latency_seconds", "latency", buckets=(0.1, 1.0), registry=registry)
+    tokens = Counter("vllm:generation_tokens", "tokens", registry=registry)
+    noise = Histogram("vllm:e2e_request_latency_seconds_other", "a longer name", registry=registry)
+    Counter("python_gc_objects_collected", "not read", ["generation"], registry=registry).labels("0").inc(5)
+    for v in (0.05, 0.5, 2.0):
+        hist.observe(v)
+        noise.observe(v)
+    tokens.inc(7)
+    text = generate_latest(registry).decode()
+    preset = PRESETS["workload"]
+    src = LatencySource(preset.url, preset.metric, figures=preset.figures, fetch=lambda url, timeout: text)
+    small = relevant_text(text, src._prefixes)
+    assert "python_gc" not in small and "# TYPE vllm:e2e_request_latency_seconds histogram" in small
+    assert src._parse(small) == src._parse(text)
+    assert src._parse(small)[1]["vllm:generation_tokens_total"] == {(): 7.0}
