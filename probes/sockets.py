@@ -39,15 +39,20 @@ def _parse_proc_addr(text: str) -> tuple[str, int]:
     return normalize_ip(packed), int(hex_port, 16)
 
 
-def parse_proc_net_tcp(text: str) -> dict[int, Endpoint]:
-    """Socket inode -> local endpoint, from the text of /proc/PID/net/tcp or tcp6."""
+def parse_proc_net_tcp(text: str, only: set[int] | None = None) -> dict[int, Endpoint]:
+    """Socket inode -> local endpoint, from the text of /proc/PID/net/tcp or tcp6; `only` these inodes if given.
+
+    The table lists the whole network namespace (a load generator's TIME_WAIT sockets included): decoding
+    only the target's own lines is most of the cost saved (3.3 ms -> well under 1 ms per window, 160 lines)."""
     sockets: dict[int, Endpoint] = {}
     for line in text.splitlines()[1:]:
         parts = line.split()
         if len(parts) < 10:
             continue
-        addr, port = _parse_proc_addr(parts[1])
         inode = int(parts[9])
+        if only is not None and inode not in only:
+            continue
+        addr, port = _parse_proc_addr(parts[1])
         if inode:
             sockets[inode] = Endpoint(addr, port, listening=int(parts[3], 16) == TCP_LISTEN)
     return sockets
@@ -93,7 +98,7 @@ class ProcSockets:
                 raise TargetGone(f"process {pid} is gone (reading {path})") from exc
             except PermissionError as exc:
                 raise AccessDenied(f"cannot read {path}: {exc}") from exc
-            found.update(ep for inode, ep in parse_proc_net_tcp(text).items() if inode in inodes)
+            found.update(parse_proc_net_tcp(text, only=inodes).values())
         return found
 
 

@@ -130,6 +130,7 @@ def test_parse_proc_net_tcp_decodes_addresses_ports_and_listeners():
     table6 = parse_proc_net_tcp(PROC_TCP6)
     assert table6[1003] == Endpoint("::1", 9000, listening=True)
     assert table6[1004] == Endpoint("10.1.2.3", 5000)
+    assert parse_proc_net_tcp(PROC_TCP, only={1002, 4242}) == {1002: Endpoint("10.1.2.3", 45678)}
 
 
 def test_proc_sockets_keeps_only_the_process_own_sockets(tmp_path):
