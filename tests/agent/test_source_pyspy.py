@@ -160,7 +160,7 @@ def test_agent_killed_with_sigkill_takes_pyspy_along(require_root, target, tmp_p
     agent = textwrap.dedent(f"""
         import time
         from agent.sources.pyspy import PySpySampler
-        s = PySpySampler({target.pid})
+        s = PySpySampler({target.pid}, segment_seconds=60)  # it would outlive the test by itself
         while len(s.child_pids()) < 1:
             time.sleep(0.05)
         print(" ".join(map(str, s.child_pids())), flush=True)
@@ -179,7 +179,7 @@ def test_agent_killed_with_sigkill_takes_pyspy_along(require_root, target, tmp_p
         except psutil.NoSuchProcess:
             return True
 
-    wait_for(lambda: all(gone(p) for p in pids), 10, f"py-spy children {pids} to die with their parent")
+    wait_for(lambda: all(gone(p) for p in pids), 5, f"py-spy children {pids} to die with their parent")
     # A SIGKILLed agent cannot remove its scratch folder; do it for it.
     for leftover in Path(tempfile.gettempdir()).glob(f"infersight-pyspy-{target.pid}-*"):
         shutil.rmtree(leftover)
