@@ -17,14 +17,20 @@ from agent.evaluation.detection import detect
 from agent.evaluation.recording import LabelledWindow, read_recording
 from analysis.window import Window
 
-RECORDED = sorted((Path(__file__).resolve().parent / "recorded").glob("*.jsonl.gz"))
+HERE = Path(__file__).resolve().parent
+# Two recordings of the whole suite: `recorded` on a host shared with other tenants (load average 1-35), the one the
+# detector was tuned on; `recorded-quiet` a fresh live run on a quiet host (load average < 1), never tuned on.
+RECORDED = sorted((HERE / "recorded").glob("*.jsonl.gz"))
+RECORDED_QUIET = sorted((HERE / "recorded-quiet").glob("*.jsonl.gz"))
 # Words that name an injected fault or its machinery: the fault switches' module, classes, threads and helpers.
 FAULT_WORDS = re.compile(r"fault|GcChurn|SyscallStorm|LockHolder|DiskSync|NoCache|CpuHog|Netloss|netloss|cpuhog|"
                          r"hog\.py|sigstop|nftdrop|workload:", re.IGNORECASE)
 
 
 def detector_factory():
-    return pytest.importorskip("analysis.detector", reason="the detector is built on another branch").LatencyDetector
+    from analysis.detector import LatencyDetector
+
+    return LatencyDetector
 
 
 def _anonymise(text: str) -> str:
@@ -54,8 +60,9 @@ def stripped(items: list[LabelledWindow]) -> list[LabelledWindow]:
     return [replace(i, window=Window.from_dict(strip(i.window.to_dict()))) for i in items]
 
 
-def test_the_suite_is_recorded() -> None:
-    names = {p.name.removesuffix(".jsonl.gz") for p in RECORDED}
+@pytest.mark.parametrize("paths", [RECORDED, RECORDED_QUIET], ids=["shared host", "quiet host"])
+def test_the_suite_is_recorded(paths: list[Path]) -> None:
+    names = {p.name.removesuffix(".jsonl.gz") for p in paths}
     assert {"gc", "lock", "syscall", "netloss", "cpuhog", "nocache", "io", "load_steps", "outside", "steady"} <= names, names
 
 
@@ -66,7 +73,7 @@ def test_stripping_names_the_fault_would_give_changes_something_to_strip() -> No
     assert FAULT_WORDS.search(before) and not FAULT_WORDS.search(after)
 
 
-@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", RECORDED + RECORDED_QUIET, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_the_detector_does_not_read_what_names_the_fault(path: Path) -> None:
     factory = detector_factory()
     rec = read_recording(path)
@@ -76,23 +83,40 @@ def test_the_detector_does_not_read_what_names_the_fault(path: Path) -> None:
     assert key == [(o.state, o.opened is not None, o.top_cause) for o in blind]
 
 
-# The one fault phase the detector misses today: the outside CPU hog of `outside.toml` (the scenario nobody tuned
-# on) raised the server's mean latency only ~1.4x on a host whose run queue other tenants already filled, below
-# the opening bar (docs/BENCHMARKS.md, "Detector"). Every other phase must be found; a new miss fails here.
-KNOWN_MISSES = {("faults from outside the server", "cpu_contention")}
+# The fault phases the detector misses today (docs/BENCHMARKS.md, "Detector"), each a fault that barely moved the
+# server's latency where it was recorded: the outside CPU hog of `outside.toml` (the scenario nobody tuned on) raised
+# the mean ~1.4x on the shared host, whose run queue other tenants already filled, and 1.20x on the quiet one, where
+# four busy processes still left the 0.3-core server its share; on the quiet host's disk an fsync takes 0.3 ms, so
+# the `io` switch raised the mean 1.15x. Every other phase must be found and named; a new miss fails here.
+KNOWN_MISSES = {
+    "shared host": {("faults from outside the server", "cpu_contention")},
+    "quiet host": {("faults from outside the server", "cpu_contention"), ("fsync on every decode step", "blocked")},
+}
 
 
-def test_replay_of_the_suite_meets_the_issue_targets() -> None:
+def test_the_missed_phases_are_exactly_the_known_ones() -> None:
+    for name, paths in (("shared host", RECORDED), ("quiet host", RECORDED_QUIET)):
+        runs = command.replay(paths, detector_factory())
+        missed = {(r.scenario.name, p.label) for r in runs for p in r.score.fault_phases if not p.detected}
+        wrong = {(r.scenario.name, p.label, p.top_cause) for r in runs for p in r.score.fault_phases
+                 if p.detected and p.top_cause != p.label}
+        assert missed == KNOWN_MISSES[name], (name, missed)
+        assert not wrong, (name, wrong)
+
+
+@pytest.mark.parametrize("name, paths", [("shared host", RECORDED), ("quiet host", RECORDED_QUIET)],
+                         ids=["shared host", "quiet host"])
+def test_replay_of_the_suite_meets_the_issue_targets(name: str, paths: list[Path]) -> None:
     factory = detector_factory()
     out, err = io.StringIO(), io.StringIO()
     started = time.monotonic()
-    code = command.main(scenarios=[], replay_files=[str(p) for p in RECORDED], record=None, as_json=True, plot=None,
+    code = command.main(scenarios=[], replay_files=[str(p) for p in paths], record=None, as_json=True, plot=None,
                         interval=None, record_only=False, out=out, err=err, factory=factory)
     assert code == 0, err.getvalue()
     assert time.monotonic() - started < 120
     s = json.loads(out.getvalue().strip().splitlines()[-1])
     phases = sum(v["phases"] for v in s["per_label"].values())
-    assert s["recall"] >= (phases - len(KNOWN_MISSES)) / phases, s
+    assert s["recall"] >= (phases - len(KNOWN_MISSES[name])) / phases, s
     assert s["precision"] >= 0.95 and s["attribution_top1"] >= 0.9, s
     assert s["median_delay_windows"] <= 2 and s["false_alarms_per_hour"] <= 1, s
     # No episode during the benign load steps.
