@@ -13,6 +13,7 @@ from agent import logs
 from agent.collectors import Collectors
 from agent.config import Config, ProbesConfig, TargetSpec
 from agent.loop import CollectionLoop
+from agent.signals import set_on_signal
 from agent.state import AgentState
 from agent.target_sources import source_factories
 from analysis.summary import summary_line, window_summary
@@ -54,7 +55,7 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
         if not health.up and not name.startswith("gpu:"):
             print(f"infersight: {name}: {health.state}: {health.reason}", file=sys.stderr)
 
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, set_on_signal(stop))
     deadline = time.monotonic() + duration if duration else None
     try:
         while not stop.is_set():

@@ -9,7 +9,6 @@ import os
 import signal
 import threading
 from pathlib import Path
-from types import FrameType
 
 from waitress.server import create_server
 
@@ -23,6 +22,7 @@ from agent.detection_metrics import DetectionCollector
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
 from agent.pidlock import PidLock
+from agent.signals import set_on_signal
 from agent.state import AgentState
 from agent.store import Store
 from agent.target_policy import make_discover
@@ -206,10 +206,7 @@ def run(config: Config) -> int:
     logs.setup(config.log_level)
     agent = Agent(config)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        agent.stop_event.set()
-
+    on_signal = set_on_signal(agent.stop_event, before=lambda signum: log.info("signal %d: stopping", signum))
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     agent.run()

@@ -21,6 +21,7 @@ from agent.daemon import Agent, ListenError
 from agent.demo_guard import PIDS_FILE, die_with_parent, port_in_use, record_children, stop_stale
 from agent.pidlock import AlreadyRunning
 from agent.secretfile import write_secret
+from agent.signals import set_on_signal
 from agent.store import StoreError
 
 log = logging.getLogger("infersight.demo")
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     agent: Agent | None = None
     loop_thread: threading.Thread | None = None
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, set_on_signal(stop))
     try:
         if not _wait_http(f"{server_url}/health", timeout=120) or server.poll() is not None:
             print(f"make demo: the workload did not come up within 120 s (exit status {server.poll()})",

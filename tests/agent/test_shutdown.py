@@ -50,6 +50,7 @@ def test_collect_stops_on_sigterm_and_sigint(require_bpf, sleeper, signum):
         rc = proc.wait(timeout=20)
     finally:
         proc.kill()
+        proc.wait()  # reaped: a hung one must not stay behind as a zombie child of the test run
     err = proc.stderr.read()
     assert rc in (0, 130) and "Traceback" not in err, err
 
