@@ -117,7 +117,10 @@ class Engine:
         logits[BOS] = float("-inf")
         if seq.temperature <= 0.0:
             return int(torch.argmax(logits))
-        probs = torch.softmax(logits.double() / seq.temperature, dim=-1)
+        # Shifted by the maximum first, so dividing by a tiny temperature (2e-309 reached the API in a fuzz run)
+        # gives 0 and -inf, never inf - inf: the softmax tends to argmax as the temperature tends to 0.
+        shifted = logits.double() - logits.double().max()
+        probs = torch.softmax(shifted / seq.temperature, dim=-1)
         return int(torch.multinomial(probs, 1, generator=seq.generator))
 
 

@@ -61,6 +61,13 @@ def test_different_seeds_differ_and_greedy_ignores_seed(engine: Engine) -> None:
     assert generate(engine, prompt, 16, 0.0, seed=1) == generate(engine, prompt, 16, 0.0, seed=2)
 
 
+@pytest.mark.parametrize("temperature", [2.225073858507203e-309, 5e-324, 1e-300])
+def test_a_vanishing_temperature_samples_the_greedy_token(engine: Engine, temperature: float) -> None:
+    # Found by the completions fuzz test: logits / 2e-309 overflowed to inf and the softmax gave NaN (a 500).
+    prompt = [tokenizer.encode("nearly greedy")]
+    assert generate(engine, prompt, 16, temperature, seed=1) == generate(engine, prompt, 16, 0.0, seed=1)
+
+
 def test_kv_slots_are_preallocated_and_reused(engine: Engine) -> None:
     keys_ptr = engine.pool.keys.data_ptr()
     before = engine.pool.allocations
