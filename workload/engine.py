@@ -119,8 +119,8 @@ class Engine:
             return int(torch.argmax(logits))
         # Shifted by the maximum first, so dividing by a tiny temperature (2e-309 reached the API in a fuzz run)
         # gives 0 and -inf, never inf - inf: the softmax tends to argmax as the temperature tends to 0.
-        shifted = logits.double() - logits.double().max()
-        probs = torch.softmax(shifted / seq.temperature, dim=-1)
+        wide = logits.double()
+        probs = torch.softmax((wide - wide.max()) / seq.temperature, dim=-1)
         return int(torch.multinomial(probs, 1, generator=seq.generator))
 
 
