@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from analysis.regression import Cause
-from analysis.robust import robust_z
+from analysis.robust import median, robust_z
 from analysis.signals import SIGNALS, Signal
 
 
 @dataclass(frozen=True)
 class SignalStats:
-    """A signal's baseline: median, MAD-sigma, and how many baseline windows measured it."""
+    """A signal's baseline: median, MAD-sigma, how many baseline windows measured it, and its high quantile (the
+    value few healthy windows exceed; None when not computed)."""
 
     median: float
     sigma: float
     count: int
+    high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -75,15 +77,65 @@ class Attributor:
         """Ranked causes, best first; a single `unknown` when nothing moved (its evidence names what was not measured)."""
         best: dict[str, tuple[float, Moved]] = {}
         for sig in SIGNALS:
-            m = self.moved(sig, values.get(sig.name), stats.get(sig.name))
-            if m is None:
-                continue
-            score = m.score * (self.compute_weight if sig.label == "compute" else 1.0)
-            if sig.label not in best or score > best[sig.label][0]:
-                best[sig.label] = (score, m)
+            self._keep(best, self.moved(sig, values.get(sig.name), stats.get(sig.name)))
+        causes = self._causes(best, lambda m: evidence(m))
+        self._add_profile(causes, jsd, jsd_stats)
+        return self._ranked(causes, not_measured)
+
+    def persistent(self, sig: Signal, samples: Sequence[float | None], stats: SignalStats | None,
+                   min_windows: int, change_fraction: float, min_z: float) -> tuple[Moved, int] | None:
+        """The signal's move when it stayed above the baseline's high quantile (and change_fraction of its
+        min_change above the median) in at least min_windows of the samples, and their median passes the ratio
+        gate and lies min_z baseline sigmas above the baseline's median; with the count of windows above.
+
+        A per-window move too small for `moved` shows here by persisting: healthy windows exceed the high quantile
+        one time in ten, several in a row hardly ever. The z gate keeps it to baselines quiet enough to tell a small
+        shift from drift: on a host where other tenants make the signal wander, only the per-window gates speak."""
+        if stats is None or stats.high is None:
+            return None
+        xs = [x for x in samples if x is not None and math.isfinite(x)]
+        if len(xs) < min_windows:
+            return None
+        above = sum(x > stats.high and x - stats.median >= sig.min_change * change_fraction for x in xs)
+        value = median(xs)
+        ratio = value / max(stats.median, sig.floor)
+        if above < min_windows or ratio < self.min_ratio:
+            return None
+        z = robust_z(value, stats.median, stats.sigma, sig.min_change * change_fraction / 4)
+        if z < min_z:
+            return None
+        return Moved(sig, value, stats.median, ratio, z), above
+
+    def rank_persistent(self, samples: Sequence[Mapping[str, float | None]], stats: Mapping[str, SignalStats | None],
+                        min_windows: int, change_fraction: float, min_z: float,
+                        not_measured: Mapping[str, str] | None = None) -> list[Cause]:
+        """As rank, for a run of windows: the signals that moved by persisting (see `persistent`), ranked by their
+        log ratio; a single `unknown` when none did."""
+        best: dict[str, tuple[float, Moved]] = {}
+        counts: dict[str, int] = {}
+        for sig in SIGNALS:
+            hit = self.persistent(sig, [s.get(sig.name) for s in samples], stats.get(sig.name), min_windows,
+                                  change_fraction, min_z)
+            if hit is not None:
+                counts[sig.name] = hit[1]
+                self._keep(best, hit[0])
+        n = len(samples)
+        causes = self._causes(best, lambda m: (f"{evidence(m)}, above the baseline's usual high "
+                                               f"({_fmt(stats[m.signal.name].high, m.signal)} {m.signal.unit}) in "
+                                               f"{counts[m.signal.name]} of {n} windows"))
+        return self._ranked(causes, not_measured)
+
+    def _keep(self, best: dict[str, tuple[float, Moved]], m: Moved | None) -> None:
+        if m is None:
+            return
+        score = m.score * (self.compute_weight if m.signal.label == "compute" else 1.0)
+        if m.signal.label not in best or score > best[m.signal.label][0]:
+            best[m.signal.label] = (score, m)
+
+    def _causes(self, best: dict[str, tuple[float, Moved]], words: Callable[[Moved], str]) -> dict[str, Cause]:
         causes: dict[str, Cause] = {}
         for label, (score, m) in best.items():
-            causes[label] = Cause(label=label, score=round(score, 4), evidence=evidence(m), value=m.value,
+            causes[label] = Cause(label=label, score=round(score, 4), evidence=words(m), value=m.value,
                                   baseline=m.baseline)
         # py-spy sees threads waiting in their own code whatever they wait on; when the kernel says the new
         # waits are sleeps, disk or a stop (blocked moved), that waiting is not evidence of a lock.
@@ -98,7 +150,9 @@ class Attributor:
             own = best["compute"][1].score  # log2 of the CPU-per-token ratio, before compute_weight
             causes["cpu_contention"] = Cause("cpu_contention", round(max(c.score - own, 0.0), 4),
                                              f"{c.evidence}; less CPU per token x{2 ** own:.3g}", c.value, c.baseline)
-        self._add_profile(causes, jsd, jsd_stats)
+        return causes
+
+    def _ranked(self, causes: dict[str, Cause], not_measured: Mapping[str, str] | None) -> list[Cause]:
         ranked = sorted(causes.values(), key=lambda c: (-c.score, c.label))[: self.max_causes]
         if ranked:
             return ranked

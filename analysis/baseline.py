@@ -10,7 +10,7 @@ from analysis.attribution import SignalStats
 from analysis.features import Features
 from analysis.latency_model import Row
 from analysis.profile import jensen_shannon, merge
-from analysis.robust import finite, mad_sigma, median
+from analysis.robust import finite, mad_sigma, median, quantile
 from analysis.signals import read_all
 
 
@@ -62,10 +62,11 @@ def cpu_wait(f: Features) -> float | None:
 class Baseline:
     """Rows of healthy windows, oldest dropped past max_rows; the profile is an exponentially decayed leaf count."""
 
-    def __init__(self, max_rows: int, profile_decay: float) -> None:
+    def __init__(self, max_rows: int, profile_decay: float, high_quantile: float = 0.9) -> None:
         self.rows: deque[BaselineRow] = deque(maxlen=max_rows)
         self.profile: dict[str, float] = {}
         self.profile_decay = profile_decay
+        self.high_quantile = high_quantile
         self._stats: dict[str, SignalStats | None] | None = None
 
     def __len__(self) -> int:
@@ -76,9 +77,16 @@ class Baseline:
             return None
         return jensen_shannon(self.profile, leaves)
 
+    def row(self, start: float, end: float, features: Features, leaves: dict[str, float] | None) -> BaselineRow:
+        """The row a window would add (its profile shift measured against the profile as it is now)."""
+        return BaselineRow(start=start, end=end, latency=latency_row(features), signals=read_all(features),
+                           jsd=self.jsd(leaves))
+
     def add(self, start: float, end: float, features: Features, leaves: dict[str, float] | None) -> None:
-        self.rows.append(BaselineRow(start=start, end=end, latency=latency_row(features),
-                                     signals=read_all(features), jsd=self.jsd(leaves)))
+        self.add_row(self.row(start, end, features, leaves), leaves)
+
+    def add_row(self, row: BaselineRow, leaves: dict[str, float] | None) -> None:
+        self.rows.append(row)
         if leaves:
             merge(self.profile, leaves, self.profile_decay)
         self._stats = None
@@ -95,13 +103,15 @@ class Baseline:
         return [r.latency for r in self.rows]
 
     def stats(self) -> dict[str, SignalStats | None]:
-        """Per signal (and 'jsd'): median and MAD-sigma over the rows that measured it; None when fewer than 3 did."""
+        """Per signal (and 'jsd'): median, MAD-sigma and high quantile over the rows that measured it; None when fewer
+        than 3 did."""
         if self._stats is None:
             names = {k for r in self.rows for k in r.signals} | {"jsd"}
             out: dict[str, SignalStats | None] = {}
             for name in names:
                 xs = finite(r.jsd if name == "jsd" else r.signals.get(name) for r in self.rows)
-                out[name] = SignalStats(median(xs), mad_sigma(xs), len(xs)) if len(xs) >= 3 else None
+                out[name] = (SignalStats(median(xs), mad_sigma(xs), len(xs), quantile(xs, self.high_quantile))
+                             if len(xs) >= 3 else None)
             self._stats = out
         return self._stats
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from analysis.attribution import Attributor
-from analysis.baseline import Baseline, cpu_wait
+from analysis.baseline import Baseline, BaselineRow, cpu_wait
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
 from analysis.profile import leaf_counts, merge, top_shifts
@@ -59,7 +59,9 @@ class LatencyDetector:
                  min_cause_z: float = 3.0, min_cause_ratio: float = 1.5, compute_weight: float = 0.5,
                  lock_blocked_discount: float = 0.5, profile_min_jsd: float = 0.1, max_causes: int = 4,
                  max_functions: int = 10, strong_cause_score: float = 4.0, strong_open_score: float = 0.0,
-                 rto_min_seconds: float = 0.2, min_net_scale: float = 0.2) -> None:
+                 rto_min_seconds: float = 0.2, min_net_scale: float = 0.2, sustained_windows: int = 6,
+                 sustained_min_windows: int = 5, sustained_shift: float = 0.75, sustained_change_fraction: float = 0.1,
+                 sustained_min_z: float = 6.0, high_quantile: float = 0.9) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
         self.open_score = open_score
@@ -92,6 +94,12 @@ class LatencyDetector:
         self.strong_open_score = strong_open_score
         self.rto_min_seconds = rto_min_seconds
         self.min_net_scale = min_net_scale
+        self.sustained_windows = sustained_windows
+        self.sustained_min_windows = sustained_min_windows
+        self.sustained_shift = sustained_shift
+        self.sustained_change_fraction = sustained_change_fraction
+        self.sustained_min_z = sustained_min_z
+        self.high_quantile = high_quantile
         self._check_params()
         self.reset()
 
@@ -109,6 +117,11 @@ class LatencyDetector:
             raise ValueError(f"rto_min_seconds must be >= 0, got {self.rto_min_seconds!r}")
         if self.close_windows < 1:
             raise ValueError(f"close_windows must be >= 1, got {self.close_windows!r}")
+        if not 1 <= self.sustained_min_windows <= self.sustained_windows:
+            raise ValueError("need 1 <= sustained_min_windows <= sustained_windows, got "
+                             f"{self.sustained_min_windows!r}, {self.sustained_windows!r}")
+        if not 0.5 <= self.high_quantile < 1:
+            raise ValueError(f"high_quantile must be in [0.5, 1), got {self.high_quantile!r}")
         if self.baseline_windows < self.warmup_windows:
             raise ValueError(f"baseline_windows must be >= warmup_windows, got {self.baseline_windows!r}")
 
@@ -116,8 +129,14 @@ class LatencyDetector:
 
     def reset(self) -> None:
         """Forget the baseline and any open episode; the next windows are a new warm-up."""
-        self.baseline_ = Baseline(self.baseline_windows, self.profile_decay)
+        self.baseline_ = Baseline(self.baseline_windows, self.profile_decay, self.high_quantile)
         self.model_: ExpectedLatency | None = None
+        self.score_ref_ = 0.0  # the median score of the baseline's own windows under the current fit
+        # The last scored windows (score and signals), for the sustained-shift test.
+        self.recent_: deque[dict] = deque(maxlen=self.sustained_windows)
+        # Healthy windows wait here until as many windows after them are healthy too before they join the
+        # baseline: the first windows of a slow regression must not teach the baseline that it is normal.
+        self.pending_: deque[tuple[BaselineRow, dict[str, float] | None]] = deque()
         self.since_refit_ = 0
         self.history_: deque[bool] = deque(maxlen=self.m)
         self.run_: deque[dict] = deque(maxlen=self.m)  # signals of the anomalous windows in the k-of-m run
@@ -141,6 +160,8 @@ class LatencyDetector:
             "episode_leaves": dict(self.episode_leaves_),
             "calm": self.calm_,
             "last_id": self.last_id_,
+            "recent": list(self.recent_),
+            "pending": [{"row": row.to_dict(), "leaves": leaves} for row, leaves in self.pending_],
         }
 
     def set_state(self, state: dict) -> None:
@@ -171,6 +192,8 @@ class LatencyDetector:
         self.episode_leaves_ = {str(k): float(v) for k, v in state.get("episode_leaves", {}).items()}
         self.calm_ = int(state.get("calm", 0))
         self.last_id_ = state.get("last_id")
+        self.recent_.extend(state.get("recent", []))
+        self.pending_.extend((BaselineRow.from_dict(p["row"]), p.get("leaves")) for p in state.get("pending", []))
 
     # -- the per-window step -----------------------------------------------------------------------
 
@@ -201,6 +224,11 @@ class LatencyDetector:
             or (strength >= self.strong_cause_score and score >= self.strong_open_score)))
         if score is not None or stalled:
             self.history_.append(anomalous)
+        if score is not None:
+            self.recent_.append({"score": score, **values})
+        # A small shift that no single window shows: latency a little above its usual level over the last windows,
+        # with a cause signal above its baseline's usual high in nearly all of them.
+        sustained = self._sustained() if score is not None and not anomalous else []
         if anomalous:
             self.run_.append({**values, "leaves": leaves or {}})
         elif not any(self.history_):
@@ -210,12 +238,16 @@ class LatencyDetector:
             if anomalous and sum(self.history_) >= self.k:
                 reg = self._open(window, f, score, expected_all)
                 return Verdict("regression", score, expected, reg, reg, None)
+            if sustained:
+                reg = self._open(window, f, score, expected_all, [{k: v for k, v in r.items() if k != "score"}
+                                                                  for r in self.recent_])
+                return Verdict("regression", score, expected, reg, reg, None)
             if score is not None and score < self.close_score and not any(self.history_):
-                self._learn(window, f, leaves)
+                self._learn_later(window, f, leaves)
             return Verdict("healthy", score, expected, None, None, None)
 
         closed = None
-        if stalled or (score is not None and score >= self.close_score):
+        if stalled or (score is not None and (score >= self.close_score or self._sustained())):
             self.calm_ = 0
             self.episode_values_.append(values)
             if leaves:
@@ -228,16 +260,23 @@ class LatencyDetector:
                 self.episode_ = None
                 self.history_.clear()
                 self.run_.clear()
+                self.recent_.clear()
                 return Verdict("healthy", score, expected, None, None, closed)
         return Verdict("regression", score, expected, self.episode_, None, None)
 
     # -- pieces --------------------------------------------------------------------------------------
 
     def _score(self, f: Features, expected: dict[str, float], values: dict[str, float | None]) -> float | None:
+        assert f.mean_seconds is not None and f.requests is not None
+        return self._latency_z(f.mean_seconds + self._retransmit_cost(f, values), f.mean_seconds, f.requests,
+                               f.buckets, cpu_wait(f), expected["mean"])
+
+    def _latency_z(self, mean: float, server_mean: float, n: float, buckets: tuple[tuple[float, float], ...],
+                   wait: float | None, expected_mean: float) -> float:
         model = self.model_
-        assert model is not None and f.mean_seconds is not None and f.requests is not None
-        parts = [model.z_mean(f.mean_seconds + self._retransmit_cost(f, values), f.requests, expected["mean"])]
-        if (zt := model.z_tail(f.buckets, expected["mean"])) is not None:
+        assert model is not None
+        parts = [model.z_mean(mean, n, expected_mean)]
+        if (zt := model.z_tail(buckets, expected_mean)) is not None:
             parts.append(zt)
         # The mean (exact, from the histogram's sum) and the tail count (from bucket deltas) see different
         # failures; averaging their z keeps one noisy estimate from alarming alone.
@@ -245,8 +284,22 @@ class LatencyDetector:
         # The same latency net of the time the server waited for a CPU: on a shared host that wait is most of the
         # noise, and a fault that does not take CPUs away (a lock, GC, disk) stands out of what is left. CPU
         # contention itself shows in the gross test.
-        net = model.z_net(f.mean_seconds, cpu_wait(f), f.requests, expected["mean"])
+        net = model.z_net(server_mean, wait, n, expected_mean)
         return round(gross if net is None else max(gross, net), 4)
+
+    def _sustained(self) -> list[Cause]:
+        """The causes of a sustained small shift over the last sustained_windows scored windows, [] when there is
+        none: their mean score at least sustained_shift above the baseline windows' own median score, and a cause
+        signal persistently above its baseline's high quantile (Attributor.persistent)."""
+        if len(self.recent_) < self.sustained_windows:
+            return []
+        shift = sum(r["score"] for r in self.recent_) / len(self.recent_) - self.score_ref_
+        if shift < self.sustained_shift:
+            return []
+        causes = self._attributor().rank_persistent(list(self.recent_), self.baseline_.stats(),
+                                                    self.sustained_min_windows, self.sustained_change_fraction,
+                                                    self.sustained_min_z)
+        return [] if causes[0].label == "unknown" else causes
 
     def _retransmit_cost(self, f: Features, values: dict[str, float | None]) -> float:
         """Seconds per request that retransmissions beyond the baseline's rate cost the clients, at least.
@@ -278,17 +331,25 @@ class LatencyDetector:
         return 0.0 if causes[0].label == "unknown" else max(causes[0].score, 1e-9)
 
     def _refit(self) -> None:
-        self.model_ = ExpectedLatency(self.max_elasticity, self.tail_quantile, self.min_log_scale,
-                                      self.load_allowance, self.load_quantile,
-                                      min_net_scale=self.min_net_scale).fit(
-            self.baseline_.latency_rows())
+        rows = self.baseline_.latency_rows()
+        model = ExpectedLatency(self.max_elasticity, self.tail_quantile, self.min_log_scale, self.load_allowance,
+                                self.load_quantile, min_net_scale=self.min_net_scale).fit(rows)
+        self.model_ = model
         self.since_refit_ = 0
+        # The level the baseline's own windows score at under this fit: the score is not centred on 0 (the tail
+        # count of a 10-request window is mostly 0, below its expectation), so a shift is measured from here.
+        scores = [self._latency_z(r.mean, r.mean, r.n, r.buckets, r.cpu_wait, model.expected(r.rate, r.tpr)["mean"])
+                  for r in rows if r.mean is not None and r.mean > 0 and r.n >= self.min_requests]
+        self.score_ref_ = median(scores) if scores else 0.0
 
-    def _learn(self, window: Window, f: Features, leaves: dict[str, float] | None) -> None:
-        self.baseline_.add(window.start, window.end, f, leaves)
-        self.since_refit_ += 1
-        if self.since_refit_ >= self.refit_every:
-            self._refit()
+    def _learn_later(self, window: Window, f: Features, leaves: dict[str, float] | None) -> None:
+        self.pending_.append((self.baseline_.row(window.start, window.end, f, leaves), leaves))
+        while len(self.pending_) > self.sustained_windows:
+            row, row_leaves = self.pending_.popleft()
+            self.baseline_.add_row(row, row_leaves)
+            self.since_refit_ += 1
+            if self.since_refit_ >= self.refit_every:
+                self._refit()
 
     def _severity(self, f: Features, score: float | None, expected: dict[str, float]) -> str:
         if score is None:  # a stall: nothing finished at all, the worst latency there is
@@ -313,17 +374,31 @@ class LatencyDetector:
             if all(agg.get(s.name) is None for s in sigs):
                 not_measured[label] = "; ".join(sorted({f"{s.source}: {window.errors.get(s.source, 'no reading')}"
                                                         for s in sigs}))
-        return self._attributor().rank({k: v for k, v in agg.items() if k != "jsd"}, stats, agg.get("jsd"),
-                                       stats.get("jsd"), not_measured)
+        causes = self._attributor().rank({k: v for k, v in agg.items() if k != "jsd"}, stats, agg.get("jsd"),
+                                         stats.get("jsd"), not_measured)
+        if causes[0].label != "unknown" or not samples:
+            return causes
+        # No signal's median moved past the per-window gates: a small shift may still persist in every window
+        # (the sustained test's evidence), allowing the same number of misses as that test.
+        allowed_misses = self.sustained_windows - self.sustained_min_windows
+        persistent = self._attributor().rank_persistent(samples, stats, max(1, len(samples) - allowed_misses),
+                                                        self.sustained_change_fraction, self.sustained_min_z,
+                                                        not_measured)
+        return persistent if persistent[0].label != "unknown" else causes
 
     def _functions(self) -> list[FunctionShift]:
         if not self.episode_leaves_ or not self.baseline_.profile:
             return []
         return top_shifts(self.baseline_.profile, self.episode_leaves_, self.max_functions)
 
-    def _open(self, window: Window, f: Features, score: float | None, expected: dict[str, float]) -> Regression:
+    def _open(self, window: Window, f: Features, score: float | None, expected: dict[str, float],
+              samples: list[dict] | None = None) -> Regression:
+        self.pending_.clear()  # the windows before the opening were its onset, not healthy traffic
         self.episode_values_.clear()
-        self.episode_values_.extend({k: v for k, v in run.items() if k != "leaves"} for run in self.run_)
+        if samples is not None:
+            self.episode_values_.extend(samples)
+        else:
+            self.episode_values_.extend({k: v for k, v in run.items() if k != "leaves"} for run in self.run_)
         self.episode_leaves_ = {}
         for run in self.run_:
             merge(self.episode_leaves_, run.get("leaves", {}))
@@ -335,7 +410,7 @@ class LatencyDetector:
         self.episode_ = Regression(id=rid, target=window.target, pid=window.pid, opened_at=window.end,
                                    severity=self._severity(f, score, expected),
                                    score=self.critical_score if score is None else score,
-                                   causes=self._causes(list(self.episode_values_), window),
+                                   causes=self._causes(samples or list(self.episode_values_), window),
                                    functions=self._functions(), baseline_start=self.baseline_.start,
                                    baseline_end=self.baseline_.end)
         return self.episode_
@@ -343,6 +418,11 @@ class LatencyDetector:
     def _rerank(self, reg: Regression, window: Window, f: Features, score: float | None,
                 expected: dict[str, float]) -> Regression:
         severity = "critical" if reg.severity == "critical" else self._severity(f, score, expected)
+        causes = self._causes(list(self.episode_values_), window)
+        if causes[0].label == "unknown" and reg.causes and reg.causes[0].label != "unknown":
+            # The latest windows moved too little to name a cause again: that is not evidence the cause went away
+            # (a small shift named by persisting needs more windows than these), so the named causes stand.
+            causes = reg.causes
         return dataclasses.replace(reg, severity=severity, score=max(reg.score, self.critical_score if score is None
                                                                      else score),
-                                   causes=self._causes(list(self.episode_values_), window), functions=self._functions())
+                                   causes=causes, functions=self._functions())

@@ -23,6 +23,17 @@ def mad_sigma(values: Iterable[float], center: float | None = None) -> float:
     return MAD_TO_SIGMA * median(abs(x - c) for x in xs)
 
 
+def quantile(values: Iterable[float], q: float) -> float:
+    """The q-quantile, interpolated linearly between order statistics (numpy's default)."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("quantile of no values")
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 def robust_z(value: float, center: float, sigma: float, sigma_floor: float) -> float:
     """(value - center) / sigma, with sigma floored so a flat baseline does not turn noise into huge scores."""
     return (value - center) / max(sigma, sigma_floor)

@@ -136,3 +136,43 @@ def test_run_queue_growth_with_more_cpu_per_token_is_compute_not_contention():
     # Contention leads again once its residual beats compute's weighted score (0.5 * log2 4 = 1): past x8 run queue.
     assert rank(runqueue=2.3, cpu_per_token=0.008)[0].label == "compute"
     assert rank(runqueue=2.5, cpu_per_token=0.008)[0].label == "cpu_contention"
+
+
+# -- persistence: a move too small for one window, shown by lasting --------------------------------------------------
+
+QUIET_HIGH = {name: SignalStats(median=v, sigma=v * 0.05, count=30, high=v * 1.1) for name, v in QUIET.items()}
+
+
+def persistent(values, min_windows=5, change_fraction=0.1, min_z=6.0, stats=QUIET_HIGH):
+    samples = [{**QUIET, "runqueue": v} for v in values]
+    return Attributor().rank_persistent(samples, stats, min_windows, change_fraction, min_z)
+
+
+def test_a_small_move_in_nearly_every_window_is_named_with_its_count():
+    # 0.4 s/s against 0.3: below runqueue's 0.5 s/s min_change, so no single window names it.
+    assert rank(runqueue=0.45)[0].label == "unknown"
+    causes = persistent([0.45, 0.46, 0.3, 0.47, 0.45, 0.46])
+    assert causes[0].label == "cpu_contention"
+    assert causes[0].evidence.startswith("run-queue wait per CPU second 0.455 s/s vs 0.3 s/s baseline (x1.52")
+    assert causes[0].evidence.endswith("above the baseline's usual high (0.33 s/s) in 5 of 6 windows")
+
+
+@pytest.mark.parametrize(("values", "why"), [
+    ([0.45, 0.46, 0.3, 0.47, 0.3, 0.46], "above the high quantile in only 4 of 6"),
+    ([0.34, 0.34, 0.34, 0.34, 0.34, 0.34], "above the high quantile but less than change_fraction of min_change"),
+    ([0.44, 0.44, 0.44, 0.44, 0.44, 0.44], "median ratio 1.47, under min_ratio 1.5"),
+])
+def test_a_persistence_that_fails_one_gate_names_nothing(values, why):
+    assert persistent(values)[0].label == "unknown", why
+
+
+def test_persistence_on_a_baseline_too_noisy_to_tell_names_nothing():
+    noisy = {**QUIET_HIGH, "runqueue": SignalStats(median=0.3, sigma=0.1, count=30, high=0.33)}
+    values = [0.6] * 6  # x2, persistent, but only 3 of the baseline's sigmas above its median
+    assert persistent(values, stats=noisy)[0].label == "unknown"
+    assert persistent(values, stats=noisy, min_z=2.9)[0].label == "cpu_contention"
+
+
+def test_persistence_needs_the_high_quantile_of_the_baseline():
+    no_high = {**QUIET_HIGH, "runqueue": SignalStats(median=0.3, sigma=0.015, count=30)}
+    assert persistent([0.6] * 6, stats=no_high)[0].label == "unknown"

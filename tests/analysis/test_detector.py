@@ -2,6 +2,7 @@
 
 import functools
 import json
+from collections import deque
 
 import pytest
 
@@ -52,6 +53,9 @@ def test_warm_up_counts_windows_with_requests_and_arms_after_warmup_windows():
     assert all(v.state == "warmup" and v.score is None and v.expected == {} for v in vs)
     after = det.update(synth.window(5 + WARM))
     assert after.state == "healthy" and after.score is not None and set(after.expected) == {"p50", "p99"}
+    # A healthy window joins the baseline only once sustained_windows later windows were healthy too.
+    assert len(det.baseline_) == WARM and len(det.pending_) == 1
+    feed(det, synth.windows(6 + WARM, det.sustained_windows))
     assert len(det.baseline_) == WARM + 1
 
 
@@ -218,7 +222,10 @@ def test_functions_that_grew_and_the_baseline_interval_are_on_the_regression():
     reg = vs[-1].regression
     assert reg.functions and reg.functions[0].function == "attention_without_cache (app/hot.py)"
     assert reg.functions[0].delta > 0.3
-    assert reg.baseline_start == synth.window(0).start and reg.baseline_end == synth.window(59).end
+    # The six healthy windows before the opening were still waiting to be learned: the opening drops them (they
+    # may be the onset of a slow regression), so the baseline ends where they begin.
+    assert reg.baseline_start == synth.window(0).start
+    assert reg.baseline_end == synth.window(59 - det.sustained_windows).end
 
 
 def test_causes_are_reranked_while_the_episode_is_open():
@@ -284,6 +291,9 @@ def test_a_state_of_another_version_or_shape_is_one_clear_error(state):
     ({"unexplained_open_score": 3.0}, "unexplained_open_score"),
     ({"close_windows": 0}, "close_windows"),
     ({"baseline_windows": 10}, "baseline_windows"),
+    ({"sustained_min_windows": 7}, "sustained_min_windows"),
+    ({"sustained_min_windows": 0}, "sustained_min_windows"),
+    ({"high_quantile": 1.0}, "high_quantile"),
 ])
 def test_bad_parameters_are_one_clear_error(params, words):
     with pytest.raises(ValueError, match=words):
@@ -415,3 +425,80 @@ def test_a_stall_counts_only_with_a_strong_cause_and_strong_cause_score_is_its_e
     assert opened(feed(armed(), stall)) == []  # a weak move and silence: clients may just have left
     assert opened(feed(armed(strong_cause_score=strength), stall)) == [1]
     assert opened(feed(armed(strong_cause_score=strength + 0.01), stall)) == []
+
+
+# -- the sustained-shift test: small shifts no single window shows ---------------------------------------------------
+
+SMALL = {"blocked": Load(slowdown=1.25, fsync=0.03), "cpu_contention": Load(slowdown=1.25, runq_per_cpu=0.6)}
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("label", sorted(SMALL))
+def test_a_small_sustained_shift_with_a_persistent_cause_opens_after_sustained_min_windows(label, seed):
+    det = armed(seed=seed)
+    vs = feed(det, synth.windows(60, 12, SMALL[label], seed=seed))
+    # No window alone passes the per-window tests: its cause signal moved less than that signal's min_change.
+    assert all(not det._attributor().rank(read_all(extract(w)), det.baseline_.stats())[0].label == label
+               for w in synth.windows(60, 12, SMALL[label], seed=seed))
+    assert opened(vs) == [det.sustained_min_windows - 1]
+    reg = vs[det.sustained_min_windows - 1].opened
+    assert reg.top_cause == label and reg.severity == "warning"
+    assert f"in {det.sustained_min_windows} of {det.sustained_windows} windows" in reg.causes[0].evidence
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_same_latency_shift_without_a_persistent_cause_never_opens(seed):
+    det = armed(seed=seed)
+    assert opened(feed(det, synth.windows(60, 30, Load(slowdown=1.25), seed=seed))) == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_persistent_cause_without_a_latency_shift_never_opens_and_the_baseline_learns_it(seed):
+    det = armed(seed=seed)
+    assert opened(feed(det, synth.windows(60, 40, Load(fsync=0.03), seed=seed))) == []
+    # Healthy with the new wait: after a while it is part of the baseline (its usual high moved up to it).
+    assert det.baseline_.stats()["blocked"].high > 0.02
+
+
+def test_sustained_shift_is_its_edge():
+    windows = synth.windows(60, 12, SMALL["blocked"])
+    det = armed()
+    feed(det, windows[:det.sustained_windows])
+    shift = sum(r["score"] for r in det.recent_) / len(det.recent_) - det.score_ref_
+    assert opened(feed(armed(sustained_shift=shift - 1e-3), windows)) != []
+    assert opened(feed(armed(sustained_shift=shift + 1e-3), windows[:det.sustained_windows])) == []
+
+
+def test_sustained_min_z_silences_the_test_on_a_baseline_too_noisy_to_tell():
+    assert opened(feed(armed(sustained_min_z=1e6), synth.windows(60, 12, SMALL["blocked"]))) == []
+
+
+def test_a_regression_opened_by_persistence_keeps_its_named_cause_when_later_windows_move_too_little():
+    det = armed()
+    feed(det, synth.windows(60, 6, SMALL["blocked"]))
+    assert det.episode_ is not None and det.episode_.top_cause == "blocked"
+    # Latency stays up but the wait fades below every gate: no new evidence is not evidence of another cause.
+    vs = feed(det, synth.windows(66, 2, Load(slowdown=1.8)))
+    assert vs[-1].state == "regression" and vs[-1].regression.top_cause == "blocked"
+
+
+def test_the_onset_of_a_regression_never_joins_the_baseline():
+    det = armed()
+    rows = len(det.baseline_)
+    feed(det, synth.windows(60, 6, SMALL["blocked"]))
+    assert det.episode_ is not None and det.pending_ == deque() and len(det.baseline_) <= rows + 1
+    assert all(r.signals["blocked"] < 0.01 for r in det.baseline_.rows)
+
+
+def test_a_restart_in_the_middle_of_a_slow_onset_opens_where_the_uninterrupted_detector_does():
+    det = armed(seed=3)
+    onset = synth.windows(60, 12, SMALL["cpu_contention"], seed=3)
+    feed(det, onset[:3])
+    restored = LatencyDetector()
+    restored.set_state(json.loads(json.dumps(det.get_state())))
+    a, b = feed(det, onset[3:]), feed(restored, onset[3:])
+    # The restored detector refits its model on restore (the model itself is not stored), so scores may differ a
+    # little; what the restart must not change is where the episode opens and what it names.
+    assert opened(a) == opened(b) != []
+    assert [v.state for v in a] == [v.state for v in b]
+    assert a[opened(a)[0]].opened.causes == b[opened(b)[0]].opened.causes

@@ -83,14 +83,15 @@ def test_the_detector_does_not_read_what_names_the_fault(path: Path) -> None:
     assert key == [(o.state, o.opened is not None, o.top_cause) for o in blind]
 
 
-# The fault phases the detector misses today (docs/BENCHMARKS.md, "Detector"), each a fault that barely moved the
-# server's latency where it was recorded: the outside CPU hog of `outside.toml` (the scenario nobody tuned on) raised
-# the mean ~1.4x on the shared host, whose run queue other tenants already filled, and 1.20x on the quiet one, where
-# four busy processes still left the 0.3-core server its share; on the quiet host's disk an fsync takes 0.3 ms, so
-# the `io` switch raised the mean 1.15x. Every other phase must be found and named; a new miss fails here.
+# The fault phases the detector misses today (docs/BENCHMARKS.md, "Detector"). One: the outside CPU hog of
+# `outside.toml` on the shared host, where other tenants already filled the run queue: the hog raised the server's
+# run-queue wait x2 over a baseline that wandered +-70 % on its own (other "normal" stretches of the same recordings
+# show x2.5 with latency up), so neither the per-window tests nor the sustained-shift test (which needs a baseline
+# quiet enough to tell, `sustained_min_z`) can tell it from the tenants. The quiet host's small shifts (the same hog,
+# x1.2 latency; the `io` switch, x1.15) are found by the sustained-shift test. A new miss fails here.
 KNOWN_MISSES = {
     "shared host": {("faults from outside the server", "cpu_contention")},
-    "quiet host": {("faults from outside the server", "cpu_contention"), ("fsync on every decode step", "blocked")},
+    "quiet host": set(),
 }
 
 
