@@ -71,6 +71,9 @@ def test_a_burst_meets_the_queue_bound_and_the_report_says_so(small_queue):
     report = Runner(options, progress).run()
     low, burst = report.steps
     assert low.errors == {} and low.client_p95_s is not None and low.server_p95_s is not None
+    # One decode slot: every engine iteration decodes exactly one sequence.
+    assert low.batch_mean == pytest.approx(1.0), low.unmeasured
+    assert not any(k.startswith("server batch") for k in low.unmeasured), low.unmeasured
     assert burst.errors.get("429", 0) > 0 and burst.queue_waiting_max is not None
     knee = report.knee()
     assert (knee.last_good, knee.first_bad) == (0, 1) and "429" in knee.reason
