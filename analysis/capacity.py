@@ -21,6 +21,9 @@ QUEUE_WAITING_BLOCKED = 1.0  # mean waiting requests that says work was there fo
 # wall clock, so on a contended host that is mostly the pause being preempted, and it is discounted.
 GC_FREQUENT_PER_S = 1.0
 QUEUE_BOUND_SATURATED = 0.01  # share of requests refused with 429: the queue bound was hit
+# Mean sequences per engine iteration as a share of the server's batch limit: at 0.9 nearly every
+# iteration is full, so with requests waiting, more load only lengthens the queue.
+BATCH_FULL_SATURATED = 0.90
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class StepFigures:
     queue_waiting_max: float | None = None
     running_mean: float | None = None
     batch_mean: float | None = None
+    max_batch: int | None = None  # the server's batch limit, when the run was told it (--server-max-batch, a sweep)
     cpu_cores: float | None = None
     busiest_thread_cores: float | None = None
     busiest_thread_offcpu_share: float | None = None
@@ -206,6 +210,12 @@ def _runq_per_cpu(step: StepFigures) -> float | None:
     return step.runq_wait_per_s / max(step.cpu_cores, 0.05)  # an idle server's tiny CPU must not inflate it
 
 
+def _batch_fill(step: StepFigures) -> float | None:
+    if step.batch_mean is None or not step.max_batch:
+        return None
+    return step.batch_mean / step.max_batch
+
+
 def _per_request(total: float | None, step: StepFigures) -> float | None:
     return None if total is None or not step.ok else total / step.ok
 
@@ -257,6 +267,15 @@ def candidates(good: StepFigures | None, bad: StepFigures) -> list[Candidate]:
     out.append(Candidate(
         "lock / blocking wait", "busiest thread off-CPU while requests queue", _score(blocked, BLOCKED_OFFCPU_SATURATED),
         lock_ev, "requests queued while the thread that serves them was blocked off-CPU (a lock or a slow wait)"))
+    full = (_batch_fill(bad)
+            if bad.queue_waiting_mean is not None and bad.queue_waiting_mean >= QUEUE_WAITING_BLOCKED else None)
+    out.append(Candidate(
+        "batch size", "mean batch at the server's limit while requests queue", _score(full, BATCH_FULL_SATURATED),
+        [Evidence("mean batch / max batch", _batch_fill(g), _batch_fill(bad), BATCH_FULL_SATURATED, "share"),
+         Evidence("queue waiting mean", g.queue_waiting_mean, bad.queue_waiting_mean, QUEUE_WAITING_BLOCKED,
+                  "requests"),
+         Evidence("batch size mean", g.batch_mean, bad.batch_mean, None, "sequences")],
+        "every engine iteration decoded a full batch while requests waited: the batch limit caps throughput"))
     out.append(Candidate(
         "CPU of the busiest thread", "busiest thread CPU", _score(bad.busiest_thread_cores, THREAD_CPU_SATURATED),
         [Evidence("busiest thread CPU", g.busiest_thread_cores, bad.busiest_thread_cores, THREAD_CPU_SATURATED,

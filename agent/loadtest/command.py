@@ -44,6 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=1, help="extra runs of the last good step, for noise (default 1)")
     p.add_argument("--all-steps", action="store_true", help="keep stepping after the first step that fails")
     p.add_argument("--label", default="", help="what this run is (shown by compare and in the report)")
+    p.add_argument("--server-max-batch", type=int, metavar="N",
+                   help="the server's batch limit (vLLM --max-num-seqs, the bundled server's --max-batch), so a "
+                        "full batch can be named as the bottleneck; a max-batch sweep sets it per value")
     p.add_argument("--sweep", help="bundled server only: max-batch=1,2,4,8 or http-threads=... (restarts it per value)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for the swept server, repeatable (e.g. --server-arg=--no-cache)")
@@ -96,13 +99,15 @@ def _options(args: argparse.Namespace, url: str, pid: int | None, settings: dict
         raise UsageError(f"--repeats must be within [0, 10], got {args.repeats!r}")
     if not 1 <= args.pyspy_rate <= 1000:
         raise UsageError(f"--pyspy-rate must be within [1, 1000], got {args.pyspy_rate!r}")
+    if args.server_max_batch is not None and not 1 <= args.server_max_batch <= 65536:
+        raise UsageError(f"--server-max-batch must be within [1, 65536], got {args.server_max_batch!r}")
     probes = [] if args.no_probes else _probe_names(args.probes)
     settings = {**settings, "prompt_bytes": shape.prompt_bytes, "max_tokens": shape.max_tokens, "probes": probes,
                 "pyspy": not args.no_pyspy, "seed": args.seed}
     return Options(url=url, pid=pid, schedule=schedule, schedule_text=args.schedule, slo=slo, shape=shape,
                    metrics_url=args.metrics_url, probes=probes, pyspy=not args.no_pyspy and pid is not None,
                    pyspy_rate=args.pyspy_rate, seed=args.seed, repeats=args.repeats, all_steps=args.all_steps,
-                   label=args.label, settings=settings)
+                   label=args.label, settings=settings, max_batch=args.server_max_batch)
 
 
 def _probe_names(text: str) -> list[str]:
@@ -225,6 +230,8 @@ def _sweep(args: argparse.Namespace) -> int:
             if (why := _needs_root(options)) is not None:
                 return _fail(why, EXIT_FAIL)
             options.label = f"{spec.setting}={value}"
+            if spec.setting == "max-batch":
+                options.max_batch = value
             report = Runner(options, sys.stderr).run()
         except TargetError as exc:
             return _fail(str(exc), EXIT_FAIL)

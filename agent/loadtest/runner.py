@@ -42,6 +42,7 @@ class Options:
     all_steps: bool = False  # keep stepping after the first step that breaks the SLO
     label: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
+    max_batch: int | None = None  # the server's batch limit; no endpoint exports it, so the user (or sweep) says
 
     @property
     def scrape_url(self) -> str:
@@ -169,6 +170,9 @@ class Runner:
                 self.sampler.finish()
         fig = client_figures(index, load)
         fig.repeat_of = repeat_of
+        fig.max_batch = o.max_batch
+        if o.max_batch is None:
+            fig.unmeasured["max_batch"] = "the server's batch limit was not given (--server-max-batch)"
         add_server(fig, got["server"])
         window: Window | None = got["window"]
         busiest = busiest_thread(before, got["threads"], got["ended"] - began) if o.pid else None

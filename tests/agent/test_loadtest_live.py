@@ -66,7 +66,7 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing_running(small_queue, cas
 def test_a_burst_meets_the_queue_bound_and_the_report_says_so(small_queue):
     options = Options(url=small_queue.url, pid=small_queue.pid, schedule=parse_schedule("1:4,40:5"),
                       schedule_text="1:4,40:5", slo=Slo(3.0, 0.01), shape=Shape(max_tokens=(8, 16), timeout_s=20),
-                      probes=[], pyspy=False, repeats=0)
+                      probes=[], pyspy=False, repeats=0, max_batch=1)
     progress = io.StringIO()
     report = Runner(options, progress).run()
     low, burst = report.steps
@@ -78,6 +78,9 @@ def test_a_burst_meets_the_queue_bound_and_the_report_says_so(small_queue):
     knee = report.knee()
     assert (knee.last_good, knee.first_bad) == (0, 1) and "429" in knee.reason
     assert report.bottleneck().resource == "queue bound"
+    # The server's one decode slot was full while its queue held requests: saturated too, behind the 429s.
+    batch = next(c for c in report.bottleneck().candidates if c.resource == "batch size")
+    assert batch.score >= 1, [e.text() for e in batch.evidence]
     assert "step 2/2: 40 req/s offered" in progress.getvalue()
     assert low.busiest_thread_cores is not None and low.busiest_thread_cores >= 0
     assert _loadtest_threads() == []

@@ -3,6 +3,7 @@
 import pytest
 
 from analysis.capacity import (
+    BATCH_FULL_SATURATED,
     BLOCKED_OFFCPU_SATURATED,
     GC_FREQUENT_PER_S,
     GC_PAUSE_SATURATED,
@@ -99,6 +100,28 @@ def test_lock_needs_queued_work_while_the_thread_is_off_cpu():
     assert name_bottleneck(step(0, 2), blocked).resource == "lock / blocking wait"
     idle = step(1, 4, p95=2.0, busiest_thread_cores=0.3, busiest_thread_offcpu_share=0.7, queue_waiting_mean=0.2)
     assert name_bottleneck(step(0, 2), idle).resource is None
+
+
+def test_a_full_batch_with_requests_waiting_names_the_batch_size():
+    good = step(0, 2, batch_mean=2.5, max_batch=4, queue_waiting_mean=0.1, busiest_thread_cores=0.5)
+    bad = step(1, 4, p95=2.0, batch_mean=3.9, max_batch=4, queue_waiting_mean=7.0, busiest_thread_cores=0.6)
+    b = name_bottleneck(good, bad)
+    assert b.resource == "batch size"
+    assert "mean batch / max batch 0.625 -> 0.975 share (saturated at 0.9)" in b.summary
+
+
+@pytest.mark.parametrize("fill, named", [(BATCH_FULL_SATURATED, True), (BATCH_FULL_SATURATED - 0.01, False)])
+def test_batch_fill_threshold_edge(fill, named):
+    bad = step(1, 4, p95=2.0, batch_mean=fill * 8, max_batch=8, queue_waiting_mean=3.0)
+    assert (name_bottleneck(step(0, 2), bad).resource == "batch size") is named
+
+
+@pytest.mark.parametrize("what", ["no queue", "limit unknown"])
+def test_a_full_batch_is_not_the_bottleneck_without_a_queue_or_a_known_limit(what):
+    kw = {"no queue": dict(max_batch=4, queue_waiting_mean=0.5), "limit unknown": dict(queue_waiting_mean=6.0)}[what]
+    b = name_bottleneck(step(0, 2), step(1, 4, p95=2.0, batch_mean=4.0, **kw))
+    batch = next(c for c in b.candidates if c.resource == "batch size")
+    assert batch.score == 0 and b.resource is None
 
 
 @pytest.mark.parametrize("value, named", [(THREAD_CPU_SATURATED, True), (THREAD_CPU_SATURATED - 0.01, False)])
