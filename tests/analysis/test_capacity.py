@@ -7,6 +7,8 @@ from analysis.capacity import (
     BLOCKED_OFFCPU_SATURATED,
     GC_FREQUENT_PER_S,
     GC_PAUSE_SATURATED,
+    MIN_RETRANSMITS,
+    RETRANSMITS_PER_REQUEST_SATURATED,
     THREAD_CPU_SATURATED,
     Slo,
     StepFigures,
@@ -122,6 +124,25 @@ def test_a_full_batch_is_not_the_bottleneck_without_a_queue_or_a_known_limit(wha
     b = name_bottleneck(step(0, 2), step(1, 4, p95=2.0, batch_mean=4.0, **kw))
     batch = next(c for c in b.candidates if c.resource == "batch size")
     assert batch.score == 0 and b.resource is None
+
+
+def test_two_retransmits_in_a_short_step_do_not_name_the_network():
+    # The audit's loopback run: 2 retransmits in 27 requests is 0.074 per request, above the rate line.
+    b = name_bottleneck(step(0, 1, sent=7, retransmits=0), step(1, 2, p95=2.1, sent=27, retransmits=2))
+    net = next(c for c in b.candidates if c.resource == "network (retransmits)")
+    assert net.score == pytest.approx(2 / MIN_RETRANSMITS) and b.resource is None
+    assert any(e.figure == "TCP retransmits in the step" and e.bad == 2 for e in net.evidence)
+
+
+@pytest.mark.parametrize("count, sent, named", [
+    (MIN_RETRANSMITS, 100, True),  # 5 in 100: both lines reached
+    (MIN_RETRANSMITS - 1, 40, False),  # 0.1 per request, but only 4
+    (MIN_RETRANSMITS + 1, 200, False),  # 6, but 0.03 per request
+])
+def test_retransmits_need_both_a_count_and_a_rate(count, sent, named):
+    assert RETRANSMITS_PER_REQUEST_SATURATED == 0.05
+    b = name_bottleneck(step(0, 2, retransmits=0), step(1, 4, p95=2.0, sent=sent, retransmits=count))
+    assert (b.resource == "network (retransmits)") is named
 
 
 @pytest.mark.parametrize("value, named", [(THREAD_CPU_SATURATED, True), (THREAD_CPU_SATURATED - 0.01, False)])
