@@ -1,7 +1,9 @@
 """`infersight loadtest` against the real bundled server: bad input as one line, a queue-bound knee, probes."""
 
 import io
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -101,3 +103,33 @@ def test_probes_and_pyspy_fill_the_step_figures(small_queue, require_bpf):
     assert "gc" in first.unmeasured  # not enabled: a reason, not a zero
     assert runner.stacks[0], "py-spy sampled nothing during the step"
     assert report.noise()["achieved_rps"] is not None
+
+
+def test_a_short_max_batch_sweep_restarts_the_server_per_value_and_marks_an_optimum(tmp_path):
+    """Two settings, three-second steps (~25 s): each value gets its own server, its batch limit and a noise figure."""
+    out, page = tmp_path / "sweep.json", tmp_path / "sweep.html"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    proc = _cli("--sweep", "max-batch=1,4", "--schedule", "2:3,16:3", "--slo-p95", "3", "--max-tokens", "8-16",
+                "--no-probes", "--no-pyspy", "--repeats", "1", "-o", str(out), "--html", str(page))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+    data = json.loads(out.read_text())
+    assert [p["value"] for p in data["points"]] == [1, 4]
+    for value, run in zip((1, 4), data["reports"], strict=True):
+        assert run["settings"]["server_args"][:4] == ["--threads", "1", "--max-batch", str(value)]
+        first = run["steps"][0]
+        assert first["max_batch"] == value and first["batch_mean"] is not None, first["unmeasured"]
+        assert 1.0 <= first["batch_mean"] <= value
+    by_value = {p["value"]: p for p in data["points"]}
+    assert all(p["tokens_noise"] is not None for p in data["points"])  # the repeated step measured it
+    scored = [p for p in data["points"] if p["tokens_per_s"] is not None]
+    if scored:
+        most = max(scored, key=lambda p: p["tokens_per_s"])
+        best = by_value[data["optimum"]]
+        assert most["value"] in data["tied"] and data["optimum"] in data["tied"]
+        assert all(best["p95_s"] <= by_value[v]["p95_s"] for v in data["tied"])
+        assert "<- optimum" in proc.stdout
+    else:
+        assert data["optimum"] is None
+    charts = re.findall(r'<svg class="chart" id="(sweep-\w+)" data-points="(\d+)"', page.read_text())
+    assert len(charts) == 5
