@@ -75,7 +75,12 @@ class StepFigures:
     cpu_cores: float | None = None
     busiest_thread_cores: float | None = None
     busiest_thread_offcpu_share: float | None = None
-    offcpu_by_kind: dict[str, float] = field(default_factory=dict)  # wait kind -> seconds per second
+    # Wait kind -> seconds per second, summed over the threads that ran in the step: a pool thread that
+    # slept through it (torch's, an idle HTTP worker) waits all the time whatever the load, and is
+    # counted apart in idle_offcpu_by_kind instead.
+    offcpu_by_kind: dict[str, float] = field(default_factory=dict)
+    idle_threads: int | None = None  # threads that slept through the whole step
+    idle_offcpu_by_kind: dict[str, float] = field(default_factory=dict)
     gc_pause_share: float | None = None
     gc_collections_per_s: float | None = None
     runq_p99_us: float | None = None

@@ -13,6 +13,7 @@ import psutil
 from agent.loadtest.client import Endpoint, Shape, complete, run_step
 from agent.loadtest.collection import Collection, busiest_thread, open_collection, thread_cpu
 from agent.loadtest.figures import add_server, add_window, clearly_broken, client_figures
+from agent.loadtest.idle_threads import idle_since, switches
 from agent.loadtest.report import LoadTestReport
 from agent.loadtest.schedule import Step
 from agent.loadtest.server_metrics import ServerSampler
@@ -150,12 +151,14 @@ class Runner:
         if self.collection is not None:
             self.collection.cut()  # drops the drain and idle time since the previous step
         before, began = (thread_cpu(o.pid) if o.pid else {}), time.monotonic()
+        switched = switches(o.pid) if o.pid else {}
         got: dict[str, Any] = {}
 
         def on_sent() -> None:
             got["server"] = self.sampler.finish()
             got["window"] = self.collection.cut() if self.collection is not None else None
             got["threads"], got["ended"] = (thread_cpu(o.pid) if o.pid else {}), time.monotonic()
+            got["idle"] = idle_since(o.pid, switched) if switched else None
 
         # A repeat sends the very arrivals of its original, so the noise it measures is the server's,
         # as it is between two runs with the same seed.
@@ -176,7 +179,7 @@ class Runner:
         add_server(fig, got["server"])
         window: Window | None = got["window"]
         busiest = busiest_thread(before, got["threads"], got["ended"] - began) if o.pid else None
-        add_window(fig, window, busiest, os.cpu_count())
+        add_window(fig, window, busiest, os.cpu_count(), got.get("idle"))
         if window is not None and window.stacks is not None:
             self.stacks[index] = dict(window.stacks.active)
         if load.stopped_early:

@@ -92,7 +92,8 @@ def test_a_burst_meets_the_queue_bound_and_the_report_says_so(small_queue):
 @pytest.mark.root
 def test_probes_and_pyspy_fill_the_step_figures(small_queue, require_bpf):
     options = Options(url=small_queue.url, pid=small_queue.pid, schedule=parse_schedule("2:4"), schedule_text="2:4",
-                      slo=Slo(5.0), shape=Shape(max_tokens=(8, 16)), probes=["runqueue", "syscalls"], pyspy=True,
+                      slo=Slo(5.0), shape=Shape(max_tokens=(8, 16)), probes=["runqueue", "syscalls", "offcpu"],
+                      pyspy=True,
                       repeats=1)
     runner = Runner(options, io.StringIO())
     report = runner.run()
@@ -102,6 +103,12 @@ def test_probes_and_pyspy_fill_the_step_figures(small_queue, require_bpf):
     assert first.cpu_cores is not None and first.cpu_cores > 0
     assert "gc" in first.unmeasured  # not enabled: a reason, not a zero
     assert runner.stacks[0], "py-spy sampled nothing during the step"
+    # torch's and the HTTP server's pool threads sleep through a light step; each is off-CPU all of it,
+    # and that is kept out of the by-kind figure (the probe's time and /proc's count must agree).
+    assert first.idle_threads and first.idle_threads >= 1, first.unmeasured
+    idle_s = sum(first.idle_offcpu_by_kind.values())
+    assert idle_s == pytest.approx(first.idle_threads, rel=0.15), (first.idle_offcpu_by_kind, first.idle_threads)
+    assert max(first.idle_offcpu_by_kind, key=first.idle_offcpu_by_kind.get) == "lock (futex)"  # parked pools
     assert report.noise()["achieved_rps"] is not None
 
 
