@@ -174,11 +174,12 @@ class Candidate:
     score: float
     evidence: list[Evidence]
     explanation: str
-    score_good: float = 0.0  # the same score at the last good step: what rose across the knee
+    score_good: float | None = None  # the same score at the last good step (None: no step was good)
 
     @property
-    def rise(self) -> float:
-        return self.score - self.score_good
+    def rise(self) -> float | None:
+        """What the score gained across the knee; None without a last good step to gain from."""
+        return None if self.score_good is None else self.score - self.score_good
 
 
 @dataclass
@@ -311,6 +312,8 @@ def name_bottleneck(good: StepFigures | None, bad: StepFigures | None) -> Bottle
 
     A resource already saturated at the last good step that did not get worse (a busy host's steady
     run-queue wait) is background the server was meeting its SLO with; what broke it is what changed.
+    When even the lowest step failed there is no good step to rise from, so the one furthest beyond
+    its own threshold (the highest score) is named, and the summary says which rule named it.
     """
     if bad is None:
         return Bottleneck(None, "no step failed the SLO, so nothing saturated yet")
@@ -319,13 +322,21 @@ def name_bottleneck(good: StepFigures | None, bad: StepFigures | None) -> Bottle
         before = {c.resource: c.score for c in candidates(None, good)}
         for c in ranked:
             c.score_good = before.get(c.resource, 0.0)
-    saturated = sorted((c for c in ranked if c.score >= 1.0), key=lambda c: (-c.rise, -c.score))
+        saturated = sorted((c for c in ranked if c.score >= 1.0), key=lambda c: (-(c.rise or 0.0), -c.score))
+    else:
+        saturated = [c for c in ranked if c.score >= 1.0]  # `ranked` is highest score first
     if not saturated:
         near = ", ".join(f"{c.resource} {c.score:.0%}" for c in ranked[:3])
         return Bottleneck(None, "no measured resource saturated at the first failing step (nearest: "
                                 f"{near}); the limit lies in something not measured here", ranked)
     top = saturated[0]
     shown = "; ".join(e.text() for e in top.evidence[:2])
-    also = "; also saturated: " + ", ".join(f"{c.resource} (score {c.score_good:.2f} -> {c.score:.2f})"
-                                            for c in saturated[1:]) if len(saturated) > 1 else ""
-    return Bottleneck(top.resource, f"{top.resource}: {top.explanation} ({shown}){also}", ranked)
+    rule = "" if good is not None else (" [no step met the SLO, so none to compare with: named the resource "
+                                        f"furthest beyond its threshold, score {top.score:.2f}]")
+
+    def score(c: Candidate) -> str:
+        return f"score {c.score:.2f}" if c.score_good is None else f"score {c.score_good:.2f} -> {c.score:.2f}"
+
+    also = ("; also saturated: " + ", ".join(f"{c.resource} ({score(c)})" for c in saturated[1:])
+            if len(saturated) > 1 else "")
+    return Bottleneck(top.resource, f"{top.resource}: {top.explanation} ({shown}){rule}{also}", ranked)

@@ -202,6 +202,20 @@ def test_what_rose_across_the_knee_beats_steady_background():
     assert gc.score_good == pytest.approx(0.52) and gc.rise == pytest.approx(1.84)
 
 
+@pytest.mark.parametrize("gc_share, named", [(0.15, "GC"), (0.06, "CPU contention (run queue)")])
+def test_without_a_good_step_the_candidate_furthest_beyond_its_threshold_is_named(gc_share, named):
+    # The lowest step already failed: nothing to have risen from. Run-queue wait 2.0 per CPU second
+    # (score 2.0) against a GC pause share of 15 % (score 3.0) or 6 % (score 1.2).
+    low = step(0, 2, p95=3.0, cpu_cores=0.3, runq_wait_per_s=0.6, gc_pause_share=gc_share, gc_collections_per_s=500)
+    b = name_bottleneck(None, low)
+    assert b.resource == named
+    assert "no step met the SLO, so none to compare with: named the resource furthest beyond its threshold" in b.summary
+    other = "CPU contention (run queue)" if named == "GC" else "GC"
+    other_score = next(c.score for c in b.candidates if c.resource == other)
+    assert f"also saturated: {other} (score {other_score:.2f})" in b.summary  # no "0.00 ->": there was no before
+    assert all(c.score_good is None and c.rise is None for c in b.candidates)
+
+
 @pytest.mark.parametrize("per_s, named", [(GC_FREQUENT_PER_S, "GC"), (0.3, "CPU contention (run queue)")])
 def test_rare_long_gc_pauses_on_a_contended_host_are_contention(per_s, named):
     # 9.6 % of wall in GC from 0.3 collections/s while threads wait 2.9 s per CPU second: preempted pauses.
