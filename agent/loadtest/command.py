@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -79,6 +80,34 @@ def compare_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The run as one `infersight loadtest` line with every option that shaped it, stored in the report so a
+    recorded JSON says how to record it again."""
+    parts = ["infersight", "loadtest"]
+    if args.sweep:
+        parts += ["--sweep", args.sweep, *(f"--server-arg={a}" for a in args.server_arg)]
+    else:
+        parts += ["--url", args.url or ""]
+        if args.target:
+            parts += ["--target", args.target, *(["--config", str(args.config)] if args.config else [])]
+        elif args.pid is not None:
+            parts += ["--pid", str(args.pid)]
+    parts += ["--schedule", args.schedule, "--slo-p95", f"{args.slo_p95:g}", "--max-error-rate",
+              f"{args.max_error_rate:g}", "--prompt-bytes", args.prompt_bytes, "--max-tokens", args.max_tokens,
+              "--timeout", f"{args.timeout:g}"]
+    parts += ["--model", args.model] if args.model else []
+    parts += ["--metrics-url", args.metrics_url] if args.metrics_url else []
+    parts += ["--no-probes"] if args.no_probes else ["--probes", args.probes]
+    parts += ["--no-pyspy"] if args.no_pyspy else ["--pyspy-rate", str(args.pyspy_rate)]
+    parts += ["--seed", str(args.seed), "--repeats", str(args.repeats)]
+    parts += ["--all-steps"] if args.all_steps else []
+    parts += ["--label", args.label] if args.label else []
+    parts += ["--server-max-batch", str(args.server_max_batch)] if args.server_max_batch is not None else []
+    parts += ["-o", str(args.output)] if args.output else []
+    parts += ["--html", str(args.html)] if args.html else []
+    return shlex.join(parts)
+
+
 def _options(args: argparse.Namespace, url: str, pid: int | None, settings: dict):
     from agent.loadtest.client import Endpoint, Shape
     from agent.loadtest.runner import Options
@@ -103,7 +132,7 @@ def _options(args: argparse.Namespace, url: str, pid: int | None, settings: dict
         raise UsageError(f"--server-max-batch must be within [1, 65536], got {args.server_max_batch!r}")
     probes = [] if args.no_probes else _probe_names(args.probes)
     settings = {**settings, "prompt_bytes": shape.prompt_bytes, "max_tokens": shape.max_tokens, "probes": probes,
-                "pyspy": not args.no_pyspy, "seed": args.seed}
+                "pyspy": not args.no_pyspy, "seed": args.seed, "command": command_line(args)}
     return Options(url=url, pid=pid, schedule=schedule, schedule_text=args.schedule, slo=slo, shape=shape,
                    metrics_url=args.metrics_url, probes=probes, pyspy=not args.no_pyspy and pid is not None,
                    pyspy_rate=args.pyspy_rate, seed=args.seed, repeats=args.repeats, all_steps=args.all_steps,
@@ -216,7 +245,7 @@ def _sweep(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     _options(args, "http://127.0.0.1:1", None, {})  # validates every other argument before a server starts
-    result = SweepResult(spec, [])
+    result = SweepResult(spec, [], command=command_line(args))
     for value in spec.values:
         server_args = ["--threads", "1", spec.server_flag, str(value), *args.server_arg]
         print(f"infersight loadtest: sweep {spec.setting}={value}: starting the bundled server", file=sys.stderr)

@@ -117,6 +117,7 @@ class SweepResult:
     sweep: Sweep
     points: list[SweepPoint]
     reports: list[dict[str, Any]] = field(default_factory=list)
+    command: str = ""  # the `infersight loadtest --sweep ...` line that ran it
 
     def tied_with_most(self) -> list[SweepPoint]:
         """The points whose tokens/s are within noise of the highest: any of them could be the most."""
@@ -138,6 +139,7 @@ class SweepResult:
         best = self.optimum()
         return {"version": SWEEP_VERSION, "setting": self.sweep.setting, "values": list(self.sweep.values),
                 "optimum": best.value if best else None, "tied": [p.value for p in self.tied_with_most()],
+                "command": self.command,
                 "points": [p.__dict__ for p in self.points], "reports": self.reports}
 
     def text(self) -> str:

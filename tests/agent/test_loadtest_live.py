@@ -122,6 +122,8 @@ def test_a_short_max_batch_sweep_restarts_the_server_per_value_and_marks_an_opti
     assert {p.pid for p in psutil.Process().children(recursive=True)} == before
     data = json.loads(out.read_text())
     assert [p["value"] for p in data["points"]] == [1, 4]
+    assert data["command"].startswith("infersight loadtest --sweep max-batch=1,4 --schedule 2:3,16:3 --slo-p95 3")
+    assert all(run["settings"]["command"] == data["command"] for run in data["reports"])
     for value, run in zip((1, 4), data["reports"], strict=True):
         assert run["settings"]["server_args"][:4] == ["--threads", "1", "--max-batch", str(value)]
         first = run["steps"][0]

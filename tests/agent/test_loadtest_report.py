@@ -2,6 +2,7 @@
 
 import json
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -157,6 +158,24 @@ def test_a_recorded_report_renders(browser, tmp_path, name):
         return Array.from(document.querySelectorAll('svg.chart')).map(
             s => s.querySelectorAll('circle.point').length + s.querySelectorAll('text.empty').length);""")
     assert len(counts) == len(html.FIGURES) and all(c > 0 for c in counts), counts
+
+
+@pytest.mark.parametrize("argv", [
+    ["--url", "http://127.0.0.1:8731", "--pid", "23177", "--schedule", "1:10,2:10", "--slo-p95", "2", "--label",
+     "cache A", "-o", "out dir/a.json"],
+    ["--url", "http://h:1", "--target", "srv", "--config", "a.toml", "--no-probes", "--no-pyspy", "--all-steps",
+     "--server-max-batch", "4", "--model", "m", "--timeout", "12.5", "--repeats", "0", "--html", "r.html"],
+    ["--sweep", "max-batch=1,4", "--server-arg=--no-cache", "--probes", "gc,offcpu", "--pyspy-rate", "99"],
+])
+def test_the_command_line_saved_in_a_report_parses_back_to_the_same_run(argv):
+    from agent.cli import build_parser
+    from agent.loadtest.command import command_line
+
+    args = build_parser().parse_args(["loadtest", *argv])
+    line = command_line(args)
+    assert line.startswith("infersight loadtest ")
+    again = build_parser().parse_args(shlex.split(line)[1:])
+    assert vars(again) == vars(args), line
 
 
 def test_target_names_resolve_through_the_config(tmp_path, capsys):
