@@ -138,9 +138,13 @@ def bottleneck_section(report: LoadTestReport) -> str:
     rows = []
     for c in b.candidates:
         ev = "<br>".join(escape(e.text()) for e in c.evidence)
-        rows.append(f"<tr><td class=l>{escape(c.resource)}</td><td>{c.score:.2f}</td><td class=l>{ev}</td></tr>")
+        before = "n/a" if c.score_good is None else f"{c.score_good:.2f}"
+        rows.append(f"<tr><td class=l>{escape(c.resource)}</td><td>{before}</td><td>{c.score:.2f}</td>"
+                    f"<td class=l>{ev}</td></tr>")
+    # Both scores shown: the named resource is the one that rose most, not always the highest.
     return (f'<p class="verdict" id="bottleneck">{escape(b.summary)}</p>'
-            f'<table id="candidates"><tr><th class=l>resource</th><th>score (&ge;1 saturated)</th>'
+            f'<table id="candidates"><tr><th class=l>resource</th><th>score at last good</th>'
+            f'<th>score at first failing (&ge;1 saturated)</th>'
             f'<th class=l>evidence: last good &rarr; first failing</th></tr>{"".join(rows)}</table>')
 
 
