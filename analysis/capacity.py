@@ -15,12 +15,18 @@ GC_PAUSE_SATURATED = 0.05  # share of wall time the interpreter spent in GC paus
 RUNQ_WAIT_PER_CPU_SATURATED = 1.0
 SYSCALLS_PER_REQUEST_SATURATED = 5000.0  # a streamed completion needs tens to hundreds, not thousands
 RETRANSMITS_PER_REQUEST_SATURATED = 0.05  # one retransmit in twenty requests stalls p95 by an RTO (200 ms+)
+# ...and at least this many in the step: a short step of 20-40 requests turns one or two stray
+# retransmits (seen on loopback, where nothing is lost) into a rate above the line.
+MIN_RETRANSMITS = 5
 BLOCKED_OFFCPU_SATURATED = 0.40  # hottest thread off-CPU this share of wall while requests queued
 QUEUE_WAITING_BLOCKED = 1.0  # mean waiting requests that says work was there for the hottest thread
 # Below this many collections a second, a high pause share means each pause was long; the uprobes time
 # wall clock, so on a contended host that is mostly the pause being preempted, and it is discounted.
 GC_FREQUENT_PER_S = 1.0
 QUEUE_BOUND_SATURATED = 0.01  # share of requests refused with 429: the queue bound was hit
+# Mean sequences per engine iteration as a share of the server's batch limit: at 0.9 nearly every
+# iteration is full, so with requests waiting, more load only lengthens the queue.
+BATCH_FULL_SATURATED = 0.90
 
 
 @dataclass(frozen=True)
@@ -65,10 +71,16 @@ class StepFigures:
     queue_waiting_max: float | None = None
     running_mean: float | None = None
     batch_mean: float | None = None
+    max_batch: int | None = None  # the server's batch limit, when the run was told it (--server-max-batch, a sweep)
     cpu_cores: float | None = None
     busiest_thread_cores: float | None = None
     busiest_thread_offcpu_share: float | None = None
-    offcpu_by_kind: dict[str, float] = field(default_factory=dict)  # wait kind -> seconds per second
+    # Wait kind -> seconds per second, summed over the threads that ran in the step: a pool thread that
+    # slept through it (torch's, an idle HTTP worker) waits all the time whatever the load, and is
+    # counted apart in idle_offcpu_by_kind instead.
+    offcpu_by_kind: dict[str, float] = field(default_factory=dict)
+    idle_threads: int | None = None  # threads that slept through the whole step
+    idle_offcpu_by_kind: dict[str, float] = field(default_factory=dict)
     gc_pause_share: float | None = None
     gc_collections_per_s: float | None = None
     runq_p99_us: float | None = None
@@ -162,11 +174,12 @@ class Candidate:
     score: float
     evidence: list[Evidence]
     explanation: str
-    score_good: float = 0.0  # the same score at the last good step: what rose across the knee
+    score_good: float | None = None  # the same score at the last good step (None: no step was good)
 
     @property
-    def rise(self) -> float:
-        return self.score - self.score_good
+    def rise(self) -> float | None:
+        """What the score gained across the knee; None without a last good step to gain from."""
+        return None if self.score_good is None else self.score - self.score_good
 
 
 @dataclass
@@ -206,6 +219,12 @@ def _runq_per_cpu(step: StepFigures) -> float | None:
     return step.runq_wait_per_s / max(step.cpu_cores, 0.05)  # an idle server's tiny CPU must not inflate it
 
 
+def _batch_fill(step: StepFigures) -> float | None:
+    if step.batch_mean is None or not step.max_batch:
+        return None
+    return step.batch_mean / step.max_batch
+
+
 def _per_request(total: float | None, step: StepFigures) -> float | None:
     return None if total is None or not step.ok else total / step.ok
 
@@ -234,9 +253,14 @@ def candidates(good: StepFigures | None, bad: StepFigures) -> list[Candidate]:
         "each request made thousands of system calls"))
     retrans_bad = _per_request(None if bad.retransmits is None else float(bad.retransmits), bad)
     retrans_good = _per_request(None if g.retransmits is None else float(g.retransmits), g)
+    # Both the rate and the count must reach their lines: the score is the lower of the two.
+    retrans_score = min(_score(retrans_bad, RETRANSMITS_PER_REQUEST_SATURATED),
+                        _score(None if bad.retransmits is None else float(bad.retransmits), MIN_RETRANSMITS))
     out.append(Candidate(
-        "network (retransmits)", "retransmits per request", _score(retrans_bad, RETRANSMITS_PER_REQUEST_SATURATED),
-        [Evidence("TCP retransmits per request", retrans_good, retrans_bad, RETRANSMITS_PER_REQUEST_SATURATED, "")],
+        "network (retransmits)", "retransmits per request", retrans_score,
+        [Evidence("TCP retransmits per request", retrans_good, retrans_bad, RETRANSMITS_PER_REQUEST_SATURATED, ""),
+         Evidence("TCP retransmits in the step", None if g.retransmits is None else float(g.retransmits),
+                  None if bad.retransmits is None else float(bad.retransmits), MIN_RETRANSMITS, "segments")],
         "lost segments made responses wait for retransmission timeouts"))
     out.append(Candidate(
         "CPU contention (run queue)", "run-queue wait per CPU second",
@@ -257,6 +281,15 @@ def candidates(good: StepFigures | None, bad: StepFigures) -> list[Candidate]:
     out.append(Candidate(
         "lock / blocking wait", "busiest thread off-CPU while requests queue", _score(blocked, BLOCKED_OFFCPU_SATURATED),
         lock_ev, "requests queued while the thread that serves them was blocked off-CPU (a lock or a slow wait)"))
+    full = (_batch_fill(bad)
+            if bad.queue_waiting_mean is not None and bad.queue_waiting_mean >= QUEUE_WAITING_BLOCKED else None)
+    out.append(Candidate(
+        "batch size", "mean batch at the server's limit while requests queue", _score(full, BATCH_FULL_SATURATED),
+        [Evidence("mean batch / max batch", _batch_fill(g), _batch_fill(bad), BATCH_FULL_SATURATED, "share"),
+         Evidence("queue waiting mean", g.queue_waiting_mean, bad.queue_waiting_mean, QUEUE_WAITING_BLOCKED,
+                  "requests"),
+         Evidence("batch size mean", g.batch_mean, bad.batch_mean, None, "sequences")],
+        "every engine iteration decoded a full batch while requests waited: the batch limit caps throughput"))
     out.append(Candidate(
         "CPU of the busiest thread", "busiest thread CPU", _score(bad.busiest_thread_cores, THREAD_CPU_SATURATED),
         [Evidence("busiest thread CPU", g.busiest_thread_cores, bad.busiest_thread_cores, THREAD_CPU_SATURATED,
@@ -279,6 +312,8 @@ def name_bottleneck(good: StepFigures | None, bad: StepFigures | None) -> Bottle
 
     A resource already saturated at the last good step that did not get worse (a busy host's steady
     run-queue wait) is background the server was meeting its SLO with; what broke it is what changed.
+    When even the lowest step failed there is no good step to rise from, so the one furthest beyond
+    its own threshold (the highest score) is named, and the summary says which rule named it.
     """
     if bad is None:
         return Bottleneck(None, "no step failed the SLO, so nothing saturated yet")
@@ -287,13 +322,21 @@ def name_bottleneck(good: StepFigures | None, bad: StepFigures | None) -> Bottle
         before = {c.resource: c.score for c in candidates(None, good)}
         for c in ranked:
             c.score_good = before.get(c.resource, 0.0)
-    saturated = sorted((c for c in ranked if c.score >= 1.0), key=lambda c: (-c.rise, -c.score))
+        saturated = sorted((c for c in ranked if c.score >= 1.0), key=lambda c: (-(c.rise or 0.0), -c.score))
+    else:
+        saturated = [c for c in ranked if c.score >= 1.0]  # `ranked` is highest score first
     if not saturated:
         near = ", ".join(f"{c.resource} {c.score:.0%}" for c in ranked[:3])
         return Bottleneck(None, "no measured resource saturated at the first failing step (nearest: "
                                 f"{near}); the limit lies in something not measured here", ranked)
     top = saturated[0]
     shown = "; ".join(e.text() for e in top.evidence[:2])
-    also = "; also saturated: " + ", ".join(f"{c.resource} (score {c.score_good:.2f} -> {c.score:.2f})"
-                                            for c in saturated[1:]) if len(saturated) > 1 else ""
-    return Bottleneck(top.resource, f"{top.resource}: {top.explanation} ({shown}){also}", ranked)
+    rule = "" if good is not None else (" [no step met the SLO, so none to compare with: named the resource "
+                                        f"furthest beyond its threshold, score {top.score:.2f}]")
+
+    def score(c: Candidate) -> str:
+        return f"score {c.score:.2f}" if c.score_good is None else f"score {c.score_good:.2f} -> {c.score:.2f}"
+
+    also = ("; also saturated: " + ", ".join(f"{c.resource} ({score(c)})" for c in saturated[1:])
+            if len(saturated) > 1 else "")
+    return Bottleneck(top.resource, f"{top.resource}: {top.explanation} ({shown}){rule}{also}", ranked)

@@ -58,18 +58,6 @@ class Run:
     def step(self, index: int | None) -> StepFigures | None:
         return next((s for s in self.steps if s.index == index), None)
 
-    def resolution(self) -> float:
-        """The offered-rate gap around the knee: a knee is known no better than one schedule step."""
-        rates = [s.offered_rps for s in self.schedule]
-        knee = self.knee()
-        good = self.step(knee.last_good)
-        if good is None or len(rates) < 2:
-            return 0.0
-        i = rates.index(good.offered_rps)
-        gaps = [rates[j + 1] - rates[j] for j in (i - 1, i) if 0 <= j < len(rates) - 1]
-        return max(gaps) if gaps else 0.0
-
-
 @dataclass
 class Row:
     figure: str
@@ -83,6 +71,9 @@ class Row:
     # "=" a measured value; ">=" every step met the SLO (a lower bound); "<" no step did (an upper bound).
     before_bound: str = "="
     after_bound: str = "="
+    # Capacity rows: where each run's capacity lies, [low, high) with high None for no upper bound.
+    before_range: tuple[float, float | None] | None = None
+    after_range: tuple[float, float | None] | None = None
 
     @property
     def delta(self) -> float | None:
@@ -152,46 +143,66 @@ def _equal_load(a: Run, b: Run) -> float | None:
 
 @dataclass(frozen=True)
 class Capacity:
-    """A run's capacity under the SLO: exact at a knee, a lower bound when nothing failed, an upper one when
-    even the lowest step failed (then the lowest offered rate, since capacity lies below it)."""
+    """A run's capacity under the SLO: the value shown and the range [low, high) it lies in.
 
-    rps: float | None
-    tokens_per_s: float | None
+    At a knee the server held the last good step and broke at the first failing one, so capacity lies
+    between the last good step's achieved rate and the failing step's offered rate: the schedule's
+    resolution is all above the shown value, none below. Every step passing gives only a lower bound
+    (">=", no high); the lowest step failing only an upper one ("<", low 0).
+    """
+
+    value: float | None
+    low: float
+    high: float | None
     bound: str
 
     @staticmethod
-    def of(run: Run) -> tuple[Capacity, str]:
+    def of(run: Run) -> tuple[Capacity, Capacity, str]:
+        """(requests/s, tokens/s, note)."""
         knee = run.knee()
-        good = run.step(knee.last_good)
+        good, bad = run.step(knee.last_good), run.step(knee.first_bad)
         if good is None:
-            low = run.step(knee.first_bad)
-            if low is None:
-                return Capacity(None, None, "="), f"{run.name}: no steps"
-            per_request = low.tokens_per_s / low.achieved_rps if low.achieved_rps else None
-            return (Capacity(low.offered_rps, None if per_request is None else per_request * low.offered_rps, "<"),
-                    f"{run.name}: no step met the SLO (capacity below {low.offered_rps:g} req/s)")
-        if knee.first_bad is None:
-            return (Capacity(good.achieved_rps, good.tokens_per_s, ">="),
+            if bad is None:
+                none = Capacity(None, 0.0, None, "=")
+                return none, none, f"{run.name}: no steps"
+            per_request = bad.tokens_per_s / bad.achieved_rps if bad.achieved_rps else None
+            tokens = None if per_request is None else per_request * bad.offered_rps
+            return (Capacity(bad.offered_rps, 0.0, bad.offered_rps, "<"), Capacity(tokens, 0.0, tokens, "<"),
+                    f"{run.name}: no step met the SLO (capacity below {bad.offered_rps:g} req/s)")
+        if bad is None:
+            return (Capacity(good.achieved_rps, good.achieved_rps, None, ">="),
+                    Capacity(good.tokens_per_s, good.tokens_per_s, None, ">="),
                     f"{run.name}: every step met the SLO (a lower bound)")
-        return Capacity(good.achieved_rps, good.tokens_per_s, "="), ""
+        # The failing step's requests are drawn from the same shape, so tokens scale with its offered rate.
+        per_request = good.tokens_per_s / good.achieved_rps if good.achieved_rps else 0.0
+        high = max(bad.offered_rps, good.achieved_rps)
+        return (Capacity(good.achieved_rps, good.achieved_rps, high, "="),
+                Capacity(good.tokens_per_s, good.tokens_per_s, max(high * per_request, good.tokens_per_s), "="),
+                "")
 
 
-def _interval(value: float, bound: str) -> tuple[float, float]:
-    return {"=": (value, value), ">=": (value, float("inf")), "<": (0.0, value)}[bound]
+def _capacity_row(figure: str, unit: str, before: Capacity, after: Capacity, noise: float | None) -> Row:
+    """Apart when the two ranges, each widened by the measured noise, do not overlap."""
+    bounds = (before.bound, after.bound)
+    if before.value is None or after.value is None:
+        return Row(figure, unit, before.value, after.value, noise, None, None, "not measured in both runs", *bounds)
+    rel = max(NOISE_MARGIN * (noise or 0.0), RELATIVE_FLOOR)
 
+    def top(c: Capacity) -> float:
+        return float("inf") if c.high is None else c.high * (1 + rel)
 
-def _capacity_row(figure: str, unit: str, before: float | None, after: float | None, bounds: tuple[str, str],
-                  noise: float | None, extra: float, note: str) -> Row:
-    if bounds == ("=", "="):
-        return _relative_row(figure, unit, before, after, noise, extra, note)
-    if before is None or after is None:
-        return Row(figure, unit, before, after, noise, None, None, note or "not measured in both runs", *bounds)
-    threshold = max(max(NOISE_MARGIN * (noise or 0.0), RELATIVE_FLOOR) * abs(before), extra)
-    lo_b, hi_b = _interval(before, bounds[0])
-    lo_a, hi_a = _interval(after, bounds[1])
-    apart = hi_a < lo_b - threshold or lo_a > hi_b + threshold
-    note = "; ".join(p for p in (note, "a bound on one side" if not apart else "") if p)
-    return Row(figure, unit, before, after, noise, threshold, True if apart else None, note, *bounds)
+    apart = top(after) < before.low * (1 - rel) or top(before) < after.low * (1 - rel)
+    exact = bounds == ("=", "=")
+    ranges = ", ".join(f"{name} {c.low:.3g}-{'inf' if c.high is None else f'{c.high:.3g}'}"
+                       for name, c in (("before", before), ("after", after)))
+    note = f"capacity lies in [last good, first failing): {ranges}"
+    if noise is None:
+        note += "; no repeated step: noise unknown, 5% floor used"
+    if not apart and not exact:
+        note += "; a bound on one side"
+    return Row(figure, unit, before.value, after.value, noise, rel * abs(before.value),
+               True if apart else (False if exact else None), note, *bounds,
+               before_range=(before.low, before.high), after_range=(after.low, after.high))
 
 
 def compare(before: Run, after: Run) -> Comparison:
@@ -199,19 +210,14 @@ def compare(before: Run, after: Run) -> Comparison:
     notes = []
     if before.slo != after.slo:
         notes.append(f"the runs used different SLOs ({before.slo} vs {after.slo}); capacity rows use each run's own")
-    cap_b, note_b = Capacity.of(before)
-    cap_a, note_a = Capacity.of(after)
+    rps_b, tokens_b, note_b = Capacity.of(before)
+    rps_a, tokens_a, note_a = Capacity.of(after)
     notes += [n for n in (note_b, note_a) if n]
-    resolution = max(before.resolution(), after.resolution())
-    bounds = (cap_b.bound, cap_a.bound)
     rows = [
-        _capacity_row("max requests/s under SLO", "req/s", cap_b.rps, cap_a.rps, bounds,
-                      _larger(before.noise.get("achieved_rps"), after.noise.get("achieved_rps")), resolution,
-                      f"a knee is known to one schedule step ({resolution:g} req/s)" if resolution else ""),
-        _capacity_row("tokens/s under SLO", "tokens/s", cap_b.tokens_per_s, cap_a.tokens_per_s, bounds,
-                      _larger(before.noise.get("tokens_per_s"), after.noise.get("tokens_per_s")),
-                      resolution * _tokens_per_request(before.step(before.knee().last_good),
-                                                       after.step(after.knee().last_good)), ""),
+        _capacity_row("max requests/s under SLO", "req/s", rps_b, rps_a,
+                      _larger(before.noise.get("achieved_rps"), after.noise.get("achieved_rps"))),
+        _capacity_row("tokens/s under SLO", "tokens/s", tokens_b, tokens_a,
+                      _larger(before.noise.get("tokens_per_s"), after.noise.get("tokens_per_s"))),
     ]
     rate = _equal_load(before, after)
     sb = next((s for s in before.schedule if s.offered_rps == rate), None)
@@ -227,11 +233,6 @@ def compare(before: Run, after: Run) -> Comparison:
         threshold = max(NOISE_MARGIN * (noise or 0.0), ERROR_RATE_FLOOR)
         rows.append(Row(f"error rate {at}", "share", eb, ea, noise, threshold, abs(ea - eb) > threshold))
     return Comparison(before.name, after.name, rows, rate, notes)
-
-
-def _tokens_per_request(*steps: StepFigures | None) -> float:
-    ratios = [s.tokens_per_s / s.achieved_rps for s in steps if s is not None and s.achieved_rps > 0]
-    return max(ratios) if ratios else 0.0
 
 
 def format_table(c: Comparison) -> str:

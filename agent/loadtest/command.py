@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -44,6 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=1, help="extra runs of the last good step, for noise (default 1)")
     p.add_argument("--all-steps", action="store_true", help="keep stepping after the first step that fails")
     p.add_argument("--label", default="", help="what this run is (shown by compare and in the report)")
+    p.add_argument("--server-max-batch", type=int, metavar="N",
+                   help="the server's batch limit (vLLM --max-num-seqs, the bundled server's --max-batch), so a "
+                        "full batch can be named as the bottleneck; a max-batch sweep sets it per value")
     p.add_argument("--sweep", help="bundled server only: max-batch=1,2,4,8 or http-threads=... (restarts it per value)")
     p.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for the swept server, repeatable (e.g. --server-arg=--no-cache)")
@@ -76,6 +80,34 @@ def compare_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The run as one `infersight loadtest` line with every option that shaped it, stored in the report so a
+    recorded JSON says how to record it again."""
+    parts = ["infersight", "loadtest"]
+    if args.sweep:
+        parts += ["--sweep", args.sweep, *(f"--server-arg={a}" for a in args.server_arg)]
+    else:
+        parts += ["--url", args.url or ""]
+        if args.target:
+            parts += ["--target", args.target, *(["--config", str(args.config)] if args.config else [])]
+        elif args.pid is not None:
+            parts += ["--pid", str(args.pid)]
+    parts += ["--schedule", args.schedule, "--slo-p95", f"{args.slo_p95:g}", "--max-error-rate",
+              f"{args.max_error_rate:g}", "--prompt-bytes", args.prompt_bytes, "--max-tokens", args.max_tokens,
+              "--timeout", f"{args.timeout:g}"]
+    parts += ["--model", args.model] if args.model else []
+    parts += ["--metrics-url", args.metrics_url] if args.metrics_url else []
+    parts += ["--no-probes"] if args.no_probes else ["--probes", args.probes]
+    parts += ["--no-pyspy"] if args.no_pyspy else ["--pyspy-rate", str(args.pyspy_rate)]
+    parts += ["--seed", str(args.seed), "--repeats", str(args.repeats)]
+    parts += ["--all-steps"] if args.all_steps else []
+    parts += ["--label", args.label] if args.label else []
+    parts += ["--server-max-batch", str(args.server_max_batch)] if args.server_max_batch is not None else []
+    parts += ["-o", str(args.output)] if args.output else []
+    parts += ["--html", str(args.html)] if args.html else []
+    return shlex.join(parts)
+
+
 def _options(args: argparse.Namespace, url: str, pid: int | None, settings: dict):
     from agent.loadtest.client import Endpoint, Shape
     from agent.loadtest.runner import Options
@@ -96,13 +128,15 @@ def _options(args: argparse.Namespace, url: str, pid: int | None, settings: dict
         raise UsageError(f"--repeats must be within [0, 10], got {args.repeats!r}")
     if not 1 <= args.pyspy_rate <= 1000:
         raise UsageError(f"--pyspy-rate must be within [1, 1000], got {args.pyspy_rate!r}")
+    if args.server_max_batch is not None and not 1 <= args.server_max_batch <= 65536:
+        raise UsageError(f"--server-max-batch must be within [1, 65536], got {args.server_max_batch!r}")
     probes = [] if args.no_probes else _probe_names(args.probes)
     settings = {**settings, "prompt_bytes": shape.prompt_bytes, "max_tokens": shape.max_tokens, "probes": probes,
-                "pyspy": not args.no_pyspy, "seed": args.seed}
+                "pyspy": not args.no_pyspy, "seed": args.seed, "command": command_line(args)}
     return Options(url=url, pid=pid, schedule=schedule, schedule_text=args.schedule, slo=slo, shape=shape,
                    metrics_url=args.metrics_url, probes=probes, pyspy=not args.no_pyspy and pid is not None,
                    pyspy_rate=args.pyspy_rate, seed=args.seed, repeats=args.repeats, all_steps=args.all_steps,
-                   label=args.label, settings=settings)
+                   label=args.label, settings=settings, max_batch=args.server_max_batch)
 
 
 def _probe_names(text: str) -> list[str]:
@@ -211,7 +245,7 @@ def _sweep(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     _options(args, "http://127.0.0.1:1", None, {})  # validates every other argument before a server starts
-    result = SweepResult(spec, [])
+    result = SweepResult(spec, [], command=command_line(args))
     for value in spec.values:
         server_args = ["--threads", "1", spec.server_flag, str(value), *args.server_arg]
         print(f"infersight loadtest: sweep {spec.setting}={value}: starting the bundled server", file=sys.stderr)
@@ -225,6 +259,8 @@ def _sweep(args: argparse.Namespace) -> int:
             if (why := _needs_root(options)) is not None:
                 return _fail(why, EXIT_FAIL)
             options.label = f"{spec.setting}={value}"
+            if spec.setting == "max-batch":
+                options.max_batch = value
             report = Runner(options, sys.stderr).run()
         except TargetError as exc:
             return _fail(str(exc), EXIT_FAIL)

@@ -80,6 +80,23 @@ def client_figures(index: int, load: StepLoad) -> StepFigures:
     )
 
 
+def _idle_kinds(step: StepFigures, by_thread: dict[int, float], idle: dict[int, str | None] | None) -> Counter[str]:
+    """Off-CPU seconds of the threads that slept through the step, by the wait their stack shows."""
+    out: Counter[str] = Counter()
+    if idle is None:
+        step.unmeasured["idle_threads"] = "the target's threads could not be read"
+        return out
+    unread = [tid for tid, stack in idle.items() if stack is None]
+    step.idle_threads = len(idle) - len(unread)
+    if unread:
+        step.unmeasured["idle_threads"] = (f"{len(unread)} threads slept through the step but their kernel stacks "
+                                           "could not be read (needs root): their waits stay in offcpu_by_kind")
+    for tid, stack in idle.items():
+        if stack is not None:
+            out[wait_kind(stack)] += by_thread.get(tid, 0.0)
+    return out
+
+
 def add_server(step: StepFigures, server: ServerStep) -> None:
     step.server_p50_s, step.server_p95_s, step.server_p99_s = server.p50_s, server.p95_s, server.p99_s
     step.queue_waiting_mean, step.queue_waiting_max = server.waiting_mean, server.waiting_max
@@ -89,8 +106,12 @@ def add_server(step: StepFigures, server: ServerStep) -> None:
 
 
 def add_window(step: StepFigures, window: Window | None, busiest: tuple[int, float] | None,
-               host_cpus: int | None) -> None:
-    """The target's half: CPU, off-CPU by wait kind, GC, run queue, syscalls, retransmits."""
+               host_cpus: int | None, idle: dict[int, str | None] | None = None) -> None:
+    """The target's half: CPU, off-CPU by wait kind, GC, run queue, syscalls, retransmits.
+
+    `idle`: threads that slept through the step -> their kernel stack (None: unreadable), from
+    idle_threads.idle_since; their off-CPU time moves out of offcpu_by_kind into idle_offcpu_by_kind.
+    """
     step.host_cpus = host_cpus
     if busiest is not None:
         step.busiest_thread_cores = busiest[1]
@@ -110,8 +131,11 @@ def add_window(step: StepFigures, window: Window | None, busiest: tuple[int, flo
     if (o := window.offcpu) is not None:
         kinds: Counter[str] = Counter()
         for stack, micros in o.stacks.items():
-            kinds[wait_kind(stack)] += micros
-        step.offcpu_by_kind = {k: v / 1e6 / seconds for k, v in kinds.most_common()}
+            kinds[wait_kind(stack)] += micros / 1e6
+        idle_kinds = _idle_kinds(step, o.by_thread, idle)
+        # The probe keeps only its top stacks per window, so a kind can hold less than its idle threads' part.
+        step.offcpu_by_kind = {k: v / seconds for k, v in (kinds - idle_kinds).most_common()}
+        step.idle_offcpu_by_kind = {k: v / seconds for k, v in idle_kinds.most_common()}
         if busiest is not None:
             step.busiest_thread_offcpu_share = o.by_thread.get(busiest[0], 0.0) / seconds
     else:

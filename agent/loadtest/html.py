@@ -25,7 +25,8 @@ FIGURES: list[tuple[str, str, str, list[tuple[str, object, float]]]] = [
                                              ("waiting (max)", "queue_waiting_max", 1.0),
                                              ("running", "running_mean", 1.0), ("batch size", "batch_mean", 1.0)]),
     ("cpu", "Server CPU", "cores", [("process", "cpu_cores", 1.0), ("busiest thread", "busiest_thread_cores", 1.0)]),
-    ("offcpu", "Off-CPU by wait kind", "s per s", []),  # series per wait kind, filled from the steps
+    # Series per wait kind, filled from the steps; threads that slept through a step are left out.
+    ("offcpu", "Off-CPU by wait kind (threads that ran)", "s per s", []),
     ("gc", "GC pause share of wall time", "%", [("gc pause", "gc_pause_share", 100.0)]),
     ("runq", "Run-queue wait", "s per s", [("runnable, waiting", "runq_wait_per_s", 1.0)]),
     ("runq_p99", "Run-queue latency p99", "us", [("p99", "runq_p99_us", 1.0)]),
@@ -112,7 +113,7 @@ def _fmt(v: float | None, scale: float = 1.0, digits: int = 2) -> str:
 def steps_table(report: LoadTestReport) -> str:
     head = ("<tr><th>step</th><th>offered</th><th>achieved</th><th>tok/s</th><th>errors</th><th>p50 ms</th>"
             "<th>p95 ms</th><th>p99 ms</th><th>srv p95 ms</th><th>TTFT p95 ms</th><th>queue</th><th>CPU</th>"
-            "<th>busiest thr</th><th>GC %</th><th>runq s/s</th><th>sys/req</th><th class=l>verdict</th></tr>")
+            "<th>busiest thr</th><th>idle thr</th><th>GC %</th><th>runq s/s</th><th>sys/req</th><th class=l>verdict</th></tr>")
     rows = []
     for s in report.steps:
         why = verdict(s, report.slo)
@@ -124,6 +125,7 @@ def steps_table(report: LoadTestReport) -> str:
             f"<td>{_fmt(s.client_p99_s, 1000, 0)}</td><td>{_fmt(s.server_p95_s, 1000, 0)}</td>"
             f"<td>{_fmt(s.ttft_p95_s, 1000, 0)}</td><td>{_fmt(s.queue_waiting_mean, 1, 1)}</td>"
             f"<td>{_fmt(s.cpu_cores)}</td><td>{_fmt(s.busiest_thread_cores)}</td>"
+            f"<td>{'n/a' if s.idle_threads is None else s.idle_threads}</td>"
             f"<td>{_fmt(s.gc_pause_share, 100, 1)}</td><td>{_fmt(s.runq_wait_per_s, 1, 3)}</td>"
             f"<td>{_fmt(s.syscalls_per_request, 1, 0)}</td>"
             f"<td class=l><span class={'good' if why is None else 'bad'}>{escape(why or 'meets SLO')}</span>"
@@ -136,9 +138,13 @@ def bottleneck_section(report: LoadTestReport) -> str:
     rows = []
     for c in b.candidates:
         ev = "<br>".join(escape(e.text()) for e in c.evidence)
-        rows.append(f"<tr><td class=l>{escape(c.resource)}</td><td>{c.score:.2f}</td><td class=l>{ev}</td></tr>")
+        before = "n/a" if c.score_good is None else f"{c.score_good:.2f}"
+        rows.append(f"<tr><td class=l>{escape(c.resource)}</td><td>{before}</td><td>{c.score:.2f}</td>"
+                    f"<td class=l>{ev}</td></tr>")
+    # Both scores shown: the named resource is the one that rose most, not always the highest.
     return (f'<p class="verdict" id="bottleneck">{escape(b.summary)}</p>'
-            f'<table id="candidates"><tr><th class=l>resource</th><th>score (&ge;1 saturated)</th>'
+            f'<table id="candidates"><tr><th class=l>resource</th><th>score at last good</th>'
+            f'<th>score at first failing (&ge;1 saturated)</th>'
             f'<th class=l>evidence: last good &rarr; first failing</th></tr>{"".join(rows)}</table>')
 
 

@@ -13,6 +13,7 @@ import psutil
 from agent.loadtest.client import Endpoint, Shape, complete, run_step
 from agent.loadtest.collection import Collection, busiest_thread, open_collection, thread_cpu
 from agent.loadtest.figures import add_server, add_window, clearly_broken, client_figures
+from agent.loadtest.idle_threads import idle_since, switches
 from agent.loadtest.report import LoadTestReport
 from agent.loadtest.schedule import Step
 from agent.loadtest.server_metrics import ServerSampler
@@ -42,6 +43,7 @@ class Options:
     all_steps: bool = False  # keep stepping after the first step that breaks the SLO
     label: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
+    max_batch: int | None = None  # the server's batch limit; no endpoint exports it, so the user (or sweep) says
 
     @property
     def scrape_url(self) -> str:
@@ -149,12 +151,14 @@ class Runner:
         if self.collection is not None:
             self.collection.cut()  # drops the drain and idle time since the previous step
         before, began = (thread_cpu(o.pid) if o.pid else {}), time.monotonic()
+        switched = switches(o.pid) if o.pid else {}
         got: dict[str, Any] = {}
 
         def on_sent() -> None:
             got["server"] = self.sampler.finish()
             got["window"] = self.collection.cut() if self.collection is not None else None
             got["threads"], got["ended"] = (thread_cpu(o.pid) if o.pid else {}), time.monotonic()
+            got["idle"] = idle_since(o.pid, switched) if switched else None
 
         # A repeat sends the very arrivals of its original, so the noise it measures is the server's,
         # as it is between two runs with the same seed.
@@ -169,10 +173,13 @@ class Runner:
                 self.sampler.finish()
         fig = client_figures(index, load)
         fig.repeat_of = repeat_of
+        fig.max_batch = o.max_batch
+        if o.max_batch is None:
+            fig.unmeasured["max_batch"] = "the server's batch limit was not given (--server-max-batch)"
         add_server(fig, got["server"])
         window: Window | None = got["window"]
         busiest = busiest_thread(before, got["threads"], got["ended"] - began) if o.pid else None
-        add_window(fig, window, busiest, os.cpu_count())
+        add_window(fig, window, busiest, os.cpu_count(), got.get("idle"))
         if window is not None and window.stacks is not None:
             self.stacks[index] = dict(window.stacks.active)
         if load.stopped_early:

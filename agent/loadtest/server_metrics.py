@@ -15,7 +15,9 @@ from analysis.errors import ReadingError
 WAITING_GAUGES = ("vllm:num_requests_waiting", "tgi_queue_size")
 RUNNING_GAUGES = ("vllm:num_requests_running", "tgi_batch_current_size")
 LATENCY_HISTOGRAMS = ("vllm:e2e_request_latency_seconds", "tgi_request_duration")
-BATCH_HISTOGRAMS = ("workload:batch_size", "tgi_batch_next_size")
+# vLLM exports no batch-size histogram; the bundled server's own is `workload_batch_size` (renamed from
+# `workload:batch_size` in f829986, colons being for recording rules), kept for servers still on the old name.
+BATCH_HISTOGRAMS = ("workload_batch_size", "workload:batch_size", "tgi_batch_next_size")
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.loadtest.report import LoadTestReport
 from agent.loadtest.schedule import Sweep
+from analysis.capacity_compare import NOISE_MARGIN, RELATIVE_FLOOR
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SERVING = re.compile(r"workload: serving .* at (http://\S+) .*pid (\d+)")
@@ -85,6 +86,7 @@ class SweepPoint:
     runq_wait_per_s: float | None
     bottleneck: str
     note: str = ""
+    tokens_noise: float | None = None  # relative run-to-run noise of tokens/s from this run's repeated step
 
 
 def point(value: int, report: LoadTestReport) -> SweepPoint:
@@ -92,11 +94,22 @@ def point(value: int, report: LoadTestReport) -> SweepPoint:
     knee = report.knee()
     good = report.step(knee.last_good)
     b = report.bottleneck()
+    noise = report.noise()["tokens_per_s"]
     if good is None:
-        return SweepPoint(value, None, None, None, None, None, None, b.resource or "none", knee.reason)
+        return SweepPoint(value, None, None, None, None, None, None, b.resource or "none", knee.reason, noise)
     return SweepPoint(value, good.achieved_rps, good.tokens_per_s, good.client_p95_s, good.ctx_switches_per_s,
                       good.involuntary_ctx_switches_per_s, good.runq_wait_per_s, b.resource or "none",
-                      "" if knee.found else knee.reason)
+                      "" if knee.found else knee.reason, noise)
+
+
+def tied(a: SweepPoint, b: SweepPoint) -> bool:
+    """Tokens/s within what two runs of one setting differ by: compare's rule (twice the larger measured
+    noise, at least 5 %), since each point is one run."""
+    if a.tokens_per_s is None or b.tokens_per_s is None:
+        return False
+    noise = max((n for n in (a.tokens_noise, b.tokens_noise) if n is not None), default=0.0)
+    rel = max(NOISE_MARGIN * noise, RELATIVE_FLOOR)
+    return abs(a.tokens_per_s - b.tokens_per_s) <= rel * max(a.tokens_per_s, b.tokens_per_s)
 
 
 @dataclass
@@ -104,16 +117,29 @@ class SweepResult:
     sweep: Sweep
     points: list[SweepPoint]
     reports: list[dict[str, Any]] = field(default_factory=list)
+    command: str = ""  # the `infersight loadtest --sweep ...` line that ran it
+
+    def tied_with_most(self) -> list[SweepPoint]:
+        """The points whose tokens/s are within noise of the highest: any of them could be the most."""
+        scored = [p for p in self.points if p.tokens_per_s is not None]
+        if not scored:
+            return []
+        most = max(scored, key=lambda p: p.tokens_per_s or 0.0)
+        return [p for p in scored if tied(p, most)]
 
     def optimum(self) -> SweepPoint | None:
-        scored = [p for p in self.points if p.tokens_per_s is not None]
-        # Ties (the schedule's resolution) go to the lower p95.
-        return max(scored, key=lambda p: (p.tokens_per_s or 0.0, -(p.p95_s or 0.0))) if scored else None
+        """Most tokens/s under the SLO; among settings tied within noise, the lower p95, then the lower setting
+        (fewer threads or a smaller batch for the same throughput)."""
+        tied_points = self.tied_with_most()
+        if not tied_points:
+            return None
+        return min(tied_points, key=lambda p: (float("inf") if p.p95_s is None else p.p95_s, p.value))
 
     def to_dict(self) -> dict[str, Any]:
         best = self.optimum()
         return {"version": SWEEP_VERSION, "setting": self.sweep.setting, "values": list(self.sweep.values),
-                "optimum": best.value if best else None,
+                "optimum": best.value if best else None, "tied": [p.value for p in self.tied_with_most()],
+                "command": self.command,
                 "points": [p.__dict__ for p in self.points], "reports": self.reports}
 
     def text(self) -> str:
@@ -124,6 +150,8 @@ class SweepResult:
             def f(v: float | None, scale: float = 1.0, d: int = 1) -> str:
                 return "n/a" if v is None else f"{v * scale:.{d}f}"
             mark = "  <- optimum" if best is not None and p.value == best.value else ""
+            if not mark and best is not None and tied(p, best):
+                mark = "  (tokens/s tied with the optimum within noise)"
             lines.append(f"{p.value:>12} {f(p.knee_rps, d=2):>10} {f(p.tokens_per_s):>9} {f(p.p95_s, 1000, 0):>7} "
                          f"{f(p.ctx_switches_per_s, d=0):>8} {f(p.involuntary_ctx_switches_per_s, d=0):>8} "
                          f"{f(p.runq_wait_per_s, d=3):>8}  {p.bottleneck}{mark}{'  (' + p.note + ')' if p.note else ''}")

@@ -31,6 +31,10 @@ def render(result: SweepResult) -> str:
     ]
     optimum = (f"Optimum: {name}={best.value} with {best.tokens_per_s:.0f} tokens/s under the SLO."
                if best and best.tokens_per_s is not None else "No setting met the SLO at any step.")
+    others = [p.value for p in result.tied_with_most() if best and p.value != best.value]
+    if others:
+        optimum += (f" Tokens/s of {name}={', '.join(map(str, others))} are within the run-to-run noise of it; "
+                    "the lower p95, then the lower setting, decided.")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>infersight sweep {escape(name)}</title>
 <style>{CSS}</style></head><body>

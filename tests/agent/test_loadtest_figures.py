@@ -81,7 +81,7 @@ def test_window_figures_are_per_second_and_per_request():
                gc=GcReading(collections=50, pause_seconds=0.5),
                runqueue=RunQueueReading(histogram=Log2Histogram("us", [0, 5, 3, 1]), total_seconds=2.0),
                syscalls=SyscallReading(counts={"read": 1000, "write": 1000}), tcp=TcpReading(retransmits=3))
-    add_window(step, w, (43, 0.45), 2)
+    add_window(step, w, (43, 0.45), 2, {})
     assert step.cpu_cores == pytest.approx(0.5) and step.busiest_thread_cores == 0.45
     assert step.busiest_thread_offcpu_share == pytest.approx(0.2)
     assert step.offcpu_by_kind == {"lock (futex)": pytest.approx(3.0), "poll (idle)": pytest.approx(1.0)}
@@ -90,6 +90,39 @@ def test_window_figures_are_per_second_and_per_request():
     assert step.syscalls_per_request == pytest.approx(100.0) and step.retransmits == 3
     assert step.ctx_switches_per_s == pytest.approx(40.0) and step.involuntary_ctx_switches_per_s == 10.0
     assert step.unmeasured == {}
+
+
+def _pool_window(seconds: float = 10.0) -> Window:
+    """A server with 30 pool threads asleep on a futex all step and two threads that worked."""
+    futex = "entry_SYSCALL_64;do_syscall_64;__x64_sys_futex;do_futex;futex_wait"
+    by_thread = {100 + i: seconds for i in range(30)} | {1: 6.0, 2: 3.0}
+    return Window(target="t", pid=1, start=0.0, end=seconds,
+                  offcpu=OffCpuReading(seconds=sum(by_thread.values()), by_thread=by_thread,
+                                       stacks={f"{futex};schedule": int((30 * seconds + 2.0) * 1e6),
+                                               "do_syscall_64;do_epoll_wait;ep_poll;schedule": 7_000_000}))
+
+
+def test_threads_that_slept_through_the_step_are_not_read_as_a_lock():
+    # Without the split, 30 idle pool threads read as 30 s/s of "lock (futex)" at every load.
+    idle = {100 + i: "entry_SYSCALL_64;do_syscall_64;__x64_sys_futex;do_futex;futex_wait" for i in range(30)}
+    step = client_figures(0, StepLoad(rate=2, planned_s=10, sent_s=10, outcomes=[ok(1, 0.2)]))
+    add_window(step, _pool_window(), None, 2, idle)
+    assert step.offcpu_by_kind == {"poll (idle)": pytest.approx(0.7), "lock (futex)": pytest.approx(0.2)}
+    assert step.idle_threads == 30 and step.idle_offcpu_by_kind == {"lock (futex)": pytest.approx(30.0)}
+    assert "idle_threads" not in step.unmeasured
+    everything = client_figures(0, StepLoad(rate=2, planned_s=10, sent_s=10, outcomes=[ok(1, 0.2)]))
+    add_window(everything, _pool_window(), None, 2, {})
+    assert everything.offcpu_by_kind["lock (futex)"] == pytest.approx(30.2) and everything.idle_threads == 0
+
+
+def test_idle_threads_whose_stacks_cannot_be_read_stay_in_the_kinds_and_say_so():
+    step = client_figures(0, StepLoad(rate=2, planned_s=10, sent_s=10, outcomes=[ok(1, 0.2)]))
+    add_window(step, _pool_window(), None, 2, {100 + i: None for i in range(30)})
+    assert step.offcpu_by_kind["lock (futex)"] == pytest.approx(30.2) and step.idle_threads == 0
+    assert "30 threads slept through the step" in step.unmeasured["idle_threads"]
+    unread = client_figures(0, StepLoad(rate=2, planned_s=10, sent_s=10, outcomes=[ok(1, 0.2)]))
+    add_window(unread, _pool_window(), None, 2, None)
+    assert unread.idle_threads is None and "could not be read" in unread.unmeasured["idle_threads"]
 
 
 def test_missing_readings_are_none_with_the_window_reason():

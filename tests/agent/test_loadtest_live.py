@@ -1,7 +1,9 @@
 """`infersight loadtest` against the real bundled server: bad input as one line, a queue-bound knee, probes."""
 
 import io
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -66,15 +68,21 @@ def test_bad_input_is_one_clear_line_and_leaves_nothing_running(small_queue, cas
 def test_a_burst_meets_the_queue_bound_and_the_report_says_so(small_queue):
     options = Options(url=small_queue.url, pid=small_queue.pid, schedule=parse_schedule("1:4,40:5"),
                       schedule_text="1:4,40:5", slo=Slo(3.0, 0.01), shape=Shape(max_tokens=(8, 16), timeout_s=20),
-                      probes=[], pyspy=False, repeats=0)
+                      probes=[], pyspy=False, repeats=0, max_batch=1)
     progress = io.StringIO()
     report = Runner(options, progress).run()
     low, burst = report.steps
     assert low.errors == {} and low.client_p95_s is not None and low.server_p95_s is not None
+    # One decode slot: every engine iteration decodes exactly one sequence.
+    assert low.batch_mean == pytest.approx(1.0), low.unmeasured
+    assert not any(k.startswith("server batch") for k in low.unmeasured), low.unmeasured
     assert burst.errors.get("429", 0) > 0 and burst.queue_waiting_max is not None
     knee = report.knee()
     assert (knee.last_good, knee.first_bad) == (0, 1) and "429" in knee.reason
     assert report.bottleneck().resource == "queue bound"
+    # The server's one decode slot was full while its queue held requests: saturated too, behind the 429s.
+    batch = next(c for c in report.bottleneck().candidates if c.resource == "batch size")
+    assert batch.score >= 1, [e.text() for e in batch.evidence]
     assert "step 2/2: 40 req/s offered" in progress.getvalue()
     assert low.busiest_thread_cores is not None and low.busiest_thread_cores >= 0
     assert _loadtest_threads() == []
@@ -84,7 +92,8 @@ def test_a_burst_meets_the_queue_bound_and_the_report_says_so(small_queue):
 @pytest.mark.root
 def test_probes_and_pyspy_fill_the_step_figures(small_queue, require_bpf):
     options = Options(url=small_queue.url, pid=small_queue.pid, schedule=parse_schedule("2:4"), schedule_text="2:4",
-                      slo=Slo(5.0), shape=Shape(max_tokens=(8, 16)), probes=["runqueue", "syscalls"], pyspy=True,
+                      slo=Slo(5.0), shape=Shape(max_tokens=(8, 16)), probes=["runqueue", "syscalls", "offcpu"],
+                      pyspy=True,
                       repeats=1)
     runner = Runner(options, io.StringIO())
     report = runner.run()
@@ -94,4 +103,42 @@ def test_probes_and_pyspy_fill_the_step_figures(small_queue, require_bpf):
     assert first.cpu_cores is not None and first.cpu_cores > 0
     assert "gc" in first.unmeasured  # not enabled: a reason, not a zero
     assert runner.stacks[0], "py-spy sampled nothing during the step"
+    # torch's and the HTTP server's pool threads sleep through a light step; each is off-CPU all of it,
+    # and that is kept out of the by-kind figure (the probe's time and /proc's count must agree).
+    assert first.idle_threads and first.idle_threads >= 1, first.unmeasured
+    idle_s = sum(first.idle_offcpu_by_kind.values())
+    assert idle_s == pytest.approx(first.idle_threads, rel=0.15), (first.idle_offcpu_by_kind, first.idle_threads)
+    assert max(first.idle_offcpu_by_kind, key=first.idle_offcpu_by_kind.get) == "lock (futex)"  # parked pools
     assert report.noise()["achieved_rps"] is not None
+
+
+def test_a_short_max_batch_sweep_restarts_the_server_per_value_and_marks_an_optimum(tmp_path):
+    """Two settings, three-second steps (~25 s): each value gets its own server, its batch limit and a noise figure."""
+    out, page = tmp_path / "sweep.json", tmp_path / "sweep.html"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    proc = _cli("--sweep", "max-batch=1,4", "--schedule", "2:3,16:3", "--slo-p95", "3", "--max-tokens", "8-16",
+                "--no-probes", "--no-pyspy", "--repeats", "1", "-o", str(out), "--html", str(page))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+    data = json.loads(out.read_text())
+    assert [p["value"] for p in data["points"]] == [1, 4]
+    assert data["command"].startswith("infersight loadtest --sweep max-batch=1,4 --schedule 2:3,16:3 --slo-p95 3")
+    assert all(run["settings"]["command"] == data["command"] for run in data["reports"])
+    for value, run in zip((1, 4), data["reports"], strict=True):
+        assert run["settings"]["server_args"][:4] == ["--threads", "1", "--max-batch", str(value)]
+        first = run["steps"][0]
+        assert first["max_batch"] == value and first["batch_mean"] is not None, first["unmeasured"]
+        assert 1.0 <= first["batch_mean"] <= value
+    by_value = {p["value"]: p for p in data["points"]}
+    assert all(p["tokens_noise"] is not None for p in data["points"])  # the repeated step measured it
+    scored = [p for p in data["points"] if p["tokens_per_s"] is not None]
+    if scored:
+        most = max(scored, key=lambda p: p["tokens_per_s"])
+        best = by_value[data["optimum"]]
+        assert most["value"] in data["tied"] and data["optimum"] in data["tied"]
+        assert all(best["p95_s"] <= by_value[v]["p95_s"] for v in data["tied"])
+        assert "<- optimum" in proc.stdout
+    else:
+        assert data["optimum"] is None
+    charts = re.findall(r'<svg class="chart" id="(sweep-\w+)" data-points="(\d+)"', page.read_text())
+    assert len(charts) == 5

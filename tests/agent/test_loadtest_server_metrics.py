@@ -5,6 +5,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 
 from agent.loadtest.server_metrics import ServerSampler, summarize
 from analysis.errors import ReadingError
+from workload.metrics import create_metrics
 
 
 class VllmLike:
@@ -14,7 +15,8 @@ class VllmLike:
         self.registry = CollectorRegistry()
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "e2e", ["model_name"],
                              buckets=(0.1, 0.2, 0.5, 1.0, 2.0), registry=self.registry)
-        self.batch = Histogram("workload:batch_size", "batch", ["model_name"], buckets=(1, 2, 4, 8),
+        # The bundled server's own name and buckets (workload/metrics.py).
+        self.batch = Histogram("workload_batch_size", "batch", ["model_name"], buckets=(1, 2, 4, 8, 16, 32, 64, 128),
                                registry=self.registry)
         self.waiting = Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=self.registry)
         self.running = Gauge("vllm:num_requests_running", "running", ["model_name"], registry=self.registry)
@@ -42,6 +44,25 @@ def test_latency_quantiles_are_the_delta_between_first_and_last_scrape():
     assert s.waiting_mean == pytest.approx(3.0) and s.waiting_max == 8
     assert s.running_mean == pytest.approx(1.5) and s.batch_mean == pytest.approx(4.0)
     assert s.errors == {}
+
+
+def test_the_bundled_servers_batch_histogram_is_read_by_its_current_name():
+    registry = CollectorRegistry()
+    server = create_metrics(registry, "tiny")  # the server's real metric set, not a copy of its names
+    before = generate_latest(registry).decode()
+    for size in (1, 3, 8):
+        server.observe_step(size, tokens=size)
+    s = summarize([before, generate_latest(registry).decode()])
+    assert s.batch_mean == pytest.approx(4.0) and "batch" not in s.errors
+
+
+def test_the_old_colon_name_is_still_read():
+    reg = CollectorRegistry()
+    h = Histogram("workload:batch_size", "batch", ["model_name"], buckets=(1, 2, 4), registry=reg)
+    h.labels("tiny")
+    before = generate_latest(reg).decode()
+    h.labels("tiny").observe(2)
+    assert summarize([before, generate_latest(reg).decode()]).batch_mean == pytest.approx(2.0)
 
 
 def test_an_endpoint_without_the_metrics_gives_reasons_not_zeros():

@@ -7,7 +7,7 @@ import pytest
 from agent.loadtest import sweep_html
 from agent.loadtest.report import LoadTestReport
 from agent.loadtest.schedule import Sweep
-from agent.loadtest.sweep import ServerStartError, SweepResult, point, start_server
+from agent.loadtest.sweep import ServerStartError, SweepPoint, SweepResult, point, start_server
 from analysis.capacity import Slo, StepFigures
 
 
@@ -40,6 +40,31 @@ def test_points_are_the_knee_figures_and_the_optimum_has_most_tokens():
 def test_optimum_ties_go_to_the_lower_p95():
     sweep = Sweep("max-batch", (1, 2))
     r = SweepResult(sweep, [point(1, run(4, 0.8, 1)), point(2, run(4, 0.5, 1))])
+    assert r.optimum().value == 2
+
+
+def fixed(value: int, tokens: float, p95: float | None, noise: float | None = None) -> SweepPoint:
+    return SweepPoint(value, tokens / 30, tokens, p95, None, None, None, "none", tokens_noise=noise)
+
+
+def test_tokens_within_noise_are_a_tie_and_the_lower_p95_wins():
+    # The audit's sweep: 35.52 vs 35.48 tokens/s had marked max-batch=8 optimum despite its higher p95.
+    r = SweepResult(Sweep("max-batch", (1, 8)), [fixed(1, 35.48, 0.478), fixed(8, 35.52, 0.495)])
+    assert [p.value for p in r.tied_with_most()] == [1, 8]
+    assert r.optimum().value == 1 and r.to_dict()["tied"] == [1, 8]
+    assert "tied with the optimum within noise" in r.text().splitlines()[2]
+    assert "max-batch=8 are within the run-to-run noise" in sweep_html.render(r)
+
+
+@pytest.mark.parametrize("noise, best", [(None, 8), (0.01, 8), (0.10, 1)])
+def test_the_measured_noise_decides_what_is_a_tie(noise, best):
+    # 10 % apart: beyond the 5 % floor, inside twice a 10 % noise.
+    r = SweepResult(Sweep("max-batch", (1, 8)), [fixed(1, 30.0, 0.4, noise), fixed(8, 33.3, 0.6, noise)])
+    assert r.optimum().value == best
+
+
+def test_a_full_tie_goes_to_the_lower_setting():
+    r = SweepResult(Sweep("http-threads", (2, 4, 8)), [fixed(8, 50.0, 0.5), fixed(2, 50.5, 0.5), fixed(4, 40.0, 0.1)])
     assert r.optimum().value == 2
 
 

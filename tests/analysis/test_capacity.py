@@ -3,9 +3,12 @@
 import pytest
 
 from analysis.capacity import (
+    BATCH_FULL_SATURATED,
     BLOCKED_OFFCPU_SATURATED,
     GC_FREQUENT_PER_S,
     GC_PAUSE_SATURATED,
+    MIN_RETRANSMITS,
+    RETRANSMITS_PER_REQUEST_SATURATED,
     THREAD_CPU_SATURATED,
     Slo,
     StepFigures,
@@ -101,6 +104,47 @@ def test_lock_needs_queued_work_while_the_thread_is_off_cpu():
     assert name_bottleneck(step(0, 2), idle).resource is None
 
 
+def test_a_full_batch_with_requests_waiting_names_the_batch_size():
+    good = step(0, 2, batch_mean=2.5, max_batch=4, queue_waiting_mean=0.1, busiest_thread_cores=0.5)
+    bad = step(1, 4, p95=2.0, batch_mean=3.9, max_batch=4, queue_waiting_mean=7.0, busiest_thread_cores=0.6)
+    b = name_bottleneck(good, bad)
+    assert b.resource == "batch size"
+    assert "mean batch / max batch 0.625 -> 0.975 share (saturated at 0.9)" in b.summary
+
+
+@pytest.mark.parametrize("fill, named", [(BATCH_FULL_SATURATED, True), (BATCH_FULL_SATURATED - 0.01, False)])
+def test_batch_fill_threshold_edge(fill, named):
+    bad = step(1, 4, p95=2.0, batch_mean=fill * 8, max_batch=8, queue_waiting_mean=3.0)
+    assert (name_bottleneck(step(0, 2), bad).resource == "batch size") is named
+
+
+@pytest.mark.parametrize("what", ["no queue", "limit unknown"])
+def test_a_full_batch_is_not_the_bottleneck_without_a_queue_or_a_known_limit(what):
+    kw = {"no queue": dict(max_batch=4, queue_waiting_mean=0.5), "limit unknown": dict(queue_waiting_mean=6.0)}[what]
+    b = name_bottleneck(step(0, 2), step(1, 4, p95=2.0, batch_mean=4.0, **kw))
+    batch = next(c for c in b.candidates if c.resource == "batch size")
+    assert batch.score == 0 and b.resource is None
+
+
+def test_two_retransmits_in_a_short_step_do_not_name_the_network():
+    # The audit's loopback run: 2 retransmits in 27 requests is 0.074 per request, above the rate line.
+    b = name_bottleneck(step(0, 1, sent=7, retransmits=0), step(1, 2, p95=2.1, sent=27, retransmits=2))
+    net = next(c for c in b.candidates if c.resource == "network (retransmits)")
+    assert net.score == pytest.approx(2 / MIN_RETRANSMITS) and b.resource is None
+    assert any(e.figure == "TCP retransmits in the step" and e.bad == 2 for e in net.evidence)
+
+
+@pytest.mark.parametrize("count, sent, named", [
+    (MIN_RETRANSMITS, 100, True),  # 5 in 100: both lines reached
+    (MIN_RETRANSMITS - 1, 40, False),  # 0.1 per request, but only 4
+    (MIN_RETRANSMITS + 1, 200, False),  # 6, but 0.03 per request
+])
+def test_retransmits_need_both_a_count_and_a_rate(count, sent, named):
+    assert RETRANSMITS_PER_REQUEST_SATURATED == 0.05
+    b = name_bottleneck(step(0, 2, retransmits=0), step(1, 4, p95=2.0, sent=sent, retransmits=count))
+    assert (b.resource == "network (retransmits)") is named
+
+
 @pytest.mark.parametrize("value, named", [(THREAD_CPU_SATURATED, True), (THREAD_CPU_SATURATED - 0.01, False)])
 def test_thread_cpu_threshold_edge(value, named):
     b = name_bottleneck(step(0, 2), step(1, 4, p95=2.0, busiest_thread_cores=value))
@@ -156,6 +200,20 @@ def test_what_rose_across_the_knee_beats_steady_background():
     assert "also saturated: CPU contention (run queue) (score 2.62 -> 2.75)" in b.summary
     gc = next(c for c in b.candidates if c.resource == "GC")
     assert gc.score_good == pytest.approx(0.52) and gc.rise == pytest.approx(1.84)
+
+
+@pytest.mark.parametrize("gc_share, named", [(0.15, "GC"), (0.06, "CPU contention (run queue)")])
+def test_without_a_good_step_the_candidate_furthest_beyond_its_threshold_is_named(gc_share, named):
+    # The lowest step already failed: nothing to have risen from. Run-queue wait 2.0 per CPU second
+    # (score 2.0) against a GC pause share of 15 % (score 3.0) or 6 % (score 1.2).
+    low = step(0, 2, p95=3.0, cpu_cores=0.3, runq_wait_per_s=0.6, gc_pause_share=gc_share, gc_collections_per_s=500)
+    b = name_bottleneck(None, low)
+    assert b.resource == named
+    assert "no step met the SLO, so none to compare with: named the resource furthest beyond its threshold" in b.summary
+    other = "CPU contention (run queue)" if named == "GC" else "GC"
+    other_score = next(c.score for c in b.candidates if c.resource == other)
+    assert f"also saturated: {other} (score {other_score:.2f})" in b.summary  # no "0.00 ->": there was no before
+    assert all(c.score_good is None and c.rise is None for c in b.candidates)
 
 
 @pytest.mark.parametrize("per_s, named", [(GC_FREQUENT_PER_S, "GC"), (0.3, "CPU contention (run queue)")])

@@ -62,7 +62,53 @@ def test_a_knee_one_step_away_is_within_the_schedule_resolution():
     c = compare(baseline(), moved)
     knee_row = c.rows[0]
     assert (knee_row.before, knee_row.after) == (7.9, 4.0)
-    assert knee_row.threshold == 4 and knee_row.beyond_noise is False
+    # Before holds 7.9 and breaks at 12; after holds 4 and breaks at 8: both could be 7.9-8.
+    assert (knee_row.before_range, knee_row.after_range) == ((7.9, 12), (4.0, 8))
+    assert knee_row.beyond_noise is False
+
+
+def test_resolution_counts_only_above_a_knee():
+    # 2,4,8,16: before holds 8 (breaks at 16), after holds 2 (breaks at 4). The step around the
+    # before knee is 8 req/s wide, more than the 5.9 between the knees, but the ranges are apart.
+    wide = run("a", [step(0, 2, 2.0, 0.2), step(1, 4, 4.0, 0.3), step(2, 8, 7.9, 0.5), step(3, 16, 9.0, 3.0),
+                     step(4, 8, 8.1, 0.5, repeat_of=2)])
+    slow = run("b", [step(0, 2, 2.0, 0.5), step(1, 4, 3.1, 2.5), step(2, 2, 2.0, 0.5, repeat_of=0)])
+    row = compare(wide, slow).rows[0]
+    assert (row.before_range, row.after_range) == ((7.9, 16), (2.0, 4))
+    assert row.beyond_noise is True
+    tokens = compare(wide, slow).rows[1]
+    assert tokens.after_range == (64.0, 128.0) and tokens.beyond_noise is True
+
+
+def test_an_exact_knee_against_an_upper_bound_below_it():
+    # The audit's pair: 7.76 req/s held (8 -> 16 breaks, 10 % run-to-run noise) against "< 2".
+    held = run("normal", [step(0, 2, 2.05, 0.2), step(1, 4, 4.66, 0.3), step(2, 8, 7.76, 0.5), step(3, 16, 11.6, 2.0),
+                          step(4, 8, 7.01, 0.6, repeat_of=2)])
+    fault = run("gc", [step(0, 2, 0.9, 3.0), step(1, 2, 0.9, 3.1, repeat_of=0)])
+    row = compare(held, fault).rows[0]
+    assert (row.after, row.after_bound, row.after_range) == (2, "<", (0.0, 2))
+    assert row.beyond_noise is True
+    assert "YES" in format_table(compare(held, fault)).splitlines()[2]
+
+
+def test_an_upper_bound_just_above_an_exact_knee_cannot_be_told_apart():
+    held = run("a", [step(0, 2, 2.0, 0.2), step(1, 4, 3.9, 0.3), step(2, 8, 6.0, 2.0)])
+    below = run("b", [step(0, 4, 3.0, 3.0)])
+    row = compare(held, below).rows[0]
+    assert (row.before_range, row.after_range) == ((3.9, 8), (0.0, 4))
+    assert row.beyond_noise is None and "a bound on one side" in row.note
+
+
+@pytest.mark.parametrize("a_steps, b_steps, beyond", [
+    ([(4, 4.0, 0.3)], [(3, 3.0, 3.0)], True),  # >= 4 against < 3
+    ([(3, 3.0, 3.0)], [(2, 2.0, 3.0)], None),  # < 3 against < 2: both could be 1
+    ([(4, 4.0, 0.3)], [(8, 8.0, 0.3)], None),  # >= 4 against >= 8: both could be 20
+    ([(4, 4.0, 0.3)], [(4, 4.0, 3.0)], None),  # >= 4 against < 4: apart only by less than the noise floor
+])
+def test_bound_against_bound(a_steps, b_steps, beyond):
+    a = run("a", [step(i, *s) for i, s in enumerate(a_steps)])
+    b = run("b", [step(i, *s) for i, s in enumerate(b_steps)])
+    assert compare(a, b).rows[0].beyond_noise is beyond
 
 
 def test_error_rate_row_uses_an_absolute_threshold():
