@@ -53,9 +53,7 @@ class AlertsConfig:
         _range("backoff_initial_seconds", self.backoff_initial_seconds, 0.01, 3600)
         _range("backoff_max_seconds", self.backoff_max_seconds, self.backoff_initial_seconds, 86400)
         if self.external_url:
-            parts = urlsplit(self.external_url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise AlertsFieldError("external_url", f"must be an http:// or https:// URL, got {self.external_url!r}")
+            _check_url("external_url", self.external_url, "must be an http:// or https:// URL")
 
 
 @dataclass(frozen=True)
@@ -78,9 +76,7 @@ class ReceiverConfig:
             raise AlertsFieldError("name", f"must be 1-64 of A-Z a-z 0-9 _ . -, got {self.name!r}")
         if self.kind not in RECEIVER_KINDS:
             raise AlertsFieldError("kind", f"must be one of {', '.join(RECEIVER_KINDS)}, got {self.kind!r}")
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise AlertsFieldError("url", f"must be an http:// or https:// URL with a host, got {_redact(self.url, keep_path=False)!r}")
+        _check_url("url", self.url, "must be an http:// or https:// URL with a host", keep_path=False)
         _range("timeout_seconds", self.timeout_seconds, 0.1, 60)
         if self.min_severity not in SEVERITY_ORDER:
             raise AlertsFieldError("min_severity", f"must be one of {', '.join(SEVERITY_ORDER)}, "
@@ -116,14 +112,41 @@ class ReceiverConfig:
     def safe_url(self) -> str:
         """The URL without userinfo or query (where tokens live), for logs, the page and errors; a Slack
         incoming-webhook URL carries its token in the path, so that goes too."""
-        return _redact(self.url, keep_path=self.kind != "slack")
+        return redact_url(self.url, keep_path=self.kind != "slack")
 
 
-def _redact(url: str, keep_path: bool = True) -> str:
-    parts = urlsplit(url)
+def _check_url(key: str, url: str, wanted: str, keep_path: bool = True) -> None:
+    # urlsplit accepts a bad port and only `.port` raises; caught here, it would otherwise surface as a
+    # traceback from the first code that connects to or shows the URL.
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise AlertsFieldError(key, f"{wanted}, got an unparseable URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AlertsFieldError(key, f"{wanted}, got {redact_url(url, keep_path=keep_path)!r}")
+    try:
+        port_ok = parts.port != 0
+    except ValueError:
+        port_ok = False
+    if not port_ok:
+        # The port text is not echoed: a URL missing its "@" puts a password where the port goes.
+        raise AlertsFieldError(key, "has an invalid port (must be a number within [1, 65535])")
+
+
+def redact_url(url: str, keep_path: bool = True) -> str:
+    """The URL without userinfo or query, for logs, the page and errors. Never raises: it also shows URLs that
+    did not pass the config check."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(unparseable URL)"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
     host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    if port:
+        host = f"{host}:{port}"
     path = parts.path if keep_path else ("/…" if parts.path not in ("", "/") else "")
     return f"{parts.scheme}://{host}{path}" + ("?…" if parts.query else "")
 

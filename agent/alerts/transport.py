@@ -35,7 +35,11 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float,
          max_response_bytes: int = MAX_RESPONSE_BYTES, safe_url: str | None = None) -> PostResult:
     """POST body to url. Never raises for network trouble: the error is a one-line string that names the
     receiver by `safe_url` (no credentials, no query)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return PostResult(None, f"refusing unparseable URL {safe_url or ''}".rstrip())
     shown = safe_url or f"{parts.scheme}://{parts.hostname}"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return PostResult(None, f"refusing non-http(s) URL {shown}")
@@ -43,10 +47,10 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float,
     deadline = started + timeout * 2
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,
+        conn = http.client.HTTPSConnection(parts.hostname, port, timeout=timeout,
                                            context=ssl.create_default_context())
     else:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+        conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
         conn.request("POST", path, body=body, headers={"Content-Type": "application/json",

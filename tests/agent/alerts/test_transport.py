@@ -50,6 +50,12 @@ def test_only_http_and_https() -> None:
     assert result.status is None and result.error.startswith("refusing non-http(s) URL")
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:abc/h", "http://127.0.0.1:99999/h", "http://[::1/h"])
+def test_an_unparseable_url_is_a_failed_attempt_not_an_exception(url: str) -> None:
+    result = post(url, b"{}", {}, timeout=1, safe_url="http://127.0.0.1/h")
+    assert result.status is None and result.error == "refusing unparseable URL http://127.0.0.1/h"
+
+
 def test_huge_response_is_read_only_up_to_the_bound(raw_server) -> None:
     def handle(conn: socket.socket) -> None:
         read_request(conn)
