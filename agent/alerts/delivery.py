@@ -82,10 +82,10 @@ class ReceiverWorker:
         self._wake.set()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop and wait: at most one attempt in flight, which its timeout (and read deadline) bounds."""
+        """Stop and wait: at most one attempt in flight, which its timeout bounds."""
         self.request_stop()
         if self._thread.is_alive():
-            self._thread.join(timeout if timeout is not None else self.receiver.timeout_seconds * 2 + 5)
+            self._thread.join(timeout if timeout is not None else self.receiver.timeout_seconds + 5)
 
     def _run(self) -> None:
         while not self._stop.is_set():
