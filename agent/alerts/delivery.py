@@ -40,7 +40,10 @@ class DeliveryCounters:
 def backoff_seconds(attempts: int, config: AlertsConfig, rng: random.Random) -> float:
     """Exponential in the attempts made, capped, with "equal jitter": half fixed, half random, so retries of
     many notifications after one outage do not arrive in lock-step."""
-    delay = min(config.backoff_max_seconds, config.backoff_initial_seconds * 2 ** max(0, attempts - 1))
+    # The exponent is capped before the power: 2.0 ** 1024 overflows, and with a small backoff_max_seconds a
+    # day of retries is tens of thousands of attempts. 2 ** 32 is past any max/initial ratio the config allows.
+    doublings = min(max(0, attempts - 1), 32)
+    delay = min(config.backoff_max_seconds, config.backoff_initial_seconds * 2.0 ** doublings)
     return delay / 2 + rng.uniform(0, delay / 2)
 
 
