@@ -93,16 +93,19 @@ class ReceiverWorker:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                worked = self.step()
-            except Exception:  # a store hiccup must not end delivery; counted and logged, then retried
+                if self.step():
+                    continue
+                wakeup = self._outbox.next_wakeup(self.receiver.name, self._owner)
+                wait = IDLE_POLL_SECONDS if wakeup is None else min(IDLE_POLL_SECONDS,
+                                                                    max(0.0, wakeup - self._clock()))
+            except Exception:
+                # A store hiccup must not end delivery; counted and logged, then retried after a pause, since a
+                # failure after the POST leaves the notification due and an immediate retry would re-send it
+                # in a tight loop.
                 if self._on_error:
                     self._on_error("alerts")
                 log.exception("alert delivery to %s failed", self.receiver.name)
-                worked = False
-            if worked:
-                continue
-            wakeup = self._outbox.next_wakeup(self.receiver.name, self._owner)
-            wait = IDLE_POLL_SECONDS if wakeup is None else min(IDLE_POLL_SECONDS, max(0.0, wakeup - self._clock()))
+                wait = IDLE_POLL_SECONDS
             self._wake.wait(wait)
             self._wake.clear()
 

@@ -1,11 +1,16 @@
-"""Retry timing: exponential backoff from backoff_initial_seconds, capped at backoff_max_seconds, equal jitter."""
+"""A receiver's worker: backoff from backoff_initial_seconds, capped at backoff_max_seconds, equal jitter; and it
+survives its store failing."""
 
 from __future__ import annotations
 
 import random
+import time
+from pathlib import Path
 
-from agent.alerts.config import AlertsConfig
-from agent.alerts.delivery import backoff_seconds
+from agent.alerts.config import AlertsConfig, ReceiverConfig
+from agent.alerts.delivery import IDLE_POLL_SECONDS, DeliveryCounters, ReceiverWorker, backoff_seconds
+from agent.alerts.outbox import Outbox
+from agent.store import Store
 
 DRAWS = 500
 
@@ -37,3 +42,16 @@ def test_backoff_is_reproducible_with_a_seeded_rng_and_differs_across_seeds() ->
         return [backoff_seconds(a, config, rng) for a in range(1, 12)]
 
     assert run(3) == run(3) and run(3) != run(4)
+
+
+def test_a_failing_store_neither_ends_the_worker_nor_spins_it(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "store")
+    store.close()
+    errors: list[str] = []
+    worker = ReceiverWorker(ReceiverConfig(name="r", url="http://127.0.0.1:1/"), None, Outbox(store), AlertsConfig(),
+                            DeliveryCounters(), on_error=errors.append)
+    worker.start()
+    time.sleep(IDLE_POLL_SECONDS * 2.5)
+    worker.stop()
+    # About one error per idle poll: fewer means the thread died, many more that it retried without pausing.
+    assert 2 <= len(errors) <= 4, len(errors)
