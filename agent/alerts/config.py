@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from urllib.parse import urlsplit
 
 RECEIVER_KINDS = ("webhook", "slack", "alertmanager")
@@ -16,6 +17,9 @@ _HEADER_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 # Headers we set ourselves; a configured one with these names would forge or break them.
 RESERVED_HEADERS = frozenset({"content-type", "content-length", "host", "idempotency-key",
                               "x-infersight-timestamp", "x-infersight-signature"})
+# Field metadata for values that may carry a token (URLs, headers, where a secret lives): a type error in one
+# names only the value's type (agent/config.py), and checks here never quote them whole.
+SENSITIVE = MappingProxyType({"sensitive": True})
 
 
 class AlertsFieldError(ValueError):
@@ -43,7 +47,7 @@ class AlertsConfig:
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 300.0
     # Links in payloads point here (the status page as receivers can reach it); empty: the listen address.
-    external_url: str = ""
+    external_url: str = field(default="", metadata=SENSITIVE)
     host: str = ""
 
     def __post_init__(self) -> None:
@@ -61,14 +65,14 @@ class ReceiverConfig:
     """One destination. The secret itself is never held here: only where to read it."""
 
     name: str
-    url: str
+    url: str = field(metadata=SENSITIVE)
     kind: str = "webhook"
     timeout_seconds: float = 5.0
     min_severity: str = "warning"
     targets: tuple[str, ...] = ()
-    headers: dict[str, str] = field(default_factory=dict)
-    hmac_secret_file: Path | None = None
-    hmac_secret_env: str | None = None
+    headers: dict[str, str] = field(default_factory=dict, metadata=SENSITIVE)
+    hmac_secret_file: Path | None = field(default=None, metadata=SENSITIVE)
+    hmac_secret_env: str | None = field(default=None, metadata=SENSITIVE)
     max_body_bytes: int = 262144
 
     def __post_init__(self) -> None:
@@ -94,8 +98,9 @@ class ReceiverConfig:
         if self.hmac_secret_file is not None and self.hmac_secret_env is not None:
             raise AlertsFieldError("", "set at most one of hmac_secret_file, hmac_secret_env")
         if self.hmac_secret_env is not None and not _ENV_RE.fullmatch(self.hmac_secret_env):
-            raise AlertsFieldError("hmac_secret_env", f"must be an environment variable name, "
-                                                      f"got {self.hmac_secret_env!r}")
+            # Not quoted: what is here instead of a name is most likely the secret itself.
+            raise AlertsFieldError("hmac_secret_env", "must be the name of an environment variable (letters, "
+                                                      "digits, _), not the secret itself")
         _range("max_body_bytes", self.max_body_bytes, 4096, 16 << 20)
 
     @property

@@ -107,6 +107,40 @@ def test_redacting_a_url_that_skipped_the_check_never_raises(url: str, shown: st
     assert redact_url(url) == shown
 
 
+TOKEN = "tok3n-do-not-echo"
+
+
+@pytest.mark.parametrize("text, message", [
+    (f'[receivers]\nname = "a"\nurl = "https://hooks.example/{TOKEN}"',
+     "receivers: expected an array of tables, got a table"),
+    (f'receivers = "https://hooks.slack.com/services/T0/B0/{TOKEN}"',
+     "receivers: expected an array of tables, got a string"),
+    (f'receivers = ["https://hooks.slack.com/services/T0/B0/{TOKEN}"]',
+     "receivers[0]: expected a table, got a string"),
+    (f'[[receivers]]\nname = "a"\nurl = ["https://x/?token={TOKEN}"]',
+     "receivers[0].url: expected a string, got an array"),
+    (f'[[receivers]]\nname = "a"\nurl = "http://x/"\nheaders = "Authorization: Bearer {TOKEN}"',
+     "receivers[0].headers: expected a table, got a string"),
+    (f'[[receivers]]\nname = "a"\nurl = "http://x/"\nheaders = {{ Authorization = ["Bearer {TOKEN}"] }}',
+     "receivers[0].headers.Authorization: expected a string, got an array"),
+    ('[[receivers]]\nname = "a"\nurl = "http://x/"\nheaders = { X-Key = 123456789 }',
+     "receivers[0].headers.X-Key: expected a string, got an integer"),
+    (f'[[receivers]]\nname = "a"\nurl = "http://x/"\nhmac_secret_file = {{ path = "{TOKEN}" }}',
+     "receivers[0].hmac_secret_file: expected a path string, got a table"),
+    (f'[[receivers]]\nname = "a"\nurl = "http://x/"\nhmac_secret_env = "{TOKEN}"',
+     "receivers[0].hmac_secret_env: must be the name of an environment variable (letters, digits, _), "
+     "not the secret itself"),
+    (f'[alerts]\nexternal_url = ["http://u:{TOKEN}@x/"]', "alerts.external_url: expected a string, got an array"),
+    (f'interval_seconds = ["{TOKEN}"]', "interval_seconds: expected a number, got an array"),
+])
+def test_type_errors_name_the_type_not_a_value_that_may_hold_a_token(tmp_path: Path, text: str,
+                                                                      message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, text)
+    assert str(info.value) == f"{tmp_path / 'infersight.toml'}: {message}"
+    assert TOKEN not in str(info.value) and "123456789" not in str(info.value)
+
+
 def receiver(tmp_path: Path, mode: int, content: bytes = b"s3cr3t\n") -> ReceiverConfig:
     path = tmp_path / "secrets" / "ops.secret"
     path.parent.mkdir(mode=0o700, exist_ok=True)
