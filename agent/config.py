@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from agent.alerts.config import AlertsConfig, AlertsFieldError, ReceiverConfig, check_receivers
+from agent.alerts.config import SENSITIVE, AlertsConfig, AlertsFieldError, ReceiverConfig, check_receivers
 from agent.presets import LATENCY_KINDS, PRESETS, LatencyKind
 from agent.sources.pyspy import (
     DEFAULT_BURST_HOLD_SEGMENTS,
@@ -183,7 +183,7 @@ class Config:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     targets: tuple[TargetSpec, ...] = field(default_factory=default_targets)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
-    receivers: tuple[ReceiverConfig, ...] = ()
+    receivers: tuple[ReceiverConfig, ...] = field(default=(), metadata=SENSITIVE)
 
     def __post_init__(self) -> None:
         _require_range("interval_seconds", self.interval_seconds, 1, 60)
@@ -250,28 +250,37 @@ def _toml_type(value: Any) -> str:
             dict: "table"}.get(type(value), type(value).__name__)
 
 
-def _convert(value: Any, hint: Any, key: str) -> Any:
+def _got(value: Any, sensitive: bool) -> str:
+    """The wrong value as an error shows it: quoted only when it is a scalar in a field that holds no tokens.
+    An array or table is never quoted; it can hold anything, a receiver's URL and headers included."""
+    kind = _toml_type(value)
+    if sensitive or isinstance(value, (list, dict)):
+        return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+    return f"{value!r} ({kind})"
+
+
+def _convert(value: Any, hint: Any, key: str, sensitive: bool = False) -> Any:
     """Check one TOML value against a field's type hint and convert it; ConfigError names `key`."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _convert(value, inner[0], key)
+        return _convert(value, inner[0], key, sensitive)
     if origin is typing.Literal:
         hint = str
     if origin is tuple:
         (item_hint, _) = typing.get_args(hint)
         if not isinstance(value, list):
             items = "tables" if dataclasses.is_dataclass(item_hint) else "strings"
-            raise ConfigError(f"{key}: expected an array of {items}, got {value!r} ({_toml_type(value)})")
-        return tuple(_convert(v, item_hint, f"{key}[{i}]") for i, v in enumerate(value))
+            raise ConfigError(f"{key}: expected an array of {items}, got {_got(value, sensitive)}")
+        return tuple(_convert(v, item_hint, f"{key}[{i}]", sensitive) for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a table, got {value!r} ({_toml_type(value)})")
+            raise ConfigError(f"{key}: expected a table, got {_got(value, sensitive)}")
         (_, value_hint) = typing.get_args(hint)
-        return {k: _convert(v, value_hint, f"{key}.{k}") for k, v in value.items()}
+        return {k: _convert(v, value_hint, f"{key}.{k}", sensitive) for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a table, got {value!r} ({_toml_type(value)})")
+            raise ConfigError(f"{key}: expected a table, got {_got(value, sensitive)}")
         return _build(hint, value, f"{key}.")
     ok = {bool: isinstance(value, bool),
           int: isinstance(value, int) and not isinstance(value, bool),
@@ -279,7 +288,7 @@ def _convert(value: Any, hint: Any, key: str) -> Any:
           str: isinstance(value, str),
           Path: isinstance(value, str)}[hint]
     if not ok:
-        raise ConfigError(f"{key}: expected {_TYPE_WORDS[hint]}, got {value!r} ({_toml_type(value)})")
+        raise ConfigError(f"{key}: expected {_TYPE_WORDS[hint]}, got {_got(value, sensitive)}")
     if hint is float:
         return float(value)
     if hint is Path:
@@ -305,7 +314,7 @@ def _build(cls: type, table: dict[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
         if name in table:
-            kwargs[name] = _convert(table[name], hints[name], f"{prefix}{name}")
+            kwargs[name] = _convert(table[name], hints[name], f"{prefix}{name}", bool(f.metadata.get("sensitive")))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{prefix}{name}: missing (required)")
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from urllib.parse import urlsplit
 
 RECEIVER_KINDS = ("webhook", "slack", "alertmanager")
@@ -16,6 +17,9 @@ _HEADER_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}")
 # Headers we set ourselves; a configured one with these names would forge or break them.
 RESERVED_HEADERS = frozenset({"content-type", "content-length", "host", "idempotency-key",
                               "x-infersight-timestamp", "x-infersight-signature"})
+# Field metadata for values that may carry a token (URLs, headers, where a secret lives): a type error in one
+# names only the value's type (agent/config.py), and checks here never quote them whole.
+SENSITIVE = MappingProxyType({"sensitive": True})
 
 
 class AlertsFieldError(ValueError):
@@ -43,7 +47,7 @@ class AlertsConfig:
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 300.0
     # Links in payloads point here (the status page as receivers can reach it); empty: the listen address.
-    external_url: str = ""
+    external_url: str = field(default="", metadata=SENSITIVE)
     host: str = ""
 
     def __post_init__(self) -> None:
@@ -53,9 +57,7 @@ class AlertsConfig:
         _range("backoff_initial_seconds", self.backoff_initial_seconds, 0.01, 3600)
         _range("backoff_max_seconds", self.backoff_max_seconds, self.backoff_initial_seconds, 86400)
         if self.external_url:
-            parts = urlsplit(self.external_url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise AlertsFieldError("external_url", f"must be an http:// or https:// URL, got {self.external_url!r}")
+            _check_url("external_url", self.external_url, "must be an http:// or https:// URL")
 
 
 @dataclass(frozen=True)
@@ -63,14 +65,14 @@ class ReceiverConfig:
     """One destination. The secret itself is never held here: only where to read it."""
 
     name: str
-    url: str
+    url: str = field(metadata=SENSITIVE)
     kind: str = "webhook"
     timeout_seconds: float = 5.0
     min_severity: str = "warning"
     targets: tuple[str, ...] = ()
-    headers: dict[str, str] = field(default_factory=dict)
-    hmac_secret_file: Path | None = None
-    hmac_secret_env: str | None = None
+    headers: dict[str, str] = field(default_factory=dict, metadata=SENSITIVE)
+    hmac_secret_file: Path | None = field(default=None, metadata=SENSITIVE)
+    hmac_secret_env: str | None = field(default=None, metadata=SENSITIVE)
     max_body_bytes: int = 262144
 
     def __post_init__(self) -> None:
@@ -78,9 +80,7 @@ class ReceiverConfig:
             raise AlertsFieldError("name", f"must be 1-64 of A-Z a-z 0-9 _ . -, got {self.name!r}")
         if self.kind not in RECEIVER_KINDS:
             raise AlertsFieldError("kind", f"must be one of {', '.join(RECEIVER_KINDS)}, got {self.kind!r}")
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise AlertsFieldError("url", f"must be an http:// or https:// URL with a host, got {_redact(self.url, keep_path=False)!r}")
+        _check_url("url", self.url, "must be an http:// or https:// URL with a host", keep_path=False)
         _range("timeout_seconds", self.timeout_seconds, 0.1, 60)
         if self.min_severity not in SEVERITY_ORDER:
             raise AlertsFieldError("min_severity", f"must be one of {', '.join(SEVERITY_ORDER)}, "
@@ -98,8 +98,9 @@ class ReceiverConfig:
         if self.hmac_secret_file is not None and self.hmac_secret_env is not None:
             raise AlertsFieldError("", "set at most one of hmac_secret_file, hmac_secret_env")
         if self.hmac_secret_env is not None and not _ENV_RE.fullmatch(self.hmac_secret_env):
-            raise AlertsFieldError("hmac_secret_env", f"must be an environment variable name, "
-                                                      f"got {self.hmac_secret_env!r}")
+            # Not quoted: what is here instead of a name is most likely the secret itself.
+            raise AlertsFieldError("hmac_secret_env", "must be the name of an environment variable (letters, "
+                                                      "digits, _), not the secret itself")
         _range("max_body_bytes", self.max_body_bytes, 4096, 16 << 20)
 
     @property
@@ -116,14 +117,41 @@ class ReceiverConfig:
     def safe_url(self) -> str:
         """The URL without userinfo or query (where tokens live), for logs, the page and errors; a Slack
         incoming-webhook URL carries its token in the path, so that goes too."""
-        return _redact(self.url, keep_path=self.kind != "slack")
+        return redact_url(self.url, keep_path=self.kind != "slack")
 
 
-def _redact(url: str, keep_path: bool = True) -> str:
-    parts = urlsplit(url)
+def _check_url(key: str, url: str, wanted: str, keep_path: bool = True) -> None:
+    # urlsplit accepts a bad port and only `.port` raises; caught here, it would otherwise surface as a
+    # traceback from the first code that connects to or shows the URL.
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise AlertsFieldError(key, f"{wanted}, got an unparseable URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AlertsFieldError(key, f"{wanted}, got {redact_url(url, keep_path=keep_path)!r}")
+    try:
+        port_ok = parts.port != 0
+    except ValueError:
+        port_ok = False
+    if not port_ok:
+        # The port text is not echoed: a URL missing its "@" puts a password where the port goes.
+        raise AlertsFieldError(key, "has an invalid port (must be a number within [1, 65535])")
+
+
+def redact_url(url: str, keep_path: bool = True) -> str:
+    """The URL without userinfo or query, for logs, the page and errors. Never raises: it also shows URLs that
+    did not pass the config check."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(unparseable URL)"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
     host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    if port:
+        host = f"{host}:{port}"
     path = parts.path if keep_path else ("/…" if parts.path not in ("", "/") else "")
     return f"{parts.scheme}://{host}{path}" + ("?…" if parts.query else "")
 

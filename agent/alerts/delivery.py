@@ -40,7 +40,10 @@ class DeliveryCounters:
 def backoff_seconds(attempts: int, config: AlertsConfig, rng: random.Random) -> float:
     """Exponential in the attempts made, capped, with "equal jitter": half fixed, half random, so retries of
     many notifications after one outage do not arrive in lock-step."""
-    delay = min(config.backoff_max_seconds, config.backoff_initial_seconds * 2 ** max(0, attempts - 1))
+    # The exponent is capped before the power: 2.0 ** 1024 overflows, and with a small backoff_max_seconds a
+    # day of retries is tens of thousands of attempts. 2 ** 32 is past any max/initial ratio the config allows.
+    doublings = min(max(0, attempts - 1), 32)
+    delay = min(config.backoff_max_seconds, config.backoff_initial_seconds * 2.0 ** doublings)
     return delay / 2 + rng.uniform(0, delay / 2)
 
 
@@ -82,24 +85,27 @@ class ReceiverWorker:
         self._wake.set()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop and wait: at most one attempt in flight, which its timeout (and read deadline) bounds."""
+        """Stop and wait: at most one attempt in flight, which its timeout bounds."""
         self.request_stop()
         if self._thread.is_alive():
-            self._thread.join(timeout if timeout is not None else self.receiver.timeout_seconds * 2 + 5)
+            self._thread.join(timeout if timeout is not None else self.receiver.timeout_seconds + 5)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                worked = self.step()
-            except Exception:  # a store hiccup must not end delivery; counted and logged, then retried
+                if self.step():
+                    continue
+                wakeup = self._outbox.next_wakeup(self.receiver.name, self._owner)
+                wait = IDLE_POLL_SECONDS if wakeup is None else min(IDLE_POLL_SECONDS,
+                                                                    max(0.0, wakeup - self._clock()))
+            except Exception:
+                # A store hiccup must not end delivery; counted and logged, then retried after a pause, since a
+                # failure after the POST leaves the notification due and an immediate retry would re-send it
+                # in a tight loop.
                 if self._on_error:
                     self._on_error("alerts")
                 log.exception("alert delivery to %s failed", self.receiver.name)
-                worked = False
-            if worked:
-                continue
-            wakeup = self._outbox.next_wakeup(self.receiver.name, self._owner)
-            wait = IDLE_POLL_SECONDS if wakeup is None else min(IDLE_POLL_SECONDS, max(0.0, wakeup - self._clock()))
+                wait = IDLE_POLL_SECONDS
             self._wake.wait(wait)
             self._wake.clear()
 

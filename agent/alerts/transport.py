@@ -1,9 +1,11 @@
-"""One HTTP POST with the safety a root daemon needs: http/https only, no redirects, timeouts, bounded reads."""
+"""One HTTP POST with the safety a root daemon needs: http/https only, no redirects, one deadline, bounded reads."""
 
 from __future__ import annotations
 
 import http.client
+import socket
 import ssl
+import threading
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -33,48 +35,102 @@ class PostResult:
 
 def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float,
          max_response_bytes: int = MAX_RESPONSE_BYTES, safe_url: str | None = None) -> PostResult:
-    """POST body to url. Never raises for network trouble: the error is a one-line string that names the
+    """POST body to url; connect, send, response headers and body together take at most `timeout` (name
+    resolution aside). Never raises for network trouble: the error is a one-line string that names the
     receiver by `safe_url` (no credentials, no query)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return PostResult(None, f"refusing unparseable URL {safe_url or ''}".rstrip())
     shown = safe_url or f"{parts.scheme}://{parts.hostname}"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return PostResult(None, f"refusing non-http(s) URL {shown}")
     started = time.monotonic()
-    deadline = started + timeout * 2
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,
+        conn = http.client.HTTPSConnection(parts.hostname, port, timeout=timeout,
                                            context=ssl.create_default_context())
     else:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+        conn = http.client.HTTPConnection(parts.hostname, port, timeout=timeout)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    cutoff = _Cutoff(conn, timeout)
     try:
+        conn.connect()
+        if cutoff.fired:
+            raise TimeoutError
         conn.request("POST", path, body=body, headers={"Content-Type": "application/json",
                                                         "User-Agent": USER_AGENT, **headers})
         resp = conn.getresponse()
         data = b""
-        # A receiver that drips bytes cannot hold the thread past the deadline nor fill memory.
-        while len(data) < max_response_bytes and time.monotonic() < deadline:
-            chunk = resp.read1(min(8192, max_response_bytes - len(data)))
-            if not chunk:
-                break
-            data += chunk
-        elapsed = time.monotonic() - started
-        if 300 <= resp.status < 400:
-            return PostResult(resp.status, f"HTTP {resp.status} redirect from {shown} not followed", data, elapsed)
-        if not 200 <= resp.status < 300:
-            excerpt = data[:200].decode("utf-8", "replace").replace("\n", " ").strip()
-            return PostResult(resp.status, f"HTTP {resp.status} from {shown}" + (f": {excerpt}" if excerpt else ""),
-                              data, elapsed)
-        return PostResult(resp.status, None, data, elapsed)
-    except TimeoutError:
-        return PostResult(None, f"timed out after {timeout:g} s talking to {shown}", seconds=time.monotonic() - started)
-    except ConnectionRefusedError:
-        return PostResult(None, f"connection refused by {shown}", seconds=time.monotonic() - started)
-    except ssl.SSLError as exc:
-        return PostResult(None, f"TLS error with {shown}: {exc.reason or exc}", seconds=time.monotonic() - started)
+        try:
+            while len(data) < max_response_bytes:
+                chunk = resp.read1(min(8192, max_response_bytes - len(data)))
+                if not chunk:
+                    break
+                data += chunk
+        except (OSError, http.client.HTTPException):
+            # Cut off in the body: the status line already came and is the receiver's answer.
+            if not cutoff.fired:
+                raise
     except (OSError, http.client.HTTPException) as exc:
-        what = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        return PostResult(None, f"cannot reach {shown}: {what}", seconds=time.monotonic() - started)
+        return PostResult(None, _describe(exc, shown, timeout, cutoff.fired), seconds=time.monotonic() - started)
     finally:
+        cutoff.cancel()
         conn.close()
+    elapsed = time.monotonic() - started
+    if 300 <= resp.status < 400:
+        return PostResult(resp.status, f"HTTP {resp.status} redirect from {shown} not followed", data, elapsed)
+    if not 200 <= resp.status < 300:
+        excerpt = data[:200].decode("utf-8", "replace").replace("\n", " ").strip()
+        return PostResult(resp.status, f"HTTP {resp.status} from {shown}" + (f": {excerpt}" if excerpt else ""),
+                          data, elapsed)
+    return PostResult(resp.status, None, data, elapsed)
+
+
+def _describe(exc: OSError | http.client.HTTPException, shown: str, timeout: float, cut: bool) -> str:
+    if cut or isinstance(exc, TimeoutError):
+        return f"timed out after {timeout:g} s talking to {shown}"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"connection refused by {shown}"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS error with {shown}: {exc.reason or exc}"
+    what = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+    return f"cannot reach {shown}: {what}"
+
+
+class _Cutoff:
+    """Ends an attempt `seconds` after it began by shutting its socket down, which wakes whatever read or write
+    is blocked. The socket timeout alone bounds each read, not the attempt: a receiver that drips a byte of its
+    headers or body just inside it would hold the delivery thread for as long as it likes."""
+
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._done = False
+        # Read by post() after connect: a cutoff that came while connecting found no socket to shut down.
+        self.fired = False
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _cut(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+            sock = self._conn.sock
+            if sock is None:
+                return
+            try:
+                # The plain socket's shutdown even for TLS: SSLSocket.shutdown also drops the TLS state that the
+                # blocked thread is reading through.
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass  # ENOTCONN: the receiver hung up first, so nothing is blocked on this socket
+
+    def cancel(self) -> None:
+        """After this returns the socket is ours to close: no cut is under way or still to come."""
+        with self._lock:
+            self._done = True
+        self._timer.cancel()

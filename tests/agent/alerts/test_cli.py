@@ -109,3 +109,13 @@ def test_alerts_lists_delivery_state(tmp_path: Path, receivers, make_reg) -> Non
     assert text.returncode == 0
     assert "receiver down (webhook" in text.stdout and "1 pending" in text.stdout
     assert "alert listed-1 on workload: warning, firing" in text.stdout
+
+
+def test_a_receiver_url_with_a_bad_port_is_one_config_line_not_a_traceback(tmp_path: Path) -> None:
+    conf = write_config(tmp_path, [receiver_toml("ops", "http://u:tok@127.0.0.1:abc/hook")])
+    for args in (("alerts",), ("alert", "test", "--receiver", "ops")):
+        done = cli(*args, "--config", str(conf))
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            f"infersight: config error: {conf}: receivers[0].url: has an invalid port (must be a number within [1, 65535])"]
+        assert "tok" not in done.stderr

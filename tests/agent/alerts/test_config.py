@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.alerts.config import ReceiverConfig
+from agent.alerts.config import ReceiverConfig, redact_url
 from agent.alerts.secrets import load_secret
 from agent.config import Config, ConfigError, load_config
 
@@ -67,6 +67,18 @@ hmac_secret_file = "ops.secret"
     ('[alerts]\nrepeat_interval_seconds = 1', "alerts.repeat_interval_seconds: must be within [60, 2592000], got 1.0"),
     ('[[receivers]]\nname = "a"\nurl = "https://hooks.slack.com/services/T0/B0/SECRETTOKEN"\nkind = "slack"\n'
      'timeout_seconds = 99', "receivers[0].timeout_seconds: must be within [0.1, 60], got 99.0"),
+    ('[[receivers]]\nname = "a"\nurl = "http://127.0.0.1:abc/h"',
+     "receivers[0].url: has an invalid port (must be a number within [1, 65535])"),
+    ('[[receivers]]\nname = "a"\nurl = "http://127.0.0.1:99999/h"',
+     "receivers[0].url: has an invalid port (must be a number within [1, 65535])"),
+    ('[[receivers]]\nname = "a"\nurl = "http://127.0.0.1:0/h"',
+     "receivers[0].url: has an invalid port (must be a number within [1, 65535])"),
+    ('[[receivers]]\nname = "a"\nurl = "http://[::1/h"',
+     "receivers[0].url: must be an http:// or https:// URL with a host, got an unparseable URL"),
+    ('[alerts]\nexternal_url = "http://gpu-7:http/"',
+     "alerts.external_url: has an invalid port (must be a number within [1, 65535])"),
+    ('[alerts]\nexternal_url = "ftp://u:pw@gpu-7/x?t=1"',
+     "alerts.external_url: must be an http:// or https:// URL, got 'ftp://gpu-7/x?…'"),
 ])
 def test_errors_are_one_line_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -82,6 +94,51 @@ def test_url_with_credentials_is_never_echoed(tmp_path: Path) -> None:
     assert slack.safe_url == "https://hooks.slack.com/…"
     hook = ReceiverConfig(name="h", url="https://u:p@example.com/hook?key=v")
     assert hook.safe_url == "https://example.com/hook?…"
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("http://u:pw@127.0.0.1:abc/h?t=1", "http://127.0.0.1/h?…"),
+    ("http://127.0.0.1:99999/h", "http://127.0.0.1/h"),
+    ("http://u:pw@[::1/h", "(unparseable URL)"),
+])
+def test_redacting_a_url_that_skipped_the_check_never_raises(url: str, shown: str) -> None:
+    # The daemon shows receiver URLs in logs, the page and `infersight alerts`: a URL that escaped the config
+    # check must not turn any of them into a traceback.
+    assert redact_url(url) == shown
+
+
+TOKEN = "tok3n-do-not-echo"
+
+
+@pytest.mark.parametrize("text, message", [
+    (f'[receivers]\nname = "a"\nurl = "https://hooks.example/{TOKEN}"',
+     "receivers: expected an array of tables, got a table"),
+    (f'receivers = "https://hooks.slack.com/services/T0/B0/{TOKEN}"',
+     "receivers: expected an array of tables, got a string"),
+    (f'receivers = ["https://hooks.slack.com/services/T0/B0/{TOKEN}"]',
+     "receivers[0]: expected a table, got a string"),
+    (f'[[receivers]]\nname = "a"\nurl = ["https://x/?token={TOKEN}"]',
+     "receivers[0].url: expected a string, got an array"),
+    (f'[[receivers]]\nname = "a"\nurl = "http://x/"\nheaders = "Authorization: Bearer {TOKEN}"',
+     "receivers[0].headers: expected a table, got a string"),
+    (f'[[receivers]]\nname = "a"\nurl = "http://x/"\nheaders = {{ Authorization = ["Bearer {TOKEN}"] }}',
+     "receivers[0].headers.Authorization: expected a string, got an array"),
+    ('[[receivers]]\nname = "a"\nurl = "http://x/"\nheaders = { X-Key = 123456789 }',
+     "receivers[0].headers.X-Key: expected a string, got an integer"),
+    (f'[[receivers]]\nname = "a"\nurl = "http://x/"\nhmac_secret_file = {{ path = "{TOKEN}" }}',
+     "receivers[0].hmac_secret_file: expected a path string, got a table"),
+    (f'[[receivers]]\nname = "a"\nurl = "http://x/"\nhmac_secret_env = "{TOKEN}"',
+     "receivers[0].hmac_secret_env: must be the name of an environment variable (letters, digits, _), "
+     "not the secret itself"),
+    (f'[alerts]\nexternal_url = ["http://u:{TOKEN}@x/"]', "alerts.external_url: expected a string, got an array"),
+    (f'interval_seconds = ["{TOKEN}"]', "interval_seconds: expected a number, got an array"),
+])
+def test_type_errors_name_the_type_not_a_value_that_may_hold_a_token(tmp_path: Path, text: str,
+                                                                      message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, text)
+    assert str(info.value) == f"{tmp_path / 'infersight.toml'}: {message}"
+    assert TOKEN not in str(info.value) and "123456789" not in str(info.value)
 
 
 def receiver(tmp_path: Path, mode: int, content: bytes = b"s3cr3t\n") -> ReceiverConfig:

@@ -50,6 +50,12 @@ def test_only_http_and_https() -> None:
     assert result.status is None and result.error.startswith("refusing non-http(s) URL")
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:abc/h", "http://127.0.0.1:99999/h", "http://[::1/h"])
+def test_an_unparseable_url_is_a_failed_attempt_not_an_exception(url: str) -> None:
+    result = post(url, b"{}", {}, timeout=1, safe_url="http://127.0.0.1/h")
+    assert result.status is None and result.error == "refusing unparseable URL http://127.0.0.1/h"
+
+
 def test_huge_response_is_read_only_up_to_the_bound(raw_server) -> None:
     def handle(conn: socket.socket) -> None:
         read_request(conn)
@@ -78,8 +84,45 @@ def test_dripping_server_is_cut_off(raw_server) -> None:
 
     started = time.monotonic()
     result = post(raw_server(handle), b"{}", {}, timeout=0.5)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 0.5 + 1.0
     assert result.status == 500 and result.retryable and not result.accepted
+
+
+def test_chunked_body_cut_off_keeps_the_status(raw_server) -> None:
+    def handle(conn: socket.socket) -> None:
+        read_request(conn)
+        conn.sendall(b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n")
+        try:
+            for _ in range(100):
+                conn.sendall(b"1\r\nx\r\n")
+                time.sleep(0.3)
+        except OSError:
+            pass
+        conn.close()
+
+    started = time.monotonic()
+    result = post(raw_server(handle), b"{}", {}, timeout=0.5)
+    assert time.monotonic() - started < 0.5 + 1.0
+    assert result.status == 503 and result.body.startswith(b"x") and result.retryable
+
+
+def test_server_dripping_its_headers_is_cut_off_at_the_timeout(raw_server) -> None:
+    # Each byte comes well inside the socket timeout, so only a deadline over the whole attempt stops this.
+    def handle(conn: socket.socket) -> None:
+        read_request(conn)
+        try:
+            for byte in b"HTTP/1.1 200 OK\r\nX-Pad: " + b"x" * 200:
+                conn.sendall(bytes([byte]))
+                time.sleep(0.3)
+        except OSError:
+            pass
+        conn.close()
+
+    started = time.monotonic()
+    result = post(raw_server(handle), b"{}", {}, timeout=0.5, safe_url="http://127.0.0.1/hook")
+    took = time.monotonic() - started
+    assert result.status is None and result.error == "timed out after 0.5 s talking to http://127.0.0.1/hook"
+    assert 0.45 < took < 0.5 + 1.0, took
 
 
 def test_silent_server_times_out(raw_server) -> None:
