@@ -64,7 +64,7 @@ def _require_choice(key: str, value: str, choices: typing.Iterable[str]) -> None
 
 @dataclass(frozen=True)
 class ProbesConfig:
-    """Which BPF probes the agent loads; a disabled probe is reported as 'disabled', not as an error."""
+    """Which BPF probes the agent loads; a disabled one is not loaded: no health entry, no error, its Window field null."""
 
     syscalls: bool = True
     offcpu: bool = True

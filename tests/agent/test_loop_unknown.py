@@ -11,6 +11,7 @@ from agent.config import Config, TargetSpec
 from agent.loop import CollectionLoop
 from agent.state import AgentState
 from agent.target_sources import source_factories
+from agent.targets import Target
 from analysis.health import Health
 from analysis.window import GcReading
 
@@ -152,3 +153,22 @@ def test_pyspy_failing_to_attach_gives_no_stacks_reading(require_root):
         stop(procs)
     assert window.stacks is None
     assert "failed to attach" in window.errors["stacks"]
+
+
+def test_a_disabled_probe_is_not_loaded_has_no_health_and_is_not_an_error():
+    (proc,) = sleepers(1)
+    built: list[str] = []
+    factories = {"gc": lambda: _Failing("never", ValueError("unused")),
+                 "syscalls": lambda: built.append("syscalls")}  # disabled: must never be built
+    spec = TargetSpec(name="t", pid=proc.pid)
+    collectors = Collectors(["gc"], probe_factories=factories)
+    try:
+        collectors.start([Target(name="t", pid=proc.pid, start_time=0, cmdline=("sleep",), spec=spec)])
+        (collected,) = collectors.read().values()
+        health = collectors.health()
+    finally:
+        collectors.stop()
+        stop([proc])
+    assert built == [] and set(health) == {"gc"}
+    assert "syscalls" not in collected.readings and "syscalls" not in collected.missing
+    assert collected.readings["gc"].collections == 3
