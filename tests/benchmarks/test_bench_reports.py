@@ -73,13 +73,13 @@ def test_agent_config_loads_and_runs_only_its_source(source: str, tmp_path: Path
     config = config_from_dict(tomllib.loads(text))
     enabled = config.probes.enabled()
     if source == "all":
-        assert len(enabled) == 5 and config.pyspy_enabled
+        assert len(enabled) == 5 and config.stacks.enabled
     elif source == "stacks":
-        assert enabled == [] and config.pyspy_enabled
+        assert enabled == [] and config.stacks.enabled
     elif source in ("store", "page"):
-        assert enabled == [] and not config.pyspy_enabled
+        assert enabled == [] and not config.stacks.enabled
     else:
-        assert enabled == [source] and not config.pyspy_enabled
+        assert enabled == [source] and not config.stacks.enabled
     assert config.targets[0].pid == 4242 and config.targets[0].latency.url == "http://127.0.0.1:8000/metrics"
 
 
