@@ -288,18 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from agent import bench_cmd
 
-    bench_cmd.add_parser(sub, Parser, _ranged, _source_list)
+    bench_cmd.add_parser(sub, Parser, _ranged)
     return parser
-
-
-def _source_list(text: str) -> list[str]:
-    from benchmarks.harness import SOURCES
-
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in (*SOURCES, "each")]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown source(s) {bad or text!r}; choose from {','.join(SOURCES)},each")
-    return names
 
 
 def _probe_list(known: list[str]):
