@@ -1,4 +1,8 @@
-"""`infersight bench overhead|soak`: the agent's own cost, measured by the programs in `benchmarks/`."""
+"""`infersight bench overhead|soak`: the agent's own cost, measured by the programs in `benchmarks/`.
+
+The one module of `agent` that imports `benchmarks` (tests/test_layers.py): the benchmarks import nothing of the
+agent, they run it as a separate process.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,14 @@ import argparse
 from pathlib import Path
 
 
-def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged, source_list) -> None:
+def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged) -> None:
     bench = sub.add_parser("bench", help="measure the agent's own cost (root)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH", parser_class=parser_class)
 
     overhead = bench_sub.add_parser("overhead", help="workload under fixed load, agent off/on in interleaved pairs")
     overhead.add_argument("--pairs", type=ranged(int, 1, 1000), default=5, help="off/on pairs per source (default 5)")
     overhead.add_argument("--seconds", type=ranged(float, 5, 3600), default=30.0, help="seconds per side (default 30)")
-    overhead.add_argument("--only", type=source_list, default=None,
+    overhead.add_argument("--only", type=_source_list, default=None,
                           help="comma-separated sources measured alone (probes, stacks, store, page, all; 'each': "
                                "every one); default: the default agent")
     overhead.add_argument("--rate", type=ranged(float, 0.1, 1000), default=4.0,
@@ -36,13 +40,26 @@ def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged, sour
     soak.set_defaults(func=_soak)
 
 
+def _source_list(text: str) -> list[str]:
+    from benchmarks.harness import SOURCES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in (*SOURCES, "each")]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown source(s) {bad or text!r}; choose from {','.join(SOURCES)},each")
+    return names
+
+
 def _overhead(args: argparse.Namespace) -> int:
-    from benchmarks import overhead  # the benchmark programs, beside the packages; not imported by the daemon
+    from benchmarks import overhead  # imported only when asked for: every other command stays light
 
     return overhead.main(args.pairs, args.seconds, args.only, args.rate, args.json, args.settle, args.compare_tree)
 
 
 def _soak(args: argparse.Namespace) -> int:
+    from agent.config import Config
     from benchmarks import soak
 
-    return soak.main(args.minutes, args.every, args.rate, args.plot, args.json, args.restart_every)
+    # The soak's agent runs with the default retention; its store must stay within that bound.
+    return soak.main(args.minutes, args.every, args.rate, args.plot, args.json, args.restart_every,
+                     retention_bytes=Config().retention_bytes)

@@ -96,7 +96,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     from agent import collect
 
     return collect.main(pid=args.pid, duration=args.duration, interval=args.interval, as_json=args.json,
-                        probes=args.probes, pyspy=not args.no_pyspy, pyspy_rate=args.pyspy_rate)
+                        probes=args.probes, stacks=not args.no_pyspy, stacks_rate_hz=args.pyspy_rate)
 
 
 def _cmd_flamegraph(args: argparse.Namespace) -> int:
@@ -214,8 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--json", action="store_true", help="one JSON Window per line (docs/window.md)")
     collect.add_argument("--probes", type=_probe_list(sorted(PROBE_FACTORIES)), default=sorted(PROBE_FACTORIES),
                          help=f"comma-separated subset of {','.join(sorted(PROBE_FACTORIES))}")
-    collect.add_argument("--no-pyspy", action="store_true", help="skip Python stack sampling")
-    collect.add_argument("--pyspy-rate", type=_ranged(int, 1, 1000), default=49, help="py-spy samples per second")
+    collect.add_argument("--no-pyspy", action="store_true",
+                         help="skip Python stack sampling: no stacks reading (the config's stacks.enabled = false)")
+    collect.add_argument("--pyspy-rate", type=_ranged(int, 1, 1000), default=49,
+                         help="py-spy samples per second (the config's stacks.rate_hz; default 49)")
     collect.set_defaults(func=_cmd_collect)
 
     flame = sub.add_parser("flamegraph", help="export a flame graph (live, stored, or a diff of two ranges)")
@@ -286,18 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from agent import bench_cmd
 
-    bench_cmd.add_parser(sub, Parser, _ranged, _source_list)
+    bench_cmd.add_parser(sub, Parser, _ranged)
     return parser
-
-
-def _source_list(text: str) -> list[str]:
-    from benchmarks.harness import SOURCES
-
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in (*SOURCES, "each")]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown source(s) {bad or text!r}; choose from {','.join(SOURCES)},each")
-    return names
 
 
 def _probe_list(known: list[str]):

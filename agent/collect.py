@@ -11,7 +11,7 @@ import time
 
 from agent import logs
 from agent.collectors import Collectors
-from agent.config import Config, ProbesConfig, TargetSpec
+from agent.config import Config, ProbesConfig, StacksConfig, TargetSpec
 from agent.loop import CollectionLoop
 from agent.signals import set_on_signal
 from agent.state import AgentState
@@ -23,13 +23,14 @@ log = logging.getLogger("infersight.collect")
 
 
 def main(pid: int, duration: float | None, interval: float, as_json: bool, probes: list[str],
-         pyspy: bool = True, pyspy_rate: int = 49) -> int:
+         stacks: bool = True, stacks_rate_hz: int = 49) -> int:
     logs.setup("warning")
     spec = TargetSpec(name=f"pid{pid}", pid=pid)
     enabled = {name: name in probes for name in ProbesConfig().enabled()}
     # One py-spy segment per window at the asked rate: `collect` is a short look, not the always-on agent.
-    config = Config(interval_seconds=max(interval, 1.0), pyspy_rate_hz=pyspy_rate, probes=ProbesConfig(**enabled),
-                    pyspy_segment_seconds=max(1, min(60, int(interval))), targets=(spec,))
+    config = Config(interval_seconds=max(interval, 1.0), probes=ProbesConfig(**enabled), targets=(spec,),
+                    stacks=StacksConfig(enabled=stacks, rate_hz=stacks_rate_hz,
+                                        segment_seconds=max(1, min(60, int(interval)))))
 
     stop = threading.Event()
 
@@ -43,7 +44,7 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
             stop.set()
 
     state = AgentState()
-    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config, pyspy=pyspy))
+    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config))
     loop = CollectionLoop(specs=[spec], collectors=collectors, state=state, sink=emit, interval=interval)
     loop.start()
     if not loop.watched:

@@ -64,7 +64,7 @@ def _require_choice(key: str, value: str, choices: typing.Iterable[str]) -> None
 
 @dataclass(frozen=True)
 class ProbesConfig:
-    """Which BPF probes the agent loads; a disabled probe is reported as 'disabled', not as an error."""
+    """Which BPF probes the agent loads; a disabled one is not loaded: no health entry, no error, its Window field null."""
 
     syscalls: bool = True
     offcpu: bool = True
@@ -74,6 +74,26 @@ class ProbesConfig:
 
     def enabled(self) -> list[str]:
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name)]
+
+
+@dataclass(frozen=True)
+class StacksConfig:
+    """Python stack sampling with py-spy: the `stacks` Window field (docs/config.md says what each knob costs)."""
+
+    enabled: bool = True
+    # ~0.13-0.4% of a core per Hz on a 35-thread server: a low steady rate, and bursts at full rate while
+    # the detector sees a regression.
+    rate_hz: int = DEFAULT_RATE_HZ
+    burst_rate_hz: int = DEFAULT_BURST_RATE_HZ
+    burst_hold_segments: int = DEFAULT_BURST_HOLD_SEGMENTS
+    segment_seconds: int = DEFAULT_SEGMENT_SECONDS
+    nonblocking: bool = True
+
+    def __post_init__(self) -> None:
+        _require_range("rate_hz", self.rate_hz, 1, 1000)
+        _require_range("burst_rate_hz", self.burst_rate_hz, 1, 1000)
+        _require_range("burst_hold_segments", self.burst_hold_segments, 0, 1000)
+        _require_range("segment_seconds", self.segment_seconds, 1, 60)
 
 
 @dataclass(frozen=True)
@@ -166,20 +186,13 @@ class Config:
     retention_days: float = 14.0
     retention_bytes: int = 1 << 30
     listen: str = "127.0.0.1:9464"
-    # Stack sampling costs ~0.13-0.4% of a core per Hz on a 35-thread server: a low steady rate, and
-    # bursts at full rate while the detector sees a regression (docs/config.md says what each costs).
-    pyspy_enabled: bool = True
-    pyspy_rate_hz: int = DEFAULT_RATE_HZ
-    pyspy_burst_rate_hz: int = DEFAULT_BURST_RATE_HZ
-    pyspy_burst_hold_segments: int = DEFAULT_BURST_HOLD_SEGMENTS
-    pyspy_segment_seconds: int = DEFAULT_SEGMENT_SECONDS
-    pyspy_nonblocking: bool = True
     log_level: str = "info"
     # Besides root: whose processes a target may select. Another user's process is never traced by
     # default, or any local user could make the root agent run py-spy on whatever it starts.
     allowed_users: tuple[str, ...] = ()
     max_targets: int = 16
     probes: ProbesConfig = field(default_factory=ProbesConfig)
+    stacks: StacksConfig = field(default_factory=StacksConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     targets: tuple[TargetSpec, ...] = field(default_factory=default_targets)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
@@ -189,10 +202,6 @@ class Config:
         _require_range("interval_seconds", self.interval_seconds, 1, 60)
         _require_range("retention_days", self.retention_days, 0.01, 3650)
         _require_range("retention_bytes", self.retention_bytes, 1 << 20, 1 << 40)
-        _require_range("pyspy_rate_hz", self.pyspy_rate_hz, 1, 1000)
-        _require_range("pyspy_burst_rate_hz", self.pyspy_burst_rate_hz, 1, 1000)
-        _require_range("pyspy_burst_hold_segments", self.pyspy_burst_hold_segments, 0, 1000)
-        _require_range("pyspy_segment_seconds", self.pyspy_segment_seconds, 1, 60)
         _require_choice("log_level", self.log_level, LOG_LEVELS)
         parse_listen(self.listen)
         _require_range("max_targets", self.max_targets, 1, 1024)
@@ -241,6 +250,10 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 # ---- loading ---------------------------------------------------------------------------------------------
+
+# Keys that were renamed: the old name stops the agent with the new one, rather than a guess.
+_RENAMED = {f"pyspy_{key}": f"stacks.{key}" for key in ("enabled", "rate_hz", "burst_rate_hz",
+                                                          "burst_hold_segments", "segment_seconds", "nonblocking")}
 
 _TYPE_WORDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", Path: "a path string"}
 
@@ -307,6 +320,10 @@ def _build(cls: type, table: dict[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in table if k not in fields]
+    if renamed := next((k for k in unknown if f"{prefix}{k}" in _RENAMED), None):
+        new = _RENAMED[f"{prefix}{renamed}"]
+        table_name, _, key = new.rpartition(".")
+        raise ConfigError(f"{prefix}{renamed}: renamed to {new} (the {key} key of a [{table_name}] table)")
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(fields), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(fields)})"

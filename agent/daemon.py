@@ -111,7 +111,7 @@ class Agent:
         self.rollup = Rollup(self.store)
         self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
                                "ROLLUP": self.rollup,
-                               "PYSPY_RATE_HZ": config.pyspy_rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
+                               "STACKS_RATE_HZ": config.stacks.rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
                                "FINDINGS": self.detection.snapshot if self.detection else None,
                                "ALERTS": self.alerts.view,
                                "CHECK_HOST": _is_loopback(config.listen_address[0])})
@@ -125,8 +125,7 @@ class Agent:
         self.loop = CollectionLoop(
             specs=config.targets,
             collectors=Collectors(config.probes.enabled(), make_sources=lambda t: source_factories(
-                t, config, pyspy=config.pyspy_enabled,
-                wants_burst=self.burst.wants_burst if self.burst is not None else None)),
+                t, config, wants_burst=self.burst.wants_burst if self.burst is not None else None)),
             state=self.state,
             discover_fn=make_discover(config, self.state),
             sink=self._sink,

@@ -85,9 +85,9 @@ def build(args, config: Config) -> Exported:
 
     if not stored:
         pid = args.pid if args.pid is not None else _live_pid(config, args.target)
-        profile = _nonempty(capture_live(pid, args.duration, kind=args.kind, rate_hz=config.pyspy_burst_rate_hz),
+        profile = _nonempty(capture_live(pid, args.duration, kind=args.kind, rate_hz=config.stacks.burst_rate_hz),
                             args.kind, f"from pid {pid} in {args.duration:g} s (is it a Python process?)")
-        return export(profile, args.format, kind=args.kind, title=title, rate_hz=config.pyspy_burst_rate_hz)
+        return export(profile, args.format, kind=args.kind, title=title, rate_hz=config.stacks.burst_rate_hz)
 
     store = _store(config, args.store)
     try:
@@ -96,7 +96,7 @@ def build(args, config: Config) -> Exported:
         current = _nonempty(from_store(store, target, args.since, args.until, args.kind), args.kind,
                             f"for target {target!r} in that range (stored targets: {stored_names})")
         if not baseline:
-            return export(current, args.format, kind=args.kind, title=title, rate_hz=config.pyspy_rate_hz)
+            return export(current, args.format, kind=args.kind, title=title, rate_hz=config.stacks.rate_hz)
         # Against an empty baseline every function would read as a mover.
         base = _nonempty(from_store(store, target, args.baseline_from, args.baseline_to, args.kind), args.kind,
                          f"for target {target!r} in the baseline range")

@@ -142,14 +142,22 @@ class AgentCollector(Collector):
         tick = GaugeMetricFamily("infersight_agent_window_duration_seconds",
                                  "Seconds the last collection tick took to build and store its windows.")
         tick.add_metric([], snap.last_tick_seconds)
-        errors = CounterMetricFamily("infersight_agent_errors", "Errors by source.", labels=["source"])
-        for source, n in sorted(snap.errors.items()):
-            errors.add_metric([source], n)
+        errors = CounterMetricFamily("infersight_agent_errors",
+                                     "Failures of the agent's own work (store, discovery, loop, detector, retention, "
+                                     "rollup, alerts); a collector's failed reads are in its status page health.",
+                                     labels=["component"])
+        for part, n in sorted(snap.errors.items()):
+            errors.add_metric([part], n)
+        missing = CounterMetricFamily("infersight_window_missing_readings",
+                                      "Windows recorded without a source's reading: the source failed or cannot "
+                                      "measure that target; each window's errors say which.", labels=["source"])
+        for source, n in sorted(snap.missing_readings.items()):
+            missing.add_metric([source], n)
         up = GaugeMetricFamily("infersight_source_up", "1 when a source or probe is running, else 0.",
                                labels=["source"])
         for source, health in sorted(snap.health.items()):
             up.add_metric([source], 1.0 if health.up else 0.0)
-        yield from (cpu, children, rss, peak, uptime, windows, late, dropped, tick, errors, up)
+        yield from (cpu, children, rss, peak, uptime, windows, late, dropped, tick, errors, missing, up)
 
 
 def build_registry(state: AgentState) -> CollectorRegistry:

@@ -8,7 +8,10 @@ from collections import Counter
 
 from analysis.health import Health
 from analysis.snapshot import Skipped, Snapshot, TargetStatus, TargetTotals, copy_totals
-from analysis.window import Window
+from analysis.window import READINGS, Window
+
+# The agent's own work that can fail (count_error's names); each starts at 0, so its series exists before it fails.
+AGENT_PARTS = ("alerts", "detector", "discovery", "loop", "retention", "rollup", "store")
 
 
 class AgentState:
@@ -24,7 +27,10 @@ class AgentState:
         self._health: dict[str, Health] = {}
         self._skipped: dict[str, Skipped] = {}
         self.host_tcp_retransmits = 0
-        self.errors: Counter = Counter()  # source -> errors
+        # Failures of the agent's own work, by part. A collector's failed reads are in its Health, not here.
+        self.errors: Counter = Counter(dict.fromkeys(AGENT_PARTS, 0))
+        # Windows recorded without a reading, by Window field: failed or unsupported alike (the window says which).
+        self.missing_readings: Counter = Counter(dict.fromkeys(READINGS, 0))
         self.windows_written = 0
         self.late_ticks = 0
         self.dropped_windows = 0
@@ -35,8 +41,8 @@ class AgentState:
             self._latest[w.target] = w
             self._totals.setdefault(w.target, TargetTotals()).add(w)
             self.windows_written += 1
-            for source in w.errors:
-                self.errors[source] += 1
+            for field_name in w.errors:
+                self.missing_readings[field_name] += 1
 
     def set_target(self, status: TargetStatus) -> None:
         with self._lock:
@@ -62,9 +68,10 @@ class AgentState:
         with self._lock:
             self._health[source] = health.copy()
 
-    def count_error(self, source: str, n: int = 1) -> None:
+    def count_error(self, part: str, n: int = 1) -> None:
+        """One failure of the agent's own work (`part`: one of AGENT_PARTS)."""
         with self._lock:
-            self.errors[source] += n
+            self.errors[part] += n
 
     def count_late_tick(self) -> None:
         with self._lock:
@@ -89,6 +96,7 @@ class AgentState:
                 targets=dict(self._targets),
                 health={k: v.copy() for k, v in self._health.items()},
                 errors=dict(self.errors),
+                missing_readings=dict(self.missing_readings),
                 host_tcp_retransmits=self.host_tcp_retransmits,
                 windows_written=self.windows_written,
                 late_ticks=self.late_ticks,

@@ -18,22 +18,24 @@ from analysis.errors import ProbeError
 log = logging.getLogger("infersight.sources")
 
 
-def source_factories(target: Target, config: Config, pyspy: bool = True,
+def source_factories(target: Target, config: Config,
                      wants_burst: Callable[[str], bool] | None = None) -> SourceFactories:
     """Window field -> constructor; the Collectors registry builds them when the target appears.
-    `wants_burst(target name)` switches stack sampling to its burst rate (the daemon's BurstPolicy)."""
+    `stacks` only when `config.stacks.enabled`; `wants_burst(target name)` switches stack sampling to its
+    burst rate (the daemon's BurstPolicy)."""
     factories: SourceFactories = {
         "process": lambda: ProcessSource(target.pid),
         "gpu": lambda: GpuSource(target.pid),
     }
-    if pyspy:
+    stacks = config.stacks
+    if stacks.enabled:
         trigger = (lambda: wants_burst(target.name)) if wants_burst is not None else None
         # A segment longer than a window would leave whole windows without stacks.
-        segment = min(config.pyspy_segment_seconds, max(1, int(config.interval_seconds)))
+        segment = min(stacks.segment_seconds, max(1, int(config.interval_seconds)))
         factories["stacks"] = lambda: PySpySampler(
-            target.pid, rate_hz=config.pyspy_rate_hz, nonblocking=config.pyspy_nonblocking,
-            segment_seconds=segment, burst_rate_hz=config.pyspy_burst_rate_hz,
-            burst_hold_segments=config.pyspy_burst_hold_segments, wants_burst=trigger)
+            target.pid, rate_hz=stacks.rate_hz, nonblocking=stacks.nonblocking,
+            segment_seconds=segment, burst_rate_hz=stacks.burst_rate_hz,
+            burst_hold_segments=stacks.burst_hold_segments, wants_burst=trigger)
     latency = target.spec.latency
     if latency is not None:
         factories["latency"] = lambda: _latency_source(latency)

@@ -85,7 +85,7 @@ class Snapshot:
     totals: dict[str, TargetTotals]
     targets: dict[str, TargetStatus]
     health: dict[str, Health]
-    # Errors by collector name (the Window field) or agent part ("store", "loop", "discovery").
+    # Failures of the agent's own work by part ("store", "loop", "discovery", ...); a collector's are in `health`.
     errors: dict[str, int]
     host_tcp_retransmits: int
     windows_written: int
@@ -94,6 +94,8 @@ class Snapshot:
     last_tick_seconds: float
     # Spec name -> what its regex matched but the agent does not watch (allowed_users, max_targets).
     skipped: dict[str, Skipped] = field(default_factory=dict)
+    # Windows recorded without a reading, by Window field (the source failed or cannot measure that target).
+    missing_readings: dict[str, int] = field(default_factory=dict)
 
     @property
     def uptime_seconds(self) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import msgspec
@@ -193,3 +193,8 @@ class Window:
             return msgspec.json.decode(text, type=cls)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise ValueError(f"not a Window: {exc}") from None
+
+
+# The fields a collector fills, each named after its collector (the config key and the metric label too).
+READINGS: tuple[str, ...] = tuple(f.name for f in fields(Window)
+                                  if f.name not in ("target", "pid", "start", "end", "errors"))

@@ -50,10 +50,10 @@ def agent_config(source: str, store_dir: Path, listen: str, server_pid: int | No
         raise BenchError(f"unknown source {source!r}; choose from {', '.join(SOURCES)}")
     probes = {p: source in (p, "all") for p in PROBES}
     lines = [f'store_dir = "{store_dir}"', f'listen = "{listen}"', 'log_level = "warning"']
-    if source not in ("stacks", "all"):
-        lines.append("pyspy_enabled = false")  # only when off: the default agent's config stays the defaults
     for key, value in (extra or {}).items():
         lines.append(f"{key} = {str(value).lower() if isinstance(value, bool) else value}")
+    if source not in ("stacks", "all"):
+        lines += ["[stacks]", "enabled = false"]  # only when off: the default agent's config stays the defaults
     lines.append("[probes]")
     lines += [f"{p} = {'true' if on else 'false'}" for p, on in probes.items()]
     which = f'pidfile = "{pidfile}"' if pidfile is not None else f"pid = {server_pid}"

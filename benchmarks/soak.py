@@ -128,7 +128,7 @@ class Served:
 
 
 def run(minutes: float, every: float, rate: float, restart_every: float | None = None,
-        progress: TextIO = sys.stderr) -> tuple[list[Reading], int]:
+        progress: TextIO = sys.stderr) -> list[Reading]:
     workdir = Path(tempfile.mkdtemp(prefix="infersight-soak-"))
     readings: list[Reading] = []
     served = Served(rate, workdir)
@@ -182,22 +182,22 @@ def run(minutes: float, every: float, rate: float, restart_every: float | None =
         agent.stop()
         served.stop()
     shutil.rmtree(workdir, ignore_errors=True)  # kept when the soak failed: the agent's log is there
-    from agent.config import Config
-
-    return readings, Config().retention_bytes
+    return readings
 
 
 def main(minutes: float, every: float, rate: float, plot_path: str | None, as_json: bool,
-         restart_every: float | None = None) -> int:
+         restart_every: float | None = None, *, retention_bytes: int) -> int:
+    """`retention_bytes`: the store bound of the agent under test (its default config's), which the store
+    must stay within; the caller knows the agent's config, the benchmark only runs the agent."""
     if os.geteuid() != 0:
         print("infersight: bench soak must run as root: the agent loads BPF programs and runs py-spy", file=sys.stderr)
         return 1
     try:
-        readings, bound = run(minutes, every, rate, restart_every)
+        readings = run(minutes, every, rate, restart_every)
     except (BenchError, OSError) as exc:
         print(f"infersight: bench soak failed: {exc}", file=sys.stderr)
         return 1
-    result = verdict(readings, bound)
+    result = verdict(readings, retention_bytes)
     print(table(readings))
     print(json.dumps(result, indent=1))
     if plot_path:

@@ -15,12 +15,12 @@ from dashboards.limits import LIST_SLOTS, PROFILE_SLOTS, Gate
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     """Build the app. config keys: STATE (the agent's live state), STORE (its store), REGISTRY (prometheus),
-    PYSPY_RATE_HZ and INTERVAL_SECONDS (to label and time profiles), FINDINGS (a callable giving the
+    STACKS_RATE_HZ and INTERVAL_SECONDS (to label and time profiles), FINDINGS (a callable giving the
     detector's latest findings, or None), ALERTS (a callable returning the alert outbox as plain dicts, or
     None when the agent delivers no alerts), ROLLUP (the minute rollup the agent advances, or None: the page
     makes its own)."""
     app = Flask(__name__)
-    app.config.update(STATE=None, STORE=None, REGISTRY=None, PYSPY_RATE_HZ=None, INTERVAL_SECONDS=5.0,
+    app.config.update(STATE=None, STORE=None, REGISTRY=None, STACKS_RATE_HZ=None, INTERVAL_SECONDS=5.0,
                       FINDINGS=None, ALERTS=None, ROLLUP=None, PROFILE_GATE=Gate(PROFILE_SLOTS, "profile"),
                       LIST_GATE=Gate(LIST_SLOTS, "list or export request"))
     if config:

@@ -104,7 +104,7 @@ def flamegraph():
     except ValueError as exc:
         abort(400, description=str(exc))
     exported = export(profile, fmt, kind=kind, title=f"{target} — {kind}",
-                      rate_hz=current_app.config.get("PYSPY_RATE_HZ"))
+                      rate_hz=current_app.config.get("STACKS_RATE_HZ"))
     return _send(exported, f"{target}-{kind}")
 
 
@@ -162,7 +162,7 @@ def pprof_profile():
         return _busy(str(exc))
     profile = from_store(store, target, start, start + seconds, kind)
     exported = export(profile, "pprof", kind=kind, title=f"{target} — {kind}",
-                      rate_hz=current_app.config.get("PYSPY_RATE_HZ"))
+                      rate_hz=current_app.config.get("STACKS_RATE_HZ"))
     return _send(exported, f"{target}-{kind}")
 
 

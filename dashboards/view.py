@@ -33,6 +33,7 @@ def _status(snapshot: Snapshot) -> dict[str, Any]:
         "late_ticks": snapshot.late_ticks,
         "dropped_windows": snapshot.dropped_windows,
         "errors": snapshot.errors,
+        "missing_readings": snapshot.missing_readings,
         "targets": [
             {"name": t.name, "pid": t.pid, "state": t.state, "since": t.since, "detail": t.detail}
             for t in sorted(snapshot.targets.values(), key=lambda t: t.name)

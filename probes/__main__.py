@@ -23,7 +23,8 @@ class ProbeEntry:
 
 
 def _tcp_host(probe: Any) -> dict[str, Any]:
-    return {"host": dataclasses.asdict(probe.last_host), "not_sent": probe.last_not_sent,
+    host = probe.host()
+    return {"host": dataclasses.asdict(host) if host is not None else None, "not_sent": probe.last_not_sent,
             "send_failed": probe.last_send_failed, "errors": probe.last_errors}
 
 

@@ -129,8 +129,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
     start.delete(&next);
     if (which >= MAX_TARGETS)
         return 0;
-    // bpf_log2l() is floor(log2)+1; Log2Histogram's slot i is [2^i, 2^(i+1)) us.
-    u32 bucket = bpf_log2l(delta / 1000) - 1;
+    u32 bucket = log2_slot(delta / 1000);  // Log2Histogram's slot i is [2^i, 2^(i+1)) us
     if (bucket >= HIST_SLOTS)
         bucket = HIST_SLOTS - 1;
     u32 idx = which * HIST_SLOTS + bucket;
@@ -164,7 +163,8 @@ def render(config: RunqlatConfig) -> str:
         f"#define THREAD_ENTRIES {config.thread_entries}",
         f"#define HIST_SLOTS {HIST_SLOTS}",
     ]
-    return "\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + c_helpers.lost() + BPF_TEXT
+    return ("\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + c_helpers.lost()
+            + c_helpers.log2_slot() + BPF_TEXT)
 
 
 def thread_ids(tgid: int, proc_root: Path = Path("/proc")) -> list[int]:

@@ -100,8 +100,7 @@ RAW_TRACEPOINT_PROBE(sys_exit)
     s->ts = 0;
     if (s->tgid != (u32)(pid_tgid >> 32))
         return 0;  // a reused tid: the entry belonged to a thread that died in a syscall
-    // bpf_log2l() is floor(log2)+1 (bcc's print convention); Log2Histogram's slot i is [2^i, 2^(i+1)).
-    struct lat_key_t key = {.idx = s->idx, .bucket = bpf_log2l(delta) - 1};
+    struct lat_key_t key = {.idx = s->idx, .bucket = log2_slot(delta)};
     u64 *n = latency.lookup(&key);
     if (n) {
         (*n)++;
@@ -145,7 +144,8 @@ def render(config: SyscallsConfig) -> str:
     ]
     if config.latency:
         defines.append("#define LATENCY 1")
-    return "\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + c_helpers.lost() + BPF_TEXT
+    return ("\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + c_helpers.lost()
+            + c_helpers.log2_slot() + BPF_TEXT)
 
 
 # Newer than the generated 6.1 table. 335 is the syscall a uretprobe's return trampoline makes (Linux

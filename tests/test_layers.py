@@ -1,20 +1,25 @@
 """No import goes from a lower layer to a higher one (docs/architecture.md), checked over every module's AST."""
 
 import ast
+import configparser
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-OURS = {"agent", "analysis", "dashboards", "probes", "workload"}
+OURS = {"agent", "analysis", "benchmarks", "dashboards", "probes", "workload"}
 # Package -> the packages of ours it may import (its own is always allowed).
 ALLOWED = {
     "analysis": set(),
     "probes": {"analysis"},
     "workload": set(),
     "dashboards": {"analysis"},
-    "agent": {"analysis", "probes", "dashboards"},
+    # The benchmarks measure the agent from outside: they start it as a process and never import it.
+    "benchmarks": {"workload"},
+    "agent": {"analysis", "probes", "dashboards", "benchmarks"},
 }
+# Of the agent, only the `infersight bench` subcommand reaches the benchmarks.
+BENCH_COMMAND = "agent/bench_cmd.py"
 # Collectors take only the records from analysis/, never its models or flame graph code.
 # The records, and redaction: a collector hides credentials in what it reports (URLs, command lines) at the source.
 RECORDS = {"analysis.window", "analysis.health", "analysis.errors", "analysis.redact"}
@@ -44,6 +49,23 @@ def test_no_import_reaches_up(package):
             if top in OURS and top != package and top not in ALLOWED[package]:
                 wrong.append(f"{path.relative_to(REPO)}:{line} imports {name}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_bench_command_imports_the_benchmarks():
+    wrong = []
+    for path in modules("agent"):
+        for line, name in imports_of(path):
+            if name.split(".")[0] == "benchmarks" and path.relative_to(REPO).as_posix() != BENCH_COMMAND:
+                wrong.append(f"{path.relative_to(REPO)}:{line} imports {name}")
+    assert not wrong, "\n".join(wrong)
+    assert any(n.startswith("benchmarks") for _, n in imports_of(REPO / BENCH_COMMAND))
+
+
+def test_every_installed_package_has_a_layer():
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    installed = {name.split(".")[0] for name in setup["options.packages.find"]["include"].split()}
+    assert installed == OURS == set(ALLOWED)
 
 
 @pytest.mark.parametrize("folder", ["probes", "agent/sources"])

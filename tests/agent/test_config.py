@@ -13,6 +13,7 @@ from agent.config import (
     Config,
     ConfigError,
     LatencySpec,
+    StacksConfig,
     TargetSpec,
     UntrustedPath,
     check_config_paths,
@@ -53,8 +54,9 @@ def error_of(conf_dir: Path, text: str) -> str:
 def test_no_file_gives_defaults_with_the_bundled_workload_target() -> None:
     c = load_config(None)
     assert c == Config()
-    assert (c.interval_seconds, c.pyspy_rate_hz, c.pyspy_nonblocking, c.listen) == (5.0, 3, True, "127.0.0.1:9464")
-    assert (c.pyspy_burst_rate_hz, c.pyspy_burst_hold_segments, c.pyspy_segment_seconds) == (49, 3, 5)
+    assert (c.interval_seconds, c.listen) == (5.0, "127.0.0.1:9464")
+    assert c.stacks == StacksConfig(enabled=True, rate_hz=3, burst_rate_hz=49, burst_hold_segments=3,
+                                    segment_seconds=5, nonblocking=True)
     assert c.store_dir == Path("/var/lib/infersight")
     assert c.probes.enabled() == ["syscalls", "offcpu", "gc", "tcp", "runqueue"]
     (t,) = c.targets
@@ -77,11 +79,12 @@ store_dir = "var"
 retention_days = 0.5
 retention_bytes = 2097152
 listen = "[::1]:9999"
-pyspy_rate_hz = 97
-pyspy_nonblocking = false
 log_level = "debug"
 [probes]
 gc = false
+[stacks]
+rate_hz = 97
+nonblocking = false
 [[targets]]
 name = "llm"
 process_regex = "vllm\\\\.entrypoints"
@@ -105,7 +108,7 @@ latency = { url = "https://h/metrics", metric = "my_latency_ms", unit_seconds = 
     assert c.store_dir == conf_dir / "var"
     assert (c.retention_days, c.retention_bytes, c.retention_seconds) == (0.5, 2097152, 43200.0)
     assert c.listen_address == ("::1", 9999)
-    assert (c.pyspy_rate_hz, c.pyspy_nonblocking, c.log_level) == (97, False, "debug")
+    assert (c.stacks.rate_hz, c.stacks.nonblocking, c.stacks.enabled, c.log_level) == (97, False, True, "debug")
     assert c.probes.enabled() == ["syscalls", "offcpu", "tcp", "runqueue"]
     llm, tgi, triton, custom = c.targets
     assert llm.latency.url == "http://10.0.0.2:8001/metrics"
@@ -126,9 +129,9 @@ def test_example_config_in_docs_loads() -> None:
 @pytest.mark.parametrize("text, message", [
     ("interval_second = 3", "unknown key interval_second (did you mean 'interval_seconds'?)"),
     ("zzz = 3", ("unknown key zzz (known: interval_seconds, store_dir, retention_days, retention_bytes, "
-                 "listen, pyspy_enabled, pyspy_rate_hz, pyspy_burst_rate_hz, pyspy_burst_hold_segments, "
-                 "pyspy_segment_seconds, pyspy_nonblocking, log_level, allowed_users, max_targets, probes, "
-                 "detector, targets, alerts, receivers)")),
+                 "listen, log_level, allowed_users, max_targets, probes, stacks, detector, targets, alerts, "
+                 "receivers)")),
+    ("[stacks]\nrate = 3", "unknown key stacks.rate (did you mean 'rate_hz'?)"),
     ("[probes]\nsyscall = true", "unknown key probes.syscall (did you mean 'syscalls'?)"),
     ('[[targets]]\nname = "a"\npid = 1\nlatncy = {preset = "vllm"}',
      "unknown key targets[0].latncy (did you mean 'latency'?)"),
@@ -138,14 +141,18 @@ def test_example_config_in_docs_loads() -> None:
     ("interval_seconds = 61", "interval_seconds: must be within [1, 60], got 61.0"),
     ('interval_seconds = "5"', "interval_seconds: expected a number, got '5' (string)"),
     ("interval_seconds = true", "interval_seconds: expected a number, got True (boolean)"),
-    ("pyspy_rate_hz = 0", "pyspy_rate_hz: must be within [1, 1000], got 0"),
-    ("pyspy_rate_hz = 1001", "pyspy_rate_hz: must be within [1, 1000], got 1001"),
-    ("pyspy_rate_hz = 49.5", "pyspy_rate_hz: expected an integer, got 49.5 (float)"),
-    ("pyspy_segment_seconds = 0", "pyspy_segment_seconds: must be within [1, 60], got 0"),
-    ("pyspy_segment_seconds = 2.5", "pyspy_segment_seconds: expected an integer, got 2.5 (float)"),
-    ("pyspy_burst_rate_hz = 1001", "pyspy_burst_rate_hz: must be within [1, 1000], got 1001"),
-    ("pyspy_burst_hold_segments = -1", "pyspy_burst_hold_segments: must be within [0, 1000], got -1"),
-    ('pyspy_nonblocking = "yes"', "pyspy_nonblocking: expected a boolean, got 'yes' (string)"),
+    ("[stacks]\nrate_hz = 0", "stacks.rate_hz: must be within [1, 1000], got 0"),
+    ("[stacks]\nrate_hz = 1001", "stacks.rate_hz: must be within [1, 1000], got 1001"),
+    ("[stacks]\nrate_hz = 49.5", "stacks.rate_hz: expected an integer, got 49.5 (float)"),
+    ("[stacks]\nsegment_seconds = 0", "stacks.segment_seconds: must be within [1, 60], got 0"),
+    ("[stacks]\nsegment_seconds = 2.5", "stacks.segment_seconds: expected an integer, got 2.5 (float)"),
+    ("[stacks]\nburst_rate_hz = 1001", "stacks.burst_rate_hz: must be within [1, 1000], got 1001"),
+    ("[stacks]\nburst_hold_segments = -1", "stacks.burst_hold_segments: must be within [0, 1000], got -1"),
+    ('[stacks]\nnonblocking = "yes"', "stacks.nonblocking: expected a boolean, got 'yes' (string)"),
+    ("[stacks]\nenabled = 1", "stacks.enabled: expected a boolean, got 1 (integer)"),
+    ("stacks = 3", "stacks: expected a table, got 3 (integer)"),
+    ("pyspy_rate_hz = 3", "pyspy_rate_hz: renamed to stacks.rate_hz (the rate_hz key of a [stacks] table)"),
+    ("pyspy_enabled = false", "pyspy_enabled: renamed to stacks.enabled (the enabled key of a [stacks] table)"),
     ("retention_bytes = 1000", "retention_bytes: must be within [1048576, 1099511627776], got 1000"),
     ("retention_days = 0", "retention_days: must be within [0.01, 3650], got 0.0"),
     ('log_level = "loud"', "log_level: must be one of debug, info, warning, error, got 'loud'"),
@@ -191,6 +198,15 @@ def test_example_config_in_docs_loads() -> None:
 ])
 def test_each_error_is_one_line_naming_key_and_value(conf_dir: Path, text: str, message: str) -> None:
     assert error_of(conf_dir, text) == message
+
+
+@pytest.mark.parametrize("key", ["enabled", "rate_hz", "burst_rate_hz", "burst_hold_segments", "segment_seconds",
+                                 "nonblocking"])
+def test_each_old_pyspy_key_names_its_stacks_key_which_loads(conf_dir: Path, key: str) -> None:
+    value = str(getattr(StacksConfig(), key)).lower()
+    assert error_of(conf_dir, f"pyspy_{key} = {value}") == (
+        f"pyspy_{key}: renamed to stacks.{key} (the {key} key of a [stacks] table)")
+    assert load_config(write(conf_dir, f"[stacks]\n{key} = {value}\n")).stacks == StacksConfig()
 
 
 def test_not_utf8(conf_dir: Path) -> None:

@@ -63,9 +63,10 @@ def test_workload_load_agent_restart_and_crash(require_bpf, tmp_path):
         interval_seconds = {INTERVAL}
         store_dir = "{store_dir}"
         listen = "127.0.0.1:{agent_port}"
-        pyspy_rate_hz = 29
+        [stacks]
+        rate_hz = 29
         # 1 s py-spy segments: every 3 s window then holds stacks, which the test asserts.
-        pyspy_segment_seconds = 1
+        segment_seconds = 1
 
         [[targets]]
         name = "workload"

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from agent.collectors import Collectors
-from agent.config import Config, TargetSpec
+from agent.config import Config, StacksConfig, TargetSpec
 from agent.loop import CollectionLoop
 from agent.state import AgentState
 from agent.target_sources import source_factories
@@ -29,9 +29,9 @@ def stop(*procs):
 
 
 def make_loop(specs, probes, sink, interval=1.0):
-    config = Config(interval_seconds=max(1.0, interval), targets=tuple(specs))
+    config = Config(interval_seconds=max(1.0, interval), targets=tuple(specs), stacks=StacksConfig(enabled=False))
     state = AgentState()
-    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config, pyspy=False))
+    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config))
     loop = CollectionLoop(specs=specs, collectors=collectors, state=state, sink=sink, interval=interval)
     return loop, state
 

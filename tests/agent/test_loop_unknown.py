@@ -7,10 +7,11 @@ from collections.abc import Iterable
 import pytest
 
 from agent.collectors import Collectors
-from agent.config import Config, TargetSpec
+from agent.config import Config, StacksConfig, TargetSpec
 from agent.loop import CollectionLoop
 from agent.state import AgentState
 from agent.target_sources import source_factories
+from agent.targets import Target
 from analysis.health import Health
 from analysis.window import GcReading
 
@@ -27,12 +28,12 @@ def stop(procs: Iterable[subprocess.Popen]) -> None:
         p.wait()
 
 
-def run_loop(procs: list[subprocess.Popen], probes: list[str], factories: dict | None = None, pyspy: bool = False,
+def run_loop(procs: list[subprocess.Popen], probes: list[str], factories: dict | None = None, stacks: bool = False,
              settle: float = 0.5) -> list:
     specs = [TargetSpec(name=f"t{i}", pid=p.pid) for i, p in enumerate(procs)]
-    config = Config(interval_seconds=1.0, targets=tuple(specs))
+    config = Config(interval_seconds=1.0, targets=tuple(specs), stacks=StacksConfig(enabled=stacks))
     windows: list = []
-    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config, pyspy=pyspy),
+    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config),
                             probe_factories=factories)
     loop = CollectionLoop(specs=specs, collectors=collectors, state=AgentState(), sink=windows.append, interval=1.0)
     try:
@@ -109,7 +110,7 @@ def test_a_new_target_a_probe_could_not_take_has_no_reading():
     first, late = sleepers(2)
     specs = [TargetSpec(name="first", pid=first.pid)]
     found = [specs[0]]
-    config = Config(interval_seconds=1.0, targets=tuple(specs))
+    config = Config(interval_seconds=1.0, targets=tuple(specs), stacks=StacksConfig(enabled=False))
     windows: list = []
     from agent.targets import discover
 
@@ -117,7 +118,7 @@ def test_a_new_target_a_probe_could_not_take_has_no_reading():
     loop = CollectionLoop(specs=specs, state=AgentState(), sink=windows.append, interval=1.0,
                           collectors=Collectors(["gc"], probe_factories={"gc": lambda: _Failing(
                               "set_targets", ValueError("too many: 2"))},
-                              make_sources=lambda t: source_factories(t, config, pyspy=False)),
+                              make_sources=lambda t: source_factories(t, config)),
                           discover_fn=lambda _specs, problems: discover(found, problems=problems))
     try:
         loop.start()
@@ -147,8 +148,27 @@ def test_a_target_without_libpython_has_no_gc_reading(require_bpf):
 def test_pyspy_failing_to_attach_gives_no_stacks_reading(require_root):
     procs = sleepers(1)
     try:
-        (window,) = run_loop(procs, [], pyspy=True, settle=3.0)
+        (window,) = run_loop(procs, [], stacks=True, settle=3.0)
     finally:
         stop(procs)
     assert window.stacks is None
     assert "failed to attach" in window.errors["stacks"]
+
+
+def test_a_disabled_probe_is_not_loaded_has_no_health_and_is_not_an_error():
+    (proc,) = sleepers(1)
+    built: list[str] = []
+    factories = {"gc": lambda: _Failing("never", ValueError("unused")),
+                 "syscalls": lambda: built.append("syscalls")}  # disabled: must never be built
+    spec = TargetSpec(name="t", pid=proc.pid)
+    collectors = Collectors(["gc"], probe_factories=factories)
+    try:
+        collectors.start([Target(name="t", pid=proc.pid, start_time=0, cmdline=("sleep",), spec=spec)])
+        (collected,) = collectors.read().values()
+        health = collectors.health()
+    finally:
+        collectors.stop()
+        stop([proc])
+    assert built == [] and set(health) == {"gc"}
+    assert "syscalls" not in collected.readings and "syscalls" not in collected.missing
+    assert collected.readings["gc"].collections == 3

@@ -56,22 +56,22 @@ def test_regression_flame_graph_names_the_hot_function(require_root, tmp_path: P
             opened_at.append(t_fault + config.interval_seconds)
             # One window plus one py-spy segment after the switch, stacks are the fault's only.
             # No switching it off: the server, overloaded by the fault, stops with the test.
-            time.sleep(FAULT_S + config.interval_seconds + config.pyspy_segment_seconds)
+            time.sleep(FAULT_S + config.interval_seconds + config.stacks.segment_seconds)
         finally:
             stop.set()
             runner.join(timeout=30)
             loop.close()
             load.stop()
     try:
-        margin = config.interval_seconds + config.pyspy_segment_seconds
+        margin = config.interval_seconds + config.stacks.segment_seconds
         baseline = from_store(store, "w", t0 + margin, t_fault, "active")
         current = from_store(store, "w", t_fault + margin, time.time(), "active")
     finally:
         store.close()
     grew = sorted((m for m in diff(baseline, current).functions if m.total_delta > 0), key=lambda m: -m.total_delta)
     movers = grew[:3]
-    print(f"\n{fault}: active samples baseline {baseline.total()} (steady {config.pyspy_rate_hz} Hz), regression "
-          f"{current.total()} over {FAULT_S:.0f} s (burst {config.pyspy_burst_rate_hz} Hz); top growers "
+    print(f"\n{fault}: active samples baseline {baseline.total()} (steady {config.stacks.rate_hz} Hz), regression "
+          f"{current.total()} over {FAULT_S:.0f} s (burst {config.stacks.burst_rate_hz} Hz); top growers "
           + ", ".join(f"{m.name} {m.total_delta:+.1f} pp" for m in movers))
     assert current.total() >= 200, f"too few samples for a regression flame graph: {current.total()}"
     assert any(HOT[fault] in m.name for m in movers), [(m.name, round(m.total_delta, 1)) for m in grew[:8]]

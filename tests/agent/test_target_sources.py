@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from agent.config import Config, TargetSpec
+from agent.config import Config, StacksConfig, TargetSpec
 from agent.target_sources import source_factories
 from agent.targets import Target
 
@@ -14,8 +14,8 @@ from agent.targets import Target
 @pytest.mark.parametrize("interval, segment, expected", [(5.0, 5, 5), (3.0, 5, 3), (2.5, 1, 1), (60.0, 10, 10)])
 def test_sampler_segment_is_at_most_one_window(interval: float, segment: int, expected: int) -> None:
     spec = TargetSpec(name="me", pid=os.getpid())
-    config = Config(interval_seconds=interval, pyspy_segment_seconds=segment, pyspy_rate_hz=5, pyspy_burst_rate_hz=31,
-                    targets=(spec,))
+    config = Config(interval_seconds=interval, targets=(spec,),
+                    stacks=StacksConfig(segment_seconds=segment, rate_hz=5, burst_rate_hz=31))
     asked: list[str] = []
     target = Target(name="me", pid=os.getpid(), start_time=0, cmdline=("python",), spec=spec)
     factories = source_factories(target, config, wants_burst=lambda name: asked.append(name) or False)
@@ -26,3 +26,11 @@ def test_sampler_segment_is_at_most_one_window(interval: float, segment: int, ex
         assert sampler._wants_burst() is False and set(asked) == {"me"}  # the trigger asks by target name
     finally:
         sampler.close()
+
+
+def test_no_stack_sampler_when_the_config_turns_stacks_off() -> None:
+    spec = TargetSpec(name="me", pid=os.getpid())
+    target = Target(name="me", pid=os.getpid(), start_time=0, cmdline=("python",), spec=spec)
+    off = Config(targets=(spec,), stacks=StacksConfig(enabled=False))
+    assert "stacks" not in source_factories(target, off)
+    assert "stacks" in source_factories(target, Config(targets=(spec,)))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import config_from_dict
+from agent.config import ProbesConfig, config_from_dict
 from benchmarks import plot
-from benchmarks.harness import SOURCES, BenchError, agent_config
+from benchmarks.harness import PROBES, SOURCES, BenchError, agent_config
 from benchmarks.openloop import Done
 from benchmarks.overhead import Phase, summarize
 from benchmarks.soak import Reading, verdict
@@ -73,14 +73,19 @@ def test_agent_config_loads_and_runs_only_its_source(source: str, tmp_path: Path
     config = config_from_dict(tomllib.loads(text))
     enabled = config.probes.enabled()
     if source == "all":
-        assert len(enabled) == 5 and config.pyspy_enabled
+        assert len(enabled) == 5 and config.stacks.enabled
     elif source == "stacks":
-        assert enabled == [] and config.pyspy_enabled
+        assert enabled == [] and config.stacks.enabled
     elif source in ("store", "page"):
-        assert enabled == [] and not config.pyspy_enabled
+        assert enabled == [] and not config.stacks.enabled
     else:
-        assert enabled == [source] and not config.pyspy_enabled
+        assert enabled == [source] and not config.stacks.enabled
     assert config.targets[0].pid == 4242 and config.targets[0].latency.url == "http://127.0.0.1:8000/metrics"
+
+
+def test_the_benchmarks_name_the_agents_probes() -> None:
+    # The benchmarks do not import the agent (tests/test_layers.py), so they keep their own copy of the names.
+    assert list(PROBES) == ProbesConfig().enabled()
 
 
 def test_unknown_source_is_one_line() -> None:
@@ -103,3 +108,14 @@ def test_agent_config_by_pidfile_for_a_server_that_restarts(tmp_path: Path) -> N
     text = agent_config("all", tmp_path / "s", "127.0.0.1:1", None, "http://127.0.0.1:8", pidfile=tmp_path / "w.pid")
     (target,) = config_from_dict(tomllib.loads(text)).targets
     assert target.pid is None and target.pidfile == tmp_path / "w.pid"
+
+
+def test_bench_soak_hands_the_default_retention_bound_to_the_benchmark(monkeypatch) -> None:
+    from agent.cli import build_parser
+    from agent.config import Config
+    from benchmarks import soak
+
+    seen: dict = {}
+    monkeypatch.setattr(soak, "main", lambda *args, **kwargs: seen.update(kwargs) or 0)
+    args = build_parser().parse_args(["bench", "soak", "--minutes", "1"])
+    assert args.func(args) == 0 and seen == {"retention_bytes": Config().retention_bytes}

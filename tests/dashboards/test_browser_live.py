@@ -46,7 +46,8 @@ def agent_config(tmp: Path, port: int, targets: str, warmup: int = 8) -> Path:
         interval_seconds = 1
         store_dir = "{tmp / 'store'}"
         listen = "127.0.0.1:{port}"
-        pyspy_rate_hz = 49
+        [stacks]
+        rate_hz = 49
 
         [detector]
         warmup_windows = {warmup}

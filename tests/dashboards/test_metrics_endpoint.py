@@ -34,4 +34,13 @@ def test_agent_health_series(client):
     assert s[("infersight_agent_resident_memory_bytes", ())] > 10 * 2**20
     assert s[("infersight_source_up", (("source", "syscalls"),))] == 1
     assert s[("infersight_source_up", (("source", "gc"),))] == 0
-    assert s[("infersight_agent_errors_total", (("source", "stacks"),))] == 1
+
+def test_agent_errors_count_its_own_failures_and_missing_readings_are_apart(client, state):
+    s = _samples(client)
+    # The window lacks stacks (py-spy exited): a missing reading, not a failure of the agent's own work.
+    assert s[("infersight_window_missing_readings_total", (("source", "stacks"),))] == 1
+    assert s[("infersight_window_missing_readings_total", (("source", "gc"),))] == 0
+    assert ("infersight_agent_errors_total", (("component", "stacks"),)) not in s
+    assert s[("infersight_agent_errors_total", (("component", "store"),))] == 0  # exists before the first failure
+    state.count_error("store")
+    assert _samples(client)[("infersight_agent_errors_total", (("component", "store"),))] == 1

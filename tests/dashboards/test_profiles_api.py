@@ -37,7 +37,7 @@ def store(tmp_path):
 @pytest.fixture
 def client(store):
     clock = {"now": 1000.0}
-    app = create_app({"STORE": store, "PYSPY_RATE_HZ": 49, "INTERVAL_SECONDS": 5.0,
+    app = create_app({"STORE": store, "STACKS_RATE_HZ": 49, "INTERVAL_SECONDS": 5.0,
                       "SLEEP": lambda s: clock.__setitem__("now", clock["now"] + s), "CLOCK": lambda: clock["now"]})
     return app.test_client()
 
@@ -83,7 +83,7 @@ def test_diff_names_the_function_that_grew(client):
 
 def test_pprof_pull_endpoint_waits_then_answers(store, tmp_path):
     clock = {"now": 150.0}
-    app = create_app({"STORE": store, "PYSPY_RATE_HZ": 49, "INTERVAL_SECONDS": 5.0, "CLOCK": lambda: clock["now"],
+    app = create_app({"STORE": store, "STACKS_RATE_HZ": 49, "INTERVAL_SECONDS": 5.0, "CLOCK": lambda: clock["now"],
                       "SLEEP": lambda s: clock.__setitem__("now", clock["now"] + s)})
     resp = app.test_client().get("/debug/pprof/profile?seconds=20&target=server")
     assert resp.status_code == 200

@@ -71,7 +71,8 @@ def test_prometheus_scrapes_the_agent_and_every_expression_answers(require_bpf, 
         interval_seconds = 1
         store_dir = "{tmp_path / 'store'}"
         listen = "127.0.0.1:{agent_port}"
-        pyspy_rate_hz = 29
+        [stacks]
+        rate_hz = 29
 
         [detector]
         warmup_windows = 8

@@ -30,7 +30,7 @@ def served(tmp_path):
         store.add_window(_window(now - 20 + 5 * i, target="other"))
     state = AgentState()
     app = create_app({"STATE": state, "STORE": store, "REGISTRY": build_registry(state),
-                      "PYSPY_RATE_HZ": 49, "INTERVAL_SECONDS": 1.0})
+                      "STACKS_RATE_HZ": 49, "INTERVAL_SECONDS": 1.0})
     web = WebServer(app, "127.0.0.1", 0)
     web.start()
     yield web.url, app

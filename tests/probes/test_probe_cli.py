@@ -1,6 +1,7 @@
 """`python -m probes NAME`: every probe's C renders, config overrides are typed, a real run prints windows."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -24,6 +25,16 @@ def test_set_parses_by_field_type_and_rejects_the_rest():
         build_config(SyscallsConfig, ["latency=maybe"])
     with pytest.raises(ValueError, match="KEY one of"):
         build_config(SyscallsConfig, ["nonsense=1"])
+
+
+@pytest.mark.bpf
+def test_a_real_tcp_run_prints_the_host_figures_of_the_probe_protocol(require_bpf):
+    proc = subprocess.run([sys.executable, "-m", "probes", "tcp", "--pid", str(os.getpid()), "--count", "1",
+                           "--interval", "0.3"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    window = json.loads(proc.stdout.splitlines()[0])
+    assert window["host"]["retransmits"] >= 0 and isinstance(window["host"]["flows"], list)
+    assert {"not_sent", "send_failed", "errors"} <= set(window)
 
 
 @pytest.mark.bpf

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from analysis.errors import ProbeUnavailable
-from probes.runqlat import RunqlatConfig, RunqlatProbe, render, thread_ids
+from probes import c_helpers
+from probes.runqlat import BPF_TEXT, RunqlatConfig, RunqlatProbe, render, thread_ids
 
 # "target T": prints ready, waits for one byte, starts T threads; all of them (and main)
 # loop forever: spin 200 us, sleep 1 ms. "hog": spins forever.
@@ -169,6 +170,11 @@ def test_render_puts_defines_before_the_program():
     assert text.startswith("#define MAX_TARGETS 3\n#define THREAD_ENTRIES 99\n")
     for hook in ("sched_wakeup)", "sched_wakeup_new)", "sched_switch)"):
         assert f"TRACEPOINT_PROBE(sched, {hook}" in text
+
+
+def test_histogram_slots_come_from_the_shared_log2_helper():
+    assert c_helpers.log2_slot() in render(RunqlatConfig())
+    assert "log2_slot(delta / 1000)" in BPF_TEXT and "bpf_log2l" not in BPF_TEXT
 
 
 @pytest.mark.parametrize("field,value", [("max_targets", 0), ("max_targets", 5000), ("thread_entries", -1)])

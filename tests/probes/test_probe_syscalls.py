@@ -12,10 +12,11 @@ import pytest
 
 from analysis.errors import ProbeUnavailable
 from analysis.window import Log2Histogram
-from probes import target_filter
+from probes import c_helpers, target_filter
 from probes.base import TargetSlots
 from probes.syscall_names import SYSCALL_NAMES
 from probes.syscalls import (
+    BPF_TEXT,
     OTHER_ID,
     SyscallsConfig,
     SyscallsProbe,
@@ -188,6 +189,12 @@ def test_render_defines_latency_only_when_asked():
     assert "#define LATENCY 1\n" in timed
     assert plain.index("#define") < plain.index("RAW_TRACEPOINT_PROBE(sys_enter)")
     assert "RAW_TRACEPOINT_PROBE(sys_exit)" in timed.split("#ifdef LATENCY", 2)[2]
+
+
+def test_latency_slots_come_from_the_shared_log2_helper():
+    timed = render(SyscallsConfig(latency=True))
+    assert c_helpers.log2_slot() in timed
+    assert "log2_slot(delta)" in BPF_TEXT and "bpf_log2l" not in BPF_TEXT
 
 
 @pytest.mark.parametrize("field,value", [("max_targets", 0), ("top_n", 0), ("latency_entries", 0)])

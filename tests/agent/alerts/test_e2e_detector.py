@@ -53,7 +53,8 @@ def test_gc_fault_reaches_the_receiver_as_firing_then_resolved(require_bpf, tmp_
         interval_seconds = {INTERVAL}
         store_dir = "{tmp_path / 'store'}"
         listen = "127.0.0.1:{agent_port}"
-        pyspy_rate_hz = 29
+        [stacks]
+        rate_hz = 29
         [detector]
         warmup_windows = {WARMUP_WINDOWS}
         [alerts]
