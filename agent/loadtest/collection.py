@@ -29,7 +29,7 @@ def open_collection(pid: int, probes: list[str], pyspy: bool, pyspy_rate: int) -
     that runs one tick and returns that tick's window of the target.
     """
     from agent.collectors import Collectors
-    from agent.config import Config, ProbesConfig, TargetSpec
+    from agent.config import Config, ProbesConfig, StacksConfig, TargetSpec
     from agent.loop import CollectionLoop
     from agent.state import AgentState
     from agent.target_sources import source_factories
@@ -38,10 +38,10 @@ def open_collection(pid: int, probes: list[str], pyspy: bool, pyspy_rate: int) -
     enabled = {name: name in probes for name in ProbesConfig().enabled()}
     # 1 s py-spy segments: a step's stacks must be cut at its end, and a step may be shorter than the daemon's
     # 5 s segment.
-    config = Config(interval_seconds=5.0, pyspy_rate_hz=pyspy_rate, pyspy_segment_seconds=1,
-                    probes=ProbesConfig(**enabled), targets=(spec,))
+    config = Config(interval_seconds=5.0, probes=ProbesConfig(**enabled), targets=(spec,),
+                    stacks=StacksConfig(enabled=pyspy, rate_hz=pyspy_rate, segment_seconds=1))
     state = AgentState()
-    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config, pyspy=pyspy))
+    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config))
     loop = CollectionLoop(specs=[spec], collectors=collectors, state=state, sink=lambda w: None, interval=5.0)
     loop.start()
     problems = {name: f"{h.state}: {h.reason}" for name, h in state.snapshot().health.items()
