@@ -26,6 +26,7 @@ from agent.sources.pyspy import (
     DEFAULT_RATE_HZ,
     DEFAULT_SEGMENT_SECONDS,
 )
+from analysis.redact import redact_url
 
 DEFAULT_STORE_DIR = Path("/var/lib/infersight")
 # The bundled workload's command line is `python -m workload serve ...`.
@@ -121,9 +122,14 @@ class LatencySpec:
     timeout_seconds: float = 2.0
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+            _ = parts.port  # raises on a port that is not a number in range
+        except ValueError:
+            raise FieldError("url", f"is not a valid URL (bad host or port), got {redact_url(self.url)!r}") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise FieldError("url", f"must be an http:// or https:// URL with a host, got {self.url!r}")
+            # Redacted: a scrape URL may carry user:password, and config errors go to logs and terminals.
+            raise FieldError("url", f"must be an http:// or https:// URL with a host, got {redact_url(self.url)!r}")
         if not self.metric.strip():
             raise FieldError("metric", f"must be a metric name, got {self.metric!r}")
         if self.preset is not None:

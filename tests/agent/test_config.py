@@ -182,6 +182,10 @@ def test_example_config_in_docs_loads() -> None:
     (('[[targets]]\nname = "a"\npid = 1\n[[targets]]\nname = "b"\npid = 2\n'
       'latency = {preset = "vllm", url = "ftp://h/m"}'),
      "targets[1].latency.url: must be an http:// or https:// URL with a host, got 'ftp://h/m'"),
+    ('[[targets]]\nname = "a"\npid = 1\nlatency = {metric = "m", url = "ftp://scraper:s3cret@h/m"}',
+     "targets[0].latency.url: must be an http:// or https:// URL with a host, got 'ftp://***@h/m'"),
+    ('[[targets]]\nname = "a"\npid = 1\nlatency = {metric = "m", url = "http://scraper:s3cret@h:99999/m"}',
+     "targets[0].latency.url: is not a valid URL (bad host or port), got 'http://***@h:99999/m'"),
     ('[[targets]]\nname = "a"\npid = 1\nlatency = {preset = "sglang"}',
      "targets[0].latency.preset: must be one of tgi, triton, vllm, workload, got 'sglang'"),
     ('[[targets]]\nname = "a"\npid = 1\nlatency = {metric = "m"}', "targets[0].latency.url: missing (required)"),
