@@ -26,3 +26,17 @@ def test_sampler_segment_is_at_most_one_window(interval: float, segment: int, ex
         assert sampler._wants_burst() is False and set(asked) == {"me"}  # the trigger asks by target name
     finally:
         sampler.close()
+
+
+def test_latency_url_credentials_never_reach_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    from agent.config import LatencySpec
+
+    spec = TargetSpec(name="me", pid=os.getpid(),
+                      latency=LatencySpec(url="https://user:s3cretpw@127.0.0.1:1/metrics", metric="lat",
+                                          timeout_seconds=0.2))
+    target = Target(name="me", pid=os.getpid(), start_time=0, cmdline=("python",), spec=spec)
+    with caplog.at_level("DEBUG"):
+        source_factories(target, Config(targets=(spec,)), pyspy=False)["latency"]()
+    assert "not answering yet" in caplog.text, "the unreachable source was not logged at all"
+    assert "https://***@127.0.0.1:1/metrics" in caplog.text
+    assert "s3cretpw" not in caplog.text and "user:" not in caplog.text
