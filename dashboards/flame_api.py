@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, request
@@ -53,9 +54,12 @@ def _time(name: str) -> float | None:
     if raw is None or raw == "":
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
         abort(400, description=f"{name} must be unix seconds, got {raw!r}")
+    return value
 
 
 @bp.get("/tree")

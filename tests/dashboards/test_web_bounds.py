@@ -126,7 +126,11 @@ def test_window_list_is_capped_in_count_and_bytes(tmp_path):
 @pytest.mark.parametrize("query", ["/api/windows?limit=%C2%B2", "/api/windows?limit=%D9%A3",
                                    "/debug/pprof/profile?seconds=%C2%B2&target=server",
                                    "/api/windows?since=nan", "/api/windows?until=inf",
-                                   "/api/flamegraph?target=server&from=nan"])
+                                   "/api/flamegraph?target=server&from=nan",
+                                   "/api/flamegraph/tree?target=server&from=nan",
+                                   "/api/flamegraph/tree?target=server&to=inf",
+                                   "/api/flamegraph/tree?target=server&baseline_from=-inf",
+                                   "/api/flamegraph/tree?target=server&from=%C2%B2"])
 def test_unicode_digits_and_non_finite_numbers_are_a_400(served, query):
     url, _ = served
     code, body = _get(url + query)
