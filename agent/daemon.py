@@ -33,8 +33,9 @@ from dashboards.series import Rollup
 
 log = logging.getLogger("infersight.daemon")
 
-# More than dashboards.limits lets slow endpoints hold, so /metrics and the page always find a thread.
-WEB_THREADS = 6
+# More than dashboards.limits lets slow endpoints hold (PROFILE_SLOTS + LIST_SLOTS + SUMMARY_SLOTS), so /metrics
+# and the page always find a thread.
+WEB_THREADS = 8
 
 
 def _is_loopback(host: str) -> bool:
