@@ -294,3 +294,63 @@ def test_eight_flame_trees_over_a_large_store_leave_metrics_fast_and_memory_boun
     # Unbounded, 8 such requests grew the agent by 2.4 GB. Two at a time, each holding at most
     # Limits.max_stacks stacks while reading, stay well under that.
     assert DEFAULT_LIMITS.max_stacks == 262_144 and grown < 600, f"the agent grew by {grown} MiB"
+
+
+def _idle_sockets(url: str, n: int) -> list[socket.socket]:
+    host, port = url.removeprefix("http://").split(":")
+    return [socket.create_connection((host, int(port))) for _ in range(n)]
+
+
+def test_idle_connections_do_not_stall_metrics_or_the_page(served):
+    url, _ = served
+    # waitress's default of 100 connections let any local user's 100 idle sockets keep /metrics out for 120 s.
+    idle = _idle_sockets(url, 150)
+    try:
+        time.sleep(0.5)
+        for path in ("/metrics", "/", "/api/status"):
+            began = time.monotonic()
+            code, _ = _get(url + path, timeout=10)
+            took = time.monotonic() - began
+            assert code == 200 and took < 0.1, f"{path}: {code} after {took * 1000:.0f} ms with 150 idle sockets open"
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_idle_connections_over_the_limit_are_dropped_after_the_channel_timeout(served):
+    # The bound the docs state: idle connections that fill the server delay a new one by at most
+    # channel_timeout + cleanup_interval + waitress's 1 s loop, then are closed. Shown at a small scale.
+    _, app = served
+    web = WebServer(app, "127.0.0.1", 0, connection_limit=20, channel_timeout=2, cleanup_interval=1)
+    web.start()
+    idle = _idle_sockets(web.url, 25)
+    try:
+        time.sleep(0.2)
+        began = time.monotonic()
+        code, _ = _get(web.url + "/metrics", timeout=30)
+        took = time.monotonic() - began
+        assert code == 200 and took < 2 + 1 + 1 + 1, f"/metrics answered {code} after {took:.1f} s"
+        assert took > 0.5, "the server was never full: this test no longer shows the bound"
+        for sock in idle[:5]:
+            sock.settimeout(5)
+            assert sock.recv(1) == b"", "an idle connection was kept past the channel timeout"
+    finally:
+        for sock in idle:
+            sock.close()
+        web.stop()
+
+
+def test_open_file_limit_is_raised_for_the_connection_limit():
+    import resource
+
+    from agent.daemon import WANT_NOFILE, WEB_CONNECTION_LIMIT, raise_nofile
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < WANT_NOFILE:
+        pytest.skip(f"hard open-file limit {hard} is below {WANT_NOFILE}")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # systemd's default soft limit
+        assert raise_nofile() == WANT_NOFILE > WEB_CONNECTION_LIMIT + 256
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (WANT_NOFILE, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
