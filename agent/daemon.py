@@ -144,6 +144,7 @@ class Agent:
             discover_fn=make_discover(config, self.state),
             sink=self._sink,
             interval=config.interval_seconds,
+            on_forget=self._forget,
         )
         self.stop_event = threading.Event()
 
@@ -163,6 +164,17 @@ class Agent:
         except Exception:  # a detector fault must not cost the window, already stored; counted and shown
             self.state.count_error("detector")
             log.exception("detector failed on the window of %s", window.target)
+
+    def _forget(self, target: str) -> None:
+        if self.burst is not None:
+            self.burst.forget(target)
+        if self.detection is None:
+            return
+        try:
+            self.detection.forget(target)
+        except Exception:  # a store failure here must not stop collection; counted and shown
+            self.state.count_error("detector")
+            log.exception("detector could not forget %s", target)
 
     def run(self) -> None:
         self.web.start()

@@ -97,10 +97,9 @@ def target_state(t: dict[str, Any], latest: dict[str, Any] | None, open_targets:
     return "healthy"
 
 
-def _sparkline(store, target: str, now: float, interval: float) -> dict[str, list]:
+def _sparkline(cache: dict, store, target: str, now: float, interval: float) -> dict[str, list]:
     """The last hour in SPARK_POINTS; recomputed at most once per collection interval (the overview is polled by
     every open page, and nothing new is stored in between)."""
-    cache = current_app.extensions.setdefault("infersight_sparklines", {})
     hit = cache.get(target)
     if hit is not None and now - hit[0] < interval:
         return hit[1]
@@ -124,9 +123,13 @@ def overview():
     now = time.time()
     interval = float(current_app.config.get("INTERVAL_SECONDS") or 5.0)
     targets = []
+    cache = current_app.extensions.setdefault("infersight_sparklines", {})
+    # Only the targets shown keep a cached sparkline: a regex target gets a new name#pid with every process.
+    for name in set(cache) - {t["name"] for t in status["targets"]}:
+        cache.pop(name, None)
     for t in status["targets"]:
         latest = status["latest"].get(t["name"])
-        spark = None if store is None else _sparkline(store, t["name"], now, interval)
+        spark = None if store is None else _sparkline(cache, store, t["name"], now, interval)
         targets.append({
             **t, "status": target_state(t, latest, {r["target"] for r in regressions}, status["sources"], detector),
             "detector": detector.get(t["name"]),
