@@ -38,6 +38,11 @@ class BurstPolicy:
         self._scores: dict[str, deque[tuple[float, float]]] = {}
         self._lock = threading.Lock()
 
+    def forget(self, target: str) -> None:
+        """The target is no longer watched: its score history goes (a regex target gets a name per process)."""
+        with self._lock:
+            self._scores.pop(target, None)
+
     def wants_burst(self, target: str) -> bool:
         finding = self._snapshot().findings.get(target)
         if finding is None:

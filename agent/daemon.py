@@ -6,6 +6,7 @@ import errno
 import ipaddress
 import logging
 import os
+import resource
 import signal
 import threading
 from pathlib import Path
@@ -33,8 +34,17 @@ from dashboards.series import Rollup
 
 log = logging.getLogger("infersight.daemon")
 
-# More than dashboards.limits lets slow endpoints hold, so /metrics and the page always find a thread.
-WEB_THREADS = 6
+# More than dashboards.limits lets slow endpoints hold (PROFILE_SLOTS + LIST_SLOTS + SUMMARY_SLOTS), so /metrics
+# and the page always find a thread.
+WEB_THREADS = 8
+# Connections are cheap to hold and free to open: waitress's defaults (100 connections, idle ones closed after
+# 120 s) let any local user's 100 idle sockets keep /metrics and the page from being accepted for minutes.
+# Idle ones now go after 10-12 s, and it takes 1,000 to fill the server (poll(), not select(), above 1,024 fds).
+WEB_CONNECTION_LIMIT = 1000
+WEB_CHANNEL_TIMEOUT = 10
+WEB_CLEANUP_INTERVAL = 2
+# Open files the agent wants: every connection, plus probes, py-spy pipes and the store's connections.
+WANT_NOFILE = 8192
 
 
 def _is_loopback(host: str) -> bool:
@@ -53,11 +63,14 @@ class ListenError(OSError):
 class WebServer:
     """waitress on its own thread, serving the status page and /metrics."""
 
-    def __init__(self, app, host: str, port: int) -> None:
+    def __init__(self, app, host: str, port: int, *, connection_limit: int = WEB_CONNECTION_LIMIT,
+                 channel_timeout: int = WEB_CHANNEL_TIMEOUT, cleanup_interval: int = WEB_CLEANUP_INTERVAL) -> None:
         try:
             # channel_request_lookahead > 0 lets a handler ask whether its client is still there.
             self._server = create_server(app, host=host, port=port, threads=WEB_THREADS, ident="infersight",
-                                         channel_request_lookahead=1)
+                                         channel_request_lookahead=1, connection_limit=connection_limit,
+                                         channel_timeout=channel_timeout, cleanup_interval=cleanup_interval,
+                                         asyncore_use_poll=True)
         except OSError as exc:
             hint = ("another process (another infersight?) listens there; stop it or change `listen`"
                     if exc.errno == errno.EADDRINUSE else "change `listen` in the config")
@@ -130,6 +143,7 @@ class Agent:
             discover_fn=make_discover(config, self.state),
             sink=self._sink,
             interval=config.interval_seconds,
+            on_forget=self._forget,
         )
         self.stop_event = threading.Event()
 
@@ -149,6 +163,17 @@ class Agent:
         except Exception:  # a detector fault must not cost the window, already stored; counted and shown
             self.state.count_error("detector")
             log.exception("detector failed on the window of %s", window.target)
+
+    def _forget(self, target: str) -> None:
+        if self.burst is not None:
+            self.burst.forget(target)
+        if self.detection is None:
+            return
+        try:
+            self.detection.forget(target)
+        except Exception:  # a store failure here must not stop collection; counted and shown
+            self.state.count_error("detector")
+            log.exception("detector could not forget %s", target)
 
     def run(self) -> None:
         self.web.start()
@@ -201,8 +226,23 @@ def _latency_detector(warmup_windows: int):
     return LatencyDetector(warmup_windows=warmup_windows)
 
 
+def raise_nofile(want: int = WANT_NOFILE) -> int:
+    """Raise the soft open-file limit towards `want` (never above the hard limit); returns the new soft limit.
+    systemd's default soft limit of 1,024 is less than the web server's connection limit alone."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < new:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        return new
+    return soft
+
+
 def run(config: Config) -> int:
     logs.setup(config.log_level)
+    nofile = raise_nofile()
+    if nofile != resource.RLIM_INFINITY and nofile < WEB_CONNECTION_LIMIT + 256:
+        log.warning("open-file limit %d is below the web server's %d connections: raise LimitNOFILE",
+                    nofile, WEB_CONNECTION_LIMIT)
     agent = Agent(config)
 
     on_signal = set_on_signal(agent.stop_event, before=lambda signum: log.info("signal %d: stopping", signum))

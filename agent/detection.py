@@ -146,6 +146,33 @@ class Detection:
         self._tracked[target] = tracked = _Tracked(detector=detector, identity=identity)
         return tracked
 
+    def forget(self, target: str) -> None:
+        """The loop stopped watching `target` (its process exited, or a regex target was renamed as its number
+        of matches changed): its detector leaves memory and its series leave /metrics.
+
+        A plain name may come back (a restarted server): its baseline is saved, open episode included, and
+        resumes then, as after an agent restart. A per-process name (`spec#pid`) never does: its saved
+        baseline is deleted and an open episode ends at its last window, or a regex matching short-lived
+        processes would grow the store and keep alerts firing for processes long gone.
+        """
+        with self._lock:
+            tracked = self._tracked.pop(target, None)
+            finding = self._findings.pop(target, None)
+            for key in [k for k in self._opened if k[0] == target]:
+                del self._opened[key]
+        if "#" not in target:
+            if tracked is not None and tracked.unsaved:
+                self._save(target, tracked)
+            return
+        self._store.delete_detector_state(target)
+        if finding is not None and finding.regression is not None:
+            self._close(dataclasses.replace(finding.regression, closed_at=finding.window_end))
+
+    def _close(self, closed: Regression) -> None:
+        self._store.save_regression(closed)
+        for listener in self._listeners:
+            listener.regression_closed(closed)
+
     def _reset(self, target: str) -> None:
         tracked = self._tracked.get(target)
         if tracked is not None:
@@ -155,10 +182,7 @@ class Detection:
             finding = self._findings.pop(target, None)
         # The episode was measured against the baseline just forgotten: it ends with it.
         if finding is not None and finding.regression is not None:
-            closed = dataclasses.replace(finding.regression, closed_at=finding.window_end)
-            self._store.save_regression(closed)
-            for listener in self._listeners:
-                listener.regression_closed(closed)
+            self._close(dataclasses.replace(finding.regression, closed_at=finding.window_end))
 
     def snapshot(self) -> DetectionSnapshot:
         with self._lock:

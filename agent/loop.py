@@ -61,7 +61,10 @@ class TickReport:
 class CollectionLoop:
     def __init__(self, specs: Iterable, collectors: Collectors, state: AgentState, sink: WindowSink,
                  interval: float = 5.0, discover_fn: Callable[[list, dict[str, str]], list[Target]] | None = None,
-                 wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 on_forget: Callable[[str], None] | None = None) -> None:
+        """`on_forget(name)` is called when a target name stops being watched (exited, or renamed), so what
+        else keeps per-target state (the detector) drops it too."""
         self._specs = list(specs)
         self._collectors = collectors
         self._state = state
@@ -70,6 +73,7 @@ class CollectionLoop:
         self._discover = discover_fn or (lambda specs, problems: discover(specs, problems=problems))
         self._wall = wall
         self._monotonic = monotonic
+        self._on_forget = on_forget or (lambda name: None)
         self._watched: dict[tuple[int, int], Watched] = {}
         self._gone: set[str] = set()
         self._started = False
@@ -162,8 +166,9 @@ class CollectionLoop:
         diff = diff_targets(self.watched, current)
         for t in diff.same:
             # A regex target is renamed when its number of matches changes (name <-> name#pid).
-            if self._watched[t.key].target.name != t.name:
-                self._state.forget_target(self._watched[t.key].target.name)
+            if (old := self._watched[t.key].target.name) != t.name:
+                self._state.forget_target(old)
+                self._on_forget(old)
                 self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="watching", since=now,
                                                     detail=redact_cmdline(t.cmdline)[:300]))
             self._watched[t.key].target = t
@@ -173,6 +178,7 @@ class CollectionLoop:
             self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="gone", since=now,
                                                 detail="process exited"))
             self._state.forget_target(t.name)
+            self._on_forget(t.name)
             report.gone.append(t.name)
             log.info("target %s pid %d is gone", t.name, t.pid)
         for t in diff.added:

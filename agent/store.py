@@ -19,7 +19,6 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Literal, Self
 
 from agent.config import DEFAULT_STORE_DIR, check_trusted_path
+from analysis.flamegraph.stored import FoldedRead
 from analysis.regression import Regression, regression_from_dict, regression_to_dict
 from analysis.window import Window
 
@@ -531,16 +531,64 @@ class Store:
 
     def profiles(self, target: str, since: float | None = None, until: float | None = None,
                  kind: ProfileKind = "active") -> dict[str, int]:
-        """Folded stacks of one kind summed over the target's windows overlapping [since, until)."""
+        """Folded stacks of one kind summed over the target's windows overlapping [since, until), unbounded
+        (tests and tools on a known store; anything serving requests reads with read_profiles' bounds)."""
+        return self.read_profiles(target, since, until, kind).stacks
+
+    def read_profiles(self, target: str, since: float | None = None, until: float | None = None,
+                      kind: ProfileKind = "active", *, max_stacks: int | None = None,
+                      max_span: float | None = None, deadline: float | None = None,
+                      clock: Callable[[], float] = time.monotonic) -> FoldedRead:
+        """Folded stacks of one kind summed over the target's windows overlapping [since, until), newest first.
+
+        The bounds hold while reading, not after: past `max_stacks` distinct stacks a new stack's samples are
+        only counted (a long range of a process with ever-new frame names once grew the agent by 2 GB);
+        only the newest `max_span` seconds of the range's windows are read; at `deadline` (on `clock`) the read stops.
+        A read cut short by either says from where its stacks hold the range (`read_from`, `cut`).
+        """
         if kind not in PROFILE_KINDS:
             raise ValueError(f"profile kind must be one of {', '.join(PROFILE_KINDS)}, got {kind!r}")
+        conn = self._reader()
+        cut: str | None = None
+        read_from: float | None = None
+        if max_span is not None:
+            # The newest day of what the range holds, not of the range: `to` may lie in the future.
+            where, params = _filters(target, since, until)
+            top = conn.execute(f'SELECT MAX(w."end") FROM windows w JOIN targets t ON t.id = w.target_id {where}',
+                               params).fetchone()[0]
+            if until is not None and top is not None:
+                top = min(top, until)
+            if top is not None and (since is None or since < top - max_span):
+                where, params = _filters(target, since, top - max_span)
+                older = conn.execute(f'SELECT 1 FROM windows w JOIN targets t ON t.id = w.target_id {where} '
+                                     f'AND w."end" <= ? LIMIT 1', [*params, top - max_span]).fetchone()
+                since = top - max_span
+                if older is not None:
+                    cut, read_from = "span", since
         where, params = _filters(target, since, until)
-        merged: Counter[str] = Counter()
-        for (blob,) in self._reader().execute(
-                f"SELECT p.folded FROM profiles p JOIN windows w ON w.id = p.window_id "
-                f"JOIN targets t ON t.id = w.target_id {where} AND p.kind = ?", [*params, kind]):
-            merged.update(decode_folded(blob))
-        return dict(merged)
+        merged: dict[str, int] = {}
+        windows = dropped_stacks = dropped_samples = 0
+        oldest: float | None = None
+        rows = conn.execute(f"SELECT w.start, p.folded FROM profiles p JOIN windows w ON w.id = p.window_id "
+                            f"JOIN targets t ON t.id = w.target_id {where} AND p.kind = ? "
+                            f"ORDER BY w.start DESC, w.id DESC", [*params, kind])
+        for start, blob in rows:
+            if deadline is not None and oldest is not None and clock() >= deadline:
+                cut, read_from = "time", oldest
+                break
+            for stack, count in decode_folded(blob).items():
+                if stack in merged:
+                    merged[stack] += count
+                elif max_stacks is None or len(merged) < max_stacks:
+                    merged[stack] = count
+                else:
+                    dropped_stacks += 1
+                    dropped_samples += count
+            windows += 1
+            oldest = start
+        rows.close()
+        return FoldedRead(stacks=merged, windows=windows, dropped_stacks=dropped_stacks,
+                          dropped_samples=dropped_samples, read_from=read_from, cut=cut)
 
     def detector_state(self, target: str) -> tuple[str, dict] | None:
         """(identity, state) saved for `target`, or None."""

@@ -14,6 +14,7 @@ from agent.sources.process import ProcessSource
 from agent.sources.pyspy import PySpySampler
 from agent.targets import Target
 from analysis.errors import ProbeError
+from analysis.redact import redact_text, redact_url
 
 log = logging.getLogger("infersight.sources")
 
@@ -49,5 +50,6 @@ def _latency_source(spec) -> LatencySource:
     try:
         source.prime()  # the baseline scrape, so the first window already has a delta
     except ProbeError as exc:
-        log.warning("latency source %s not answering yet: %s", spec.url, exc)
+        # The log is read by more people than the config: a password in the URL stays out of it.
+        log.warning("latency source %s not answering yet: %s", redact_url(spec.url), redact_text(str(exc)))
     return source

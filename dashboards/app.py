@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 from dashboards.hostcheck import HostCheck
-from dashboards.limits import LIST_SLOTS, PROFILE_SLOTS, Gate
+from dashboards.limits import LIST_SLOTS, PROFILE_SLOTS, SUMMARY_SLOTS, Gate
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
@@ -18,11 +18,12 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     STACKS_RATE_HZ and INTERVAL_SECONDS (to label and time profiles), FINDINGS (a callable giving the
     detector's latest findings, or None), ALERTS (a callable returning the alert outbox as plain dicts, or
     None when the agent delivers no alerts), ROLLUP (the minute rollup the agent advances, or None: the page
-    makes its own)."""
+    makes its own), READ_SECONDS (how long one request may read stored profiles; dashboards.limits)."""
     app = Flask(__name__)
     app.config.update(STATE=None, STORE=None, REGISTRY=None, STACKS_RATE_HZ=None, INTERVAL_SECONDS=5.0,
                       FINDINGS=None, ALERTS=None, ROLLUP=None, PROFILE_GATE=Gate(PROFILE_SLOTS, "profile"),
-                      LIST_GATE=Gate(LIST_SLOTS, "list or export request"))
+                      LIST_GATE=Gate(LIST_SLOTS, "store read"),
+                      SUMMARY_GATE=Gate(SUMMARY_SLOTS, "summary request"))
     if config:
         app.config.update(config)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, request
@@ -9,6 +10,7 @@ from flask import Blueprint, abort, current_app, jsonify, request
 from analysis.flamegraph.export import PROFILE_KINDS
 from analysis.flamegraph.profile import Profile
 from analysis.flamegraph.stored import from_store
+from dashboards.limits import MAX_PROFILE_SPAN_SECONDS, gated, read_deadline
 
 bp = Blueprint("flame", __name__, url_prefix="/api/flamegraph")
 
@@ -53,34 +55,46 @@ def _time(name: str) -> float | None:
     if raw is None or raw == "":
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
         abort(400, description=f"{name} must be unix seconds, got {raw!r}")
+    return value
 
 
 @bp.get("/tree")
+@gated("LIST_GATE")
 def flame_tree():
     store = current_app.config["STORE"]
     if store is None:
         abort(503, description="no store is configured")
     target = request.args.get("target", "")
-    if store.latest(target) is None:
+    if not store.windows(target=target, limit=1, with_profiles=False):
         names = [t.name for t in store.targets()]
         abort(404, description=f"no stored profiles for target {target!r} (stored: {', '.join(names) or 'none yet'})")
     kind = request.args.get("kind", "active")
     if kind not in PROFILE_KINDS:
         abort(400, description=f"kind must be one of {', '.join(PROFILE_KINDS)}, got {kind!r}")
     diff = request.args.get("baseline_from") is not None or request.args.get("baseline_to") is not None
+    since, until = _time("from"), _time("to")
+    baseline_range = (_time("baseline_from"), _time("baseline_to")) if diff else None
+    share = 0.5 if diff else 1.0
     try:
-        current = from_store(store, target, _time("from"), _time("to"), kind)
-        baseline = from_store(store, target, _time("baseline_from"), _time("baseline_to"), kind) if diff else None
+        current = from_store(store, target, since, until, kind, max_span=MAX_PROFILE_SPAN_SECONDS,
+                             deadline=read_deadline(share))
+        baseline = None if baseline_range is None else from_store(
+            store, target, *baseline_range, kind, max_span=MAX_PROFILE_SPAN_SECONDS, deadline=read_deadline(share))
     except ValueError as exc:
         abort(400, description=str(exc))
     if baseline is not None and baseline.total() == 0:
         abort(404, description=f"no {kind} samples in the baseline range")
+    cut = {name: {"from": p.start, "why": p.truncation.range_cut}
+           for name, p in (("current", current), ("baseline", baseline)) if p is not None and p.truncation.range_cut}
     return jsonify({"target": target, "kind": kind, "unit": current.unit, "total": current.total(),
                     "baseline_total": baseline.total() if baseline is not None else None,
-                    "truncated": current.truncation.any(), "tree": tree(current, baseline)})
+                    "truncated": current.truncation.any() or (baseline is not None and baseline.truncation.any()),
+                    "range_cut": cut, "tree": tree(current, baseline)})
 
 
 @bp.errorhandler(400)

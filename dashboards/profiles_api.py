@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import time
@@ -11,7 +10,7 @@ from flask import Blueprint, Response, abort, current_app, jsonify, request
 
 from analysis.flamegraph.export import DIFF_FORMATS, FORMATS, PROFILE_KINDS, export, export_diff
 from analysis.flamegraph.stored import from_store
-from dashboards.limits import Busy, wait_while_present
+from dashboards.limits import MAX_PROFILE_SPAN_SECONDS, Busy, busy, gated, read_deadline, wait_while_present
 
 bp = Blueprint("profiles", __name__)
 
@@ -57,15 +56,11 @@ def _target(store) -> str:
     return target
 
 
-def _busy(message: str) -> Response:
-    resp = jsonify(error=message)
-    resp.status_code = 429
-    resp.headers["Retry-After"] = "5"
-    return resp
-
-
-def _send(exported, filename: str) -> Response:
+def _send(exported, filename: str, *profiles) -> Response:
     resp = Response(exported.data, mimetype=exported.mime)
+    cuts = [f"{p.truncation.range_cut} hit: read from {p.start!r} only" for p in profiles if p.truncation.range_cut]
+    if cuts:
+        resp.headers["X-Infersight-Truncated"] = "; ".join(cuts)
     if exported.mime == "application/octet-stream":
         resp.headers["Content-Disposition"] = f'attachment; filename="{filename}.{exported.extension}"'
     # Frame names come from the target's code: never let a browser sniff an export into HTML.
@@ -74,25 +69,20 @@ def _send(exported, filename: str) -> Response:
 
 
 @bp.get("/api/targets")
+@gated("SUMMARY_GATE")
 def targets():
     return jsonify([{"name": t.name, "windows": t.windows, "first_start": t.first_start, "last_end": t.last_end}
                     for t in _store().targets()])
 
 
-def _gated(view):
-    """Exports read every window of their range: they share the list gate, so they cannot take every thread."""
-    @functools.wraps(view)
-    def wrapper(*args, **kwargs):
-        try:
-            with current_app.config["LIST_GATE"].claim():
-                return view(*args, **kwargs)
-        except Busy as exc:
-            return _busy(str(exc))
-    return wrapper
+def _read(store, target: str, since: float | None, until: float | None, kind: str, share: float = 1.0):
+    """A stored profile as a request may read it: the newest day of the range at most, within the time budget."""
+    return from_store(store, target, since, until, kind, max_span=MAX_PROFILE_SPAN_SECONDS,
+                      deadline=read_deadline(share))
 
 
 @bp.get("/api/flamegraph")
-@_gated
+@gated("LIST_GATE")
 def flamegraph():
     store = _store()
     target = _target(store)
@@ -100,30 +90,30 @@ def flamegraph():
     fmt = _choice("format", FORMATS, "svg")
     since, until = _time("from"), _time("to")
     try:
-        profile = from_store(store, target, since, until, kind)
+        profile = _read(store, target, since, until, kind)
     except ValueError as exc:
         abort(400, description=str(exc))
     exported = export(profile, fmt, kind=kind, title=f"{target} — {kind}",
                       rate_hz=current_app.config.get("STACKS_RATE_HZ"))
-    return _send(exported, f"{target}-{kind}")
+    return _send(exported, f"{target}-{kind}", profile)
 
 
 @bp.get("/api/flamegraph/diff")
-@_gated
+@gated("LIST_GATE")
 def flamegraph_diff():
     store = _store()
     target = _target(store)
     kind = _choice("kind", PROFILE_KINDS, "active")
     fmt = _choice("format", DIFF_FORMATS, "svg")
     try:
-        baseline = from_store(store, target, _time("baseline_from"), _time("baseline_to"), kind)
-        current = from_store(store, target, _time("from"), _time("to"), kind)
+        baseline = _read(store, target, _time("baseline_from"), _time("baseline_to"), kind, share=0.5)
+        current = _read(store, target, _time("from"), _time("to"), kind, share=0.5)
     except ValueError as exc:
         abort(400, description=str(exc))
     if baseline.total() == 0 or current.total() == 0:
         abort(404, description=f"no {kind} samples in the {'baseline' if baseline.total() == 0 else 'current'} range")
     return _send(export_diff(baseline, current, fmt, title=f"{target} — {kind}: baseline vs current"),
-                 f"{target}-{kind}-diff")
+                 f"{target}-{kind}-diff", baseline, current)
 
 
 @bp.get("/debug/pprof/profile")
@@ -159,7 +149,7 @@ def pprof_profile():
                     break
                 sleep(0.25)
     except Busy as exc:
-        return _busy(str(exc))
+        return busy(str(exc), retry_after=5)
     profile = from_store(store, target, start, start + seconds, kind)
     exported = export(profile, "pprof", kind=kind, title=f"{target} — {kind}",
                       rate_hz=current_app.config.get("STACKS_RATE_HZ"))

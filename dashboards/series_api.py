@@ -8,7 +8,9 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, request
 
+from analysis.flamegraph.profile import DEFAULT_LIMITS
 from dashboards import findings, offcpu_kinds, view
+from dashboards.limits import Busy, busy, gated, read_deadline
 from dashboards.series import MAX_POINTS, SERIES, Rollup, series
 
 bp = Blueprint("series", __name__, url_prefix="/api")
@@ -95,10 +97,9 @@ def target_state(t: dict[str, Any], latest: dict[str, Any] | None, open_targets:
     return "healthy"
 
 
-def _sparkline(store, target: str, now: float, interval: float) -> dict[str, list]:
+def _sparkline(cache: dict, store, target: str, now: float, interval: float) -> dict[str, list]:
     """The last hour in SPARK_POINTS; recomputed at most once per collection interval (the overview is polled by
     every open page, and nothing new is stored in between)."""
-    cache = current_app.extensions.setdefault("infersight_sparklines", {})
     hit = cache.get(target)
     if hit is not None and now - hit[0] < interval:
         return hit[1]
@@ -109,6 +110,7 @@ def _sparkline(store, target: str, now: float, interval: float) -> dict[str, lis
 
 
 @bp.get("/overview")
+@gated("SUMMARY_GATE")
 def overview():
     state = current_app.config["STATE"]
     if state is None:
@@ -121,9 +123,13 @@ def overview():
     now = time.time()
     interval = float(current_app.config.get("INTERVAL_SECONDS") or 5.0)
     targets = []
+    cache = current_app.extensions.setdefault("infersight_sparklines", {})
+    # Only the targets shown keep a cached sparkline: a regex target gets a new name#pid with every process.
+    for name in set(cache) - {t["name"] for t in status["targets"]}:
+        cache.pop(name, None)
     for t in status["targets"]:
         latest = status["latest"].get(t["name"])
-        spark = None if store is None else _sparkline(store, t["name"], now, interval)
+        spark = None if store is None else _sparkline(cache, store, t["name"], now, interval)
         targets.append({
             **t, "status": target_state(t, latest, {r["target"] for r in regressions}, status["sources"], detector),
             "detector": detector.get(t["name"]),
@@ -142,8 +148,8 @@ def overview():
 def target_series():
     store = _store()
     target = request.args.get("target", "")
-    # store.latest, not store.targets(): the latter counts every stored window (a week of them: 0.4 s).
-    if store.latest(target) is None:
+    # Not store.targets(): that counts every stored window (a week of them: 0.4 s).
+    if not store.windows(target=target, limit=1, with_profiles=False):
         names = [t.name for t in store.targets()]
         abort(404, description=f"no stored windows for target {target!r} (stored: {', '.join(names) or 'none yet'})")
     raw = request.args.get("points", "600")
@@ -159,13 +165,18 @@ def target_series():
     if hit is not None and time.time() - hit[0] < interval:
         return jsonify(hit[1])
     since, until = _range()
-    data = series(store, _rollup(store), target, since, until, int(raw), min_step=interval)
+    try:
+        # A cache hit needs no slot; computing reads up to 8 days of windows or minutes.
+        with current_app.config["LIST_GATE"].claim():
+            data = series(store, _rollup(store), target, since, until, int(raw), min_step=interval)
+            data["regressions"] = [
+                {"id": r.id, "opened_at": r.opened_at, "closed_at": r.closed_at, "severity": r.severity,
+                 "top_cause": r.top_cause}
+                for r in store.regressions(target=target, since=since, limit=200) if r.opened_at < until]
+    except Busy as exc:
+        return busy(str(exc))
     data["units"] = SERIES
     data["expected_ms"] = expected_ms().get(target, {})
-    data["regressions"] = [
-        {"id": r.id, "opened_at": r.opened_at, "closed_at": r.closed_at, "severity": r.severity,
-         "top_cause": r.top_cause}
-        for r in store.regressions(target=target, since=since, limit=200) if r.opened_at < until]
     if named in RANGES:
         if len(cache) >= MAX_CACHED_SERIES:
             cache.clear()
@@ -178,12 +189,14 @@ OFFCPU_MAX_POINTS = 120
 
 
 @bp.get("/offcpu")
+@gated("LIST_GATE")
 def offcpu():
     """Off-CPU seconds per second by wait kind, from the stored kernel stacks; up to a day, as each bucket
-    decompresses its windows' stacks."""
+    decompresses its windows' stacks, and within the read time budget: buckets past it are left out and the
+    answer says so (`truncated`)."""
     store = _store()
     target = request.args.get("target", "")
-    if store.latest(target) is None:
+    if not store.windows(target=target, limit=1, with_profiles=False):
         abort(404, description=f"no stored windows for target {target!r}")
     raw = request.args.get("points", "60")
     if not (raw.isascii() and raw.isdigit()) or not 10 <= int(raw) <= OFFCPU_MAX_POINTS:
@@ -195,17 +208,26 @@ def offcpu():
     step = max((until - since) / int(raw), interval)
     t, kinds = [], {name: [] for name in offcpu_kinds.NAMES}
     start = since
+    deadline = read_deadline()
+    truncated = None
     while start < until:
-        # store.profiles takes every window overlapping the span; shrinking it by half an interval at both ends
+        # The store reads every window overlapping the span; shrinking it by half an interval at both ends
         # counts each window once, in the bucket holding its midpoint. Kernel off-CPU stacks are kept in
         # microseconds (analysis.flamegraph.export.KINDS).
-        folded = store.profiles(target, start + interval / 2, start + step - interval / 2, kind="offcpu")
-        split = offcpu_kinds.by_kind(folded)
+        read = None if time.monotonic() >= deadline else store.read_profiles(
+            target, start + interval / 2, start + step - interval / 2, kind="offcpu",
+            max_stacks=DEFAULT_LIMITS.max_stacks, deadline=deadline)
+        if read is None or read.cut is not None:
+            truncated = f"the time limit was hit: buckets from {start!r} on were not read"
+            break
+        split = offcpu_kinds.by_kind(read.stacks)
+        if read.dropped_samples:
+            split[offcpu_kinds.OTHER] = split.get(offcpu_kinds.OTHER, 0) + read.dropped_samples
         t.append(start)
         for name in kinds:
             kinds[name].append(float(f"{split[name] / 1e6 / step:.4g}") if name in split else None)
         start += step
-    return jsonify({"target": target, "from": since, "to": until, "step": step, "t": t,
+    return jsonify({"target": target, "from": since, "to": until, "step": step, "t": t, "truncated": truncated,
                     "kinds": {k: v for k, v in kinds.items() if any(x is not None for x in v)}})
 
 

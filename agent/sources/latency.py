@@ -252,7 +252,7 @@ class LatencySource:
                  count_metric: str | None = None, unit_seconds: float = 1.0, fetch: Fetch = http_fetch,
                  clock: Callable[[], float] = time.monotonic, figures: ServerFigures | None = None) -> None:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"latency url must be http(s)://..., got {url!r}")
+            raise ValueError(f"latency url must be http(s)://..., got {redact_url(url)!r}")
         if kind not in ("histogram", "counter"):
             raise ValueError(f"latency kind must be 'histogram' or 'counter', got {kind!r}")
         if not metric or (kind == "histogram" and metric.endswith(("_bucket", "_sum", "_count"))):

@@ -40,9 +40,13 @@ class Truncation:
     dropped_frames: int = 0
     dropped_stacks: int = 0
     dropped_samples: int = 0
+    # Why only the newest part of the asked range was read (a bounded reader stopped); the profile's start says
+    # from where.
+    range_cut: str | None = None
 
     def any(self) -> bool:
-        return bool(self.long_frames or self.deep_stacks or self.dropped_frames or self.dropped_stacks)
+        return bool(self.long_frames or self.deep_stacks or self.dropped_frames or self.dropped_stacks
+                    or self.range_cut)
 
     def add(self, other: Truncation) -> None:
         self.long_frames += other.long_frames
@@ -50,6 +54,7 @@ class Truncation:
         self.dropped_frames += other.dropped_frames
         self.dropped_stacks += other.dropped_stacks
         self.dropped_samples += other.dropped_samples
+        self.range_cut = self.range_cut or other.range_cut
 
 
 # ';' and line breaks cannot travel in folded text (C1 controls and U+2028/9 break lines for

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,6 +173,9 @@ def truncation_note(profile: Profile, elided: int) -> str | None:
                      f"{t.dropped_frames:,} frame names put under {TRUNCATED}")
     if t.long_frames or t.deep_stacks:
         parts.append(f"{t.long_frames:,} long names shortened, {t.deep_stacks:,} deep stacks cut")
+    if t.range_cut:
+        since = f" from {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(profile.start))}" if profile.start else ""
+        parts.append(f"{t.range_cut} hit: only the newest part of the range was read{since}")
     return "; ".join(parts) or None
 
 

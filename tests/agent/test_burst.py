@@ -69,3 +69,14 @@ def test_same_window_polled_twice_counts_once() -> None:
 def test_bad_parameters_quote_the_value(kw) -> None:
     with pytest.raises(ValueError, match="0"):
         BurstPolicy(lambda: S(), **kw)
+
+
+def test_forget_drops_a_targets_score_history() -> None:
+    snap = S()
+    policy = BurstPolicy(lambda: snap, rising_windows=2, history=3)
+    feed(policy, snap, [1.0, 2.0])
+    policy.forget("w")
+    policy.forget("never-seen")
+    assert policy._scores == {}
+    # A returning name starts over: two rises are not yet a new high over a history it no longer has.
+    assert feed(policy, snap, [3.0, 4.0]) == [False, False]

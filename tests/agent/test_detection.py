@@ -232,3 +232,36 @@ def test_agent_restart_mid_run_with_the_real_detector_changes_nothing(tmp_path: 
             detection.flush()
     assert got == expected
     assert got[cut][0] == "regression" and "warmup" not in [s for s, _ in got[cut:]]
+
+
+def test_forgetting_a_per_process_target_ends_its_episode_and_drops_its_baseline(store):
+    rec = Recorder()
+    detection = Detection(store, make_detector=lambda: ScriptedDetector(close_at=99), listeners=[rec],
+                          save_every=1)
+    registry = CollectorRegistry()
+    registry.register(DetectionCollector(detection.snapshot))
+    for i in range(4):
+        detection.observe(window(i, target="py#42"))
+        detection.observe(window(i, target="server"))
+    assert store.detector_state("py#42") is not None and store.regressions(target="py#42", open_only=True)
+    detection.forget("py#42")
+    text = generate_latest(registry).decode()
+    assert "py#42" not in text and 'infersight_regression_active{target="server"} 1.0' in text
+    assert ("closed", "py#42-1015") in rec.events, "an episode of a process gone for good must end"
+    assert store.regression("py#42-1015").closed_at == 1020.0 and store.detector_state("py#42") is None
+    assert set(detection._tracked) == {"server"} and set(detection.snapshot().opened) == {("server", "gc")}
+
+
+def test_forgetting_a_plain_target_saves_its_baseline_for_its_return(store):
+    made: list[ScriptedDetector] = []
+    rec = Recorder()
+    detection = Detection(store, make_detector=lambda: made.append(ScriptedDetector(close_at=99)) or made[-1],
+                          listeners=[rec], save_every=100)
+    for i in range(4):
+        detection.observe(window(i))
+    detection.forget("server")
+    assert detection.snapshot().findings == {} and detection._tracked == {}
+    assert store.detector_state("server")[1]["learned"] == 4, "unsaved learning was lost"
+    assert store.regressions(open_only=True) and ("closed", "server-1015") not in rec.events
+    detection.observe(window(4))  # a restarted server resumes, as after an agent restart
+    assert made[-1].log == ["restored"] and made[-1].learned == 5

@@ -178,27 +178,55 @@ def test_secrets_in_command_lines_are_hidden():
     assert shown == "python -m workload serve --admin-token *** --api-key=*** --port 8000"
 
 
-def test_exited_targets_leave_no_series_in_metrics():
-    from prometheus_client import generate_latest
+def test_exited_targets_leave_no_series_in_metrics(tmp_path):
+    """The whole agent's /metrics, detector series included, and what it keeps per target in memory."""
+    import socket
+    import urllib.request
 
-    from agent.metrics import build_registry
+    from agent.config import DetectorConfig, ProbesConfig
+    from agent.daemon import Agent
 
     marker = f"stale-{uuid.uuid4().hex}"
     children = [spawn(marker) for _ in range(3)]
-    loop, state = make_loop([TargetSpec(name="py", process_regex=marker)], [], lambda w: None)
-    registry = build_registry(state)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = Config(store_dir=tmp_path / "store", listen=f"127.0.0.1:{port}", interval_seconds=1.0,
+                    pyspy_enabled=False, probes=ProbesConfig(syscalls=False, offcpu=False, gc=False, tcp=False,
+                                                             runqueue=False),
+                    detector=DetectorConfig(warmup_windows=8), targets=(TargetSpec(name="py", process_regex=marker),))
+    agent = Agent(config)
+
+    def scrape(path: str) -> str:
+        with urllib.request.urlopen(f"{agent.web.url}{path}", timeout=10) as resp:
+            return resp.read().decode()
+
     try:
-        loop.start()
-        loop.tick()
-        text = generate_latest(registry).decode()
-        assert all(f'target="py#{c.pid}"' in text for c in children)
+        agent.web.start()
+        agent.loop.start()
+        agent.loop.tick()
+        text = scrape("/metrics")
+        scrape("/api/overview")
+        for c in children:
+            assert f'infersight_target_pid{{target="py#{c.pid}"}}' in text
+            assert f'infersight_detector_armed{{target="py#{c.pid}"}}' in text
+        gone = [c.pid for c in children[1:]]
         stop(children[1], children[2])
-        loop.tick()  # notices the two exits; the survivor is now plain "py"
-        loop.tick()
-        text = generate_latest(registry).decode()
+        agent.loop.tick()  # notices the two exits; the survivor is now plain "py"
+        agent.loop.tick()
+        text = scrape("/metrics")
+        scrape("/api/overview")
+        snapshot = agent.detection.snapshot()
+        tracked = set(agent.detection._tracked)
+        sparklines = set(agent.app.extensions.get("infersight_sparklines", {}))
+        saved = {pid: agent.store.detector_state(f"py#{pid}") for pid in gone}
     finally:
-        loop.close()
+        agent.close()
         stop(children[0])
-    assert "py#" not in text, "series of exited or renamed targets remain"
-    assert 'infersight_target_pid{target="py"}' in text
-    assert set(state.snapshot().targets) == {"py"}
+    stale = sorted({line for line in text.splitlines() if "py#" in line})
+    assert not stale, f"series of exited or renamed targets remain: {stale[:5]}"
+    assert 'infersight_target_pid{target="py"}' in text and 'infersight_detector_armed{target="py"}' in text
+    assert set(agent.state.snapshot().targets) == {"py"}
+    # Nothing kept per target grows with every process a regex ever matched.
+    assert set(snapshot.findings) == tracked == sparklines == {"py"}
+    assert saved == {pid: None for pid in gone}, "baselines of processes gone for good stay in the store"

@@ -272,3 +272,9 @@ def test_counter_kind_declared_but_unused_counts_zero(server: Server) -> None:
     src.prime()
     reading = src.read()
     assert reading.requests == 0 and src.last_mean_seconds is None
+
+
+def test_a_refused_url_is_quoted_without_its_credentials() -> None:
+    with pytest.raises(ValueError, match=r"ftp://\*\*\*@host/metrics") as err:
+        LatencySource("ftp://user:s3cretpw@host/metrics", "lat")
+    assert "s3cretpw" not in str(err.value)

@@ -435,3 +435,32 @@ def test_store_files_are_0600_whatever_the_directory_mode(tmp_path):
     finally:
         os.umask(old)
     assert modes and all(m == 0o600 for m in modes.values()), {k: oct(v) for k, v in modes.items()}
+
+
+def test_profile_reads_are_bounded_while_reading(store_dir: Path) -> None:
+    from analysis.flamegraph.profile import TRUNCATED, Limits
+    from analysis.flamegraph.stored import from_store
+
+    with Store.open(store_dir) as s:
+        for i in range(10):
+            s.add_window(make_window(i))  # 3 active stacks of 1, 2 and 3 samples, new names in every window
+        full = s.read_profiles("t")
+        assert (full.windows, len(full.stacks), full.cut, full.read_from) == (10, 30, None, None)
+        capped = s.read_profiles("t", max_stacks=7)
+        # Newest first: the stacks kept are the newest windows'; the rest are counted, samples included.
+        assert len(capped.stacks) == 7 and {k.split("srv.py:")[1][0] for k in capped.stacks} == {"7", "8", "9"}
+        assert capped.dropped_stacks == 23 and sum(capped.stacks.values()) + capped.dropped_samples == 60
+        # The newest 12 s of an open range: windows ending after 1050 - 12 = 1038, and it says so.
+        spanned = s.read_profiles("t", max_span=12.0)
+        assert (spanned.windows, spanned.cut, spanned.read_from) == (3, "span", 1038.0)
+        assert s.read_profiles("t", since=1036.0, max_span=100.0).cut is None, "nothing older was left out"
+        # A clock that moves one tick per look: the read stops at the deadline, having read 4 windows.
+        ticks = iter(range(100))
+        timed = s.read_profiles("t", deadline=3, clock=lambda: next(ticks))
+        assert (timed.windows, timed.cut, timed.read_from) == (4, "time", 1030.0)
+
+        prof = from_store(s, "t", None, None, "active", max_span=12.0, limits=Limits(max_stacks=7))
+        # Windows 7-9 hold 9 stacks and 18 samples: 7 kept, 2 (5 samples) under [truncated], none lost.
+        assert prof.total() == 18 and prof.stacks[(TRUNCATED,)] == 5
+        assert (prof.truncation.dropped_stacks, prof.truncation.dropped_samples) == (2, 5)
+        assert prof.truncation.range_cut == "the range limit" and prof.start == 1038.0 and prof.truncation.any()

@@ -34,3 +34,17 @@ def test_no_stack_sampler_when_the_config_turns_stacks_off() -> None:
     off = Config(targets=(spec,), stacks=StacksConfig(enabled=False))
     assert "stacks" not in source_factories(target, off)
     assert "stacks" in source_factories(target, Config(targets=(spec,)))
+
+
+def test_latency_url_credentials_never_reach_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    from agent.config import LatencySpec
+
+    spec = TargetSpec(name="me", pid=os.getpid(),
+                      latency=LatencySpec(url="https://user:s3cretpw@127.0.0.1:1/metrics", metric="lat",
+                                          timeout_seconds=0.2))
+    target = Target(name="me", pid=os.getpid(), start_time=0, cmdline=("python",), spec=spec)
+    with caplog.at_level("DEBUG"):
+        source_factories(target, Config(targets=(spec,), stacks=StacksConfig(enabled=False)))["latency"]()
+    assert "not answering yet" in caplog.text, "the unreachable source was not logged at all"
+    assert "https://***@127.0.0.1:1/metrics" in caplog.text
+    assert "s3cretpw" not in caplog.text and "user:" not in caplog.text

@@ -72,3 +72,25 @@ def test_a_burst_gets_429_and_health_stays_up(server_factory):
         t.join(timeout=180)
     assert health.status == 200 and took < 2.0, f"/health took {took:.1f} s during the burst"
     assert codes.count(429) > 0 and -1 not in codes and set(codes) <= {200, 429}, sorted(set(codes))
+
+
+def test_idle_connections_do_not_stall_health_or_metrics(server):
+    # waitress's default of 100 connections let any local user's 100 idle sockets keep /health out for 120 s.
+    parts = urlsplit(server.url)
+    idle = [socket.create_connection((parts.hostname, parts.port)) for _ in range(150)]
+    try:
+        time.sleep(0.5)
+        for path in ("/health", "/metrics"):
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+            began = time.monotonic()
+            try:
+                conn.request("GET", path)
+                resp = conn.getresponse()
+                resp.read()
+            finally:
+                conn.close()
+            took = time.monotonic() - began
+            assert resp.status == 200 and took < 1.0, f"{path}: {resp.status} after {took:.2f} s"
+    finally:
+        for sock in idle:
+            sock.close()

@@ -36,8 +36,15 @@ const IS = (() => {
     return s ? path + "?" + s : path;
   }
 
-  async function getJSON(path, params) {
+  // A slow endpoint with no free slot answers 429 at once (dashboards/limits.py): ask again, a few times,
+  // after the Retry-After it names.
+  async function getJSON(path, params, retries = 3) {
     const resp = await fetch(url(path, params), {headers: {Accept: "application/json"}});
+    if (resp.status === 429 && retries > 0) {
+      const wait = Math.min(Number(resp.headers.get("Retry-After")) || 2, 10);
+      await new Promise((done) => setTimeout(done, wait * 1000));
+      return getJSON(path, params, retries - 1);
+    }
     const body = await resp.json().catch(() => ({error: "the answer was not JSON (HTTP " + resp.status + ")"}));
     if (!resp.ok) throw new Error(body.error || ("HTTP " + resp.status));
     return body;

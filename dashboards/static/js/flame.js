@@ -34,7 +34,9 @@ const Flame = (() => {
     if (meta) {
       meta.textContent = data.total + " " + data.unit + (data.baseline_total !== null && data.baseline_total !== undefined
         ? " (baseline " + data.baseline_total + ", scaled to the same total)" : "") +
-        (data.truncated ? " · truncated: the profile hit its size limits" : "");
+        (data.truncated ? " · truncated: the profile hit its size limits" : "") +
+        Object.entries(data.range_cut || {}).map(([part, c]) => " · " + part + " read from " + IS.fmtTime(c.from) +
+          " only (" + c.why + ")").join("");
     }
     window.infersightFlame = chart;
     container.dataset.drawn = "1";
