@@ -382,9 +382,47 @@ def load_config(path: Path | None, *, stat: StatFn = os.lstat, readlink: Callabl
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        return config_from_dict(data, base_dir=Path(os.path.abspath(path)).parent)
+        config = config_from_dict(data, base_dir=Path(os.path.abspath(path)).parent)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    _refuse_readable_credentials(path, config, stat)
+    return config
+
+
+def credential_keys(config: Config) -> list[str]:
+    """The keys of this config whose values carry a credential: a URL with user:password or a query (tokens
+    travel there), a Slack webhook URL (the path is the token), and any receiver headers (Authorization)."""
+    def carries(url: str) -> bool:
+        parts = urlsplit(url)
+        return bool(parts.username or parts.password or parts.query)
+
+    keys = []
+    for i, t in enumerate(config.targets):
+        if t.latency is not None and carries(t.latency.url):
+            keys.append(f"targets[{i}].latency.url")
+    for i, r in enumerate(config.receivers):
+        if r.kind == "slack" or carries(r.url):
+            keys.append(f"receivers[{i}].url")
+        if r.headers:
+            keys.append(f"receivers[{i}].headers")
+    if config.alerts.external_url and carries(config.alerts.external_url):
+        keys.append("alerts.external_url")
+    return keys
+
+
+def _refuse_readable_credentials(path: Path, config: Config, stat: StatFn) -> None:
+    # The config is read by root, but any local user may read a 0644 file: a credential in it is a credential
+    # given away (docs/security.md, "secrets travel in 0600 files"). A config without one may stay 0644.
+    keys = credential_keys(config)
+    if not keys:
+        return
+    try:
+        mode = stat(str(path)).st_mode
+    except OSError:
+        return  # it was just read; a file that vanished since is not this check's concern
+    if mode & 0o044:
+        raise ConfigError(f"{path}: {keys[0]}: holds a credential, but the file is readable by other users "
+                          f"(mode {stat_mod.S_IMODE(mode):04o}); chmod 600 {path}")
 
 
 # ---- path trust (like sshd's StrictModes) ------------------------------------------------------------------

@@ -379,3 +379,32 @@ def test_check_config_paths_names_the_store_dir_or_pidfile(tmp_path: Path) -> No
     bad = TargetSpec(name="t", pidfile=open_dir / "t.pid")
     with pytest.raises(UntrustedPath, match=rf"refusing pidfile '{open_dir}/t.pid': '{open_dir}' is writable"):
         check_config_paths(Config(store_dir=safe / "store", targets=(bad,)))
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('[[targets]]\nname = "a"\npid = 1\nlatency = {metric = "m", url = "http://scraper:s3cret@h/m"}',
+     "targets[0].latency.url"),
+    ('[[receivers]]\nname = "s"\nkind = "slack"\nurl = "https://hooks.slack.com/services/T0/B0/s3cret"',
+     "receivers[0].url"),
+    ('[[receivers]]\nname = "w"\nurl = "https://h/hook?token=s3cret"', "receivers[0].url"),
+    ('[[receivers]]\nname = "w"\nurl = "https://h/hook"\nheaders = { Authorization = "Bearer s3cret" }',
+     "receivers[0].headers"),
+])
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_a_config_holding_a_credential_must_not_be_readable_by_others(conf_dir: Path, text: str, key: str,
+                                                                      mode: int) -> None:
+    path = write(conf_dir, text)
+    path.chmod(mode)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (f"{path}: {key}: holds a credential, but the file is readable by other users "
+                               f"(mode {mode:04o}); chmod 600 {path}")
+    assert "s3cret" not in str(info.value)
+    path.chmod(0o600)
+    assert load_config(path) is not None
+
+
+def test_a_config_without_credentials_may_stay_world_readable(conf_dir: Path) -> None:
+    path = write(conf_dir, '[[receivers]]\nname = "w"\nurl = "https://h/hook"\n'
+                           '[[targets]]\nname = "a"\npid = 1\nlatency = {metric = "m", url = "http://h:9/m"}')
+    assert load_config(path).receivers[0].url == "https://h/hook"

@@ -28,7 +28,7 @@ def write_config(tmp_path: Path, receivers: list[str], secret_mode: int = 0o600)
     secret.chmod(secret_mode)
     path = tmp_path / "infersight.toml"
     path.write_text('store_dir = "store"\n[alerts]\ngroup_wait_seconds = 0\n' + "\n".join(receivers))
-    path.chmod(0o644)
+    path.chmod(0o600)  # receivers may hold credentials: docs/security.md
     return path
 
 

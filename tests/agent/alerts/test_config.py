@@ -15,7 +15,7 @@ from agent.config import Config, ConfigError, load_config
 def load(tmp_path: Path, text: str) -> Config:
     path = tmp_path / "infersight.toml"
     path.write_text(text)
-    path.chmod(0o644)
+    path.chmod(0o600)  # receivers may hold credentials, and such a config must not be readable by others
     return load_config(path)
 
 
