@@ -192,8 +192,8 @@ def test_exited_targets_leave_no_series_in_metrics(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config = Config(store_dir=tmp_path / "store", listen=f"127.0.0.1:{port}", interval_seconds=1.0,
-                    pyspy_enabled=False, probes=ProbesConfig(syscalls=False, offcpu=False, gc=False, tcp=False,
-                                                             runqueue=False),
+                    stacks=StacksConfig(enabled=False),
+                    probes=ProbesConfig(syscalls=False, offcpu=False, gc=False, tcp=False, runqueue=False),
                     detector=DetectorConfig(warmup_windows=8), targets=(TargetSpec(name="py", process_regex=marker),))
     agent = Agent(config)
 
