@@ -22,6 +22,9 @@ HERE = Path(__file__).resolve().parent
 # detector was tuned on; `recorded-quiet` a fresh live run on a quiet host (load average < 1), never tuned on.
 RECORDED = sorted((HERE / "recorded").glob("*.jsonl.gz"))
 RECORDED_QUIET = sorted((HERE / "recorded-quiet").glob("*.jsonl.gz"))
+# A third, `recorded-fresh`: the fresh live run after the sustained-shift test was added (2026-12-02), never tuned
+# on; the host was quiet but for two bursts of the author's own work (docs/BENCHMARKS.md, "Detector").
+RECORDED_FRESH = sorted((HERE / "recorded-fresh").glob("*.jsonl.gz"))
 # Words that name an injected fault or its machinery: the fault switches' module, classes, threads and helpers.
 FAULT_WORDS = re.compile(r"fault|GcChurn|SyscallStorm|LockHolder|DiskSync|NoCache|CpuHog|Netloss|netloss|cpuhog|"
                          r"hog\.py|sigstop|nftdrop|workload:", re.IGNORECASE)
@@ -60,7 +63,7 @@ def stripped(items: list[LabelledWindow]) -> list[LabelledWindow]:
     return [replace(i, window=Window.from_dict(strip(i.window.to_dict()))) for i in items]
 
 
-@pytest.mark.parametrize("paths", [RECORDED, RECORDED_QUIET], ids=["shared host", "quiet host"])
+@pytest.mark.parametrize("paths", [RECORDED, RECORDED_QUIET, RECORDED_FRESH], ids=["shared host", "quiet host", "fresh"])
 def test_the_suite_is_recorded(paths: list[Path]) -> None:
     names = {p.name.removesuffix(".jsonl.gz") for p in paths}
     assert {"gc", "lock", "syscall", "netloss", "cpuhog", "nocache", "io", "load_steps", "outside", "steady"} <= names, names
@@ -73,7 +76,7 @@ def test_stripping_names_the_fault_would_give_changes_something_to_strip() -> No
     assert FAULT_WORDS.search(before) and not FAULT_WORDS.search(after)
 
 
-@pytest.mark.parametrize("path", RECORDED + RECORDED_QUIET, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", RECORDED + RECORDED_QUIET + RECORDED_FRESH, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_the_detector_does_not_read_what_names_the_fault(path: Path) -> None:
     factory = detector_factory()
     rec = read_recording(path)
@@ -92,11 +95,12 @@ def test_the_detector_does_not_read_what_names_the_fault(path: Path) -> None:
 KNOWN_MISSES = {
     "shared host": {("faults from outside the server", "cpu_contention")},
     "quiet host": set(),
+    "fresh": set(),
 }
 
 
 def test_the_missed_phases_are_exactly_the_known_ones() -> None:
-    for name, paths in (("shared host", RECORDED), ("quiet host", RECORDED_QUIET)):
+    for name, paths in (("shared host", RECORDED), ("quiet host", RECORDED_QUIET), ("fresh", RECORDED_FRESH)):
         runs = command.replay(paths, detector_factory())
         missed = {(r.scenario.name, p.label) for r in runs for p in r.score.fault_phases if not p.detected}
         wrong = {(r.scenario.name, p.label, p.top_cause) for r in runs for p in r.score.fault_phases
@@ -123,3 +127,17 @@ def test_replay_of_the_suite_meets_the_issue_targets(name: str, paths: list[Path
     # No episode during the benign load steps.
     steps = [v for k, v in s["scenarios"].items() if "load steps" in k]
     assert steps and all(v["episodes"] == 0 for v in steps), steps
+
+
+# The fresh run's two episodes outside every fault phase, each opened while the author's own work loaded the host
+# (docs/BENCHMARKS.md): helpers' test runs at 00:43 UTC (load average 6.9; the server's mean latency 1.5 s, its
+# run-queue wait per CPU second x9) and a clean-clone setup installing torch at 01:02 (the eval's own collection
+# loop stalled 18 s, one window had no request). Real contention, labelled normal by the schedule; a new one fails.
+# (scenario, the window the episode opened on)
+KNOWN_FRESH_FALSE_ALARMS = {("busy processes on the server's CPUs", 81), ("benign load steps +50% and -50%", 52)}
+
+
+def test_the_fresh_runs_episodes_outside_fault_phases_are_exactly_the_known_ones() -> None:
+    runs = command.replay(RECORDED_FRESH, detector_factory())
+    outside = {(r.scenario.name, e.window) for r in runs for e in r.score.episodes if e.phase is None}
+    assert outside == KNOWN_FRESH_FALSE_ALARMS
