@@ -379,9 +379,12 @@ class LatencyDetector:
         if causes[0].label != "unknown" or not samples:
             return causes
         # No signal's median moved past the per-window gates: a small shift may still persist in every window
-        # (the sustained test's evidence), allowing the same number of misses as that test.
+        # (the sustained test's evidence), allowing the same number of misses as that test; one window above its
+        # usual high is no persistence, so at least two.
         allowed_misses = self.sustained_windows - self.sustained_min_windows
-        persistent = self._attributor().rank_persistent(samples, stats, max(1, len(samples) - allowed_misses),
+        if len(samples) < 2:
+            return causes
+        persistent = self._attributor().rank_persistent(samples, stats, max(2, len(samples) - allowed_misses),
                                                         self.sustained_change_fraction, self.sustained_min_z,
                                                         not_measured)
         return persistent if persistent[0].label != "unknown" else causes

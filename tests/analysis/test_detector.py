@@ -502,3 +502,12 @@ def test_a_restart_in_the_middle_of_a_slow_onset_opens_where_the_uninterrupted_d
     assert opened(a) == opened(b) != []
     assert [v.state for v in a] == [v.state for v in b]
     assert a[opened(a)[0]].opened.causes == b[opened(b)[0]].opened.causes
+
+
+def test_a_cause_named_by_persistence_needs_at_least_two_windows_above_its_usual_high():
+    once = [synth.window(60, Load(slowdown=3.0, fsync=0.03)), synth.window(61, Load(slowdown=3.0))]
+    twice = [synth.window(60, Load(slowdown=3.0, fsync=0.03)), synth.window(61, Load(slowdown=3.0, fsync=0.03))]
+    a, b = feed(armed(), once), feed(armed(), twice)
+    assert opened(a) == opened(b) == [1]
+    assert a[1].opened.top_cause == "unknown"
+    assert b[1].opened.top_cause == "blocked" and "in 2 of 2 windows" in b[1].opened.causes[0].evidence
