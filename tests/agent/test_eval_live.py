@@ -17,6 +17,7 @@ from agent.evaluation.live import run_live
 from agent.evaluation.recording import read_recording
 from analysis.scenario import load_scenario
 from tests.agent.eval_detector import ThresholdDetector
+from tests.agent.test_shutdown import default_sigint
 
 pytestmark = [pytest.mark.slow, pytest.mark.workload, pytest.mark.bpf]
 REPO = Path(__file__).resolve().parents[2]
@@ -109,7 +110,7 @@ def test_ctrl_c_ends_the_server_and_the_phase_command(tmp_path: Path, require_ro
     path = scenario_file(tmp_path, linger_seconds=60)
     record = tmp_path / "cut.jsonl.gz"
     proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "eval", str(path), "--record-only", "--record",
-                             str(record)], cwd=REPO, stderr=subprocess.PIPE, text=True)
+                             str(record)], cwd=REPO, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     seen = []
     deadline = time.monotonic() + 120
     try:

@@ -39,11 +39,17 @@ def test_collect_into_head_exits_when_the_pipe_closes(require_bpf, sleeper):
     assert "Broken pipe" not in shell.stderr and "Traceback" not in shell.stderr, shell.stderr
 
 
+def default_sigint() -> None:
+    """In the child: SIGINT back to its default. A test run started in the background (`make test &`, nohup)
+    inherits SIGINT ignored, and Python then never raises KeyboardInterrupt: the child would not see Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.bpf
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_collect_stops_on_sigterm_and_sigint(require_bpf, sleeper, signum):
     proc = subprocess.Popen(_collect(sleeper.pid), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=REPO)
+                            cwd=REPO, preexec_fn=default_sigint)
     assert proc.stdout.readline()  # probes loaded, one window out
     os.kill(proc.pid, signum)
     try:
