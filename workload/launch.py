@@ -32,10 +32,10 @@ class Launched:
 def launched_server(*flags: str, token: str = "bench-token", timeout_s: float = 90.0) -> Iterator[Launched]:
     # The token goes through the environment (/proc/PID/environ is readable by its owner only), never argv.
     proc = subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", "0", *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0,
                             env={**os.environ, ADMIN_TOKEN_ENV: token})
     try:
-        url = _await_url(proc, timeout_s)
+        url = await_url(proc, timeout_s)
         yield Launched(proc, url, token)
     finally:
         if proc.poll() is None:
@@ -47,23 +47,30 @@ def launched_server(*flags: str, token: str = "bench-token", timeout_s: float = 
                 proc.wait(5)
 
 
-def _await_url(proc: subprocess.Popen, timeout_s: float) -> str:
+def await_url(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The URL the server prints, read from its unbuffered (bufsize=0, bytes) stdout.
+
+    An unbuffered pipe is what makes select() true: a buffered reader can take two lines in one read (a warning and
+    the URL line), hand back the first, and leave the URL in its buffer while select() waits on an empty pipe.
+    """
     deadline = time.monotonic() + timeout_s
     seen: list[str] = []
     while time.monotonic() < deadline and proc.poll() is None:
         ready, _, _ = select.select([proc.stdout], [], [], 0.5)
         if not ready:
             continue
-        line = proc.stdout.readline()
+        line = proc.stdout.readline().decode(errors="replace")
         seen.append(line)
         match = URL_PATTERN.search(line)
         if match:
             # Keep draining the log so a full pipe never stalls the server.
-            threading.Thread(target=_discard_lines, args=(proc,), daemon=True).start()
+            threading.Thread(target=discard_output, args=(proc,), daemon=True).start()
             return match.group(1)
+    if proc.poll() is not None:  # it exited: what it said last is the reason
+        seen.append(proc.stdout.read().decode(errors="replace"))
     raise LaunchError(f"server printed no URL within {timeout_s}s (exit {proc.poll()}): {''.join(seen)[-500:]!r}")
 
 
-def _discard_lines(proc: subprocess.Popen) -> None:
-    for _ in proc.stdout:
+def discard_output(proc: subprocess.Popen) -> None:
+    while proc.stdout.read(65536):
         pass

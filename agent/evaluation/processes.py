@@ -99,20 +99,24 @@ def start_server(children: Children, cwd: Path, nice: int = 0, timeout: float = 
     proc = children.add(subprocess.Popen([*_niced(nice), sys.executable, "-m", "workload", "serve", "--port", "0"],
                                          cwd=cwd,
                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True))
+                                         stderr=subprocess.STDOUT, bufsize=0))
     deadline = time.monotonic() + timeout
     seen: list[str] = []
     assert proc.stdout is not None
     while time.monotonic() < deadline and proc.poll() is None:
+        # Unbuffered bytes (bufsize=0), so select() sees every byte not yet read: a buffered reader could take the
+        # URL line in the same read as a warning before it and keep it where select() cannot see it.
         ready, _, _ = select.select([proc.stdout], [], [], 0.5)
         if not ready:
             continue
-        line = proc.stdout.readline()
+        line = proc.stdout.readline().decode(errors="replace")
         seen.append(line)
         if match := URL_PATTERN.search(line):
             threading.Thread(target=_drain, args=(proc, cwd / "server.log", seen), daemon=True,
                              name="eval-server-log").start()
             return Server(proc=proc, url=match.group(1), port=int(match.group(2)), token=token)
+    if proc.poll() is not None:  # it exited: what it said last is the reason
+        seen.append(proc.stdout.read().decode(errors="replace"))
     children.stop(proc)
     raise EvalProcessError(f"workload server printed no URL within {timeout:.0f}s (exit {proc.poll()}): "
                            f"{''.join(seen)[-400:]!r}")
@@ -131,7 +135,7 @@ def _drain(proc: subprocess.Popen, path: Path, head: list[str]) -> None:
     with open(path, "w") as out:
         out.writelines(head)
         for line in proc.stdout:
-            out.write(line)
+            out.write(line.decode(errors="replace"))
             out.flush()
 
 

@@ -1,18 +1,16 @@
 """Fixtures that start the bundled server as a real subprocess on a free port."""
 
 import os
-import re
-import select
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from workload.launch import LaunchError, await_url
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-admin-token"
@@ -38,31 +36,12 @@ def start_server(tmp: Path, *extra: str, timeout: float = 60.0) -> ServerProcess
     proc = subprocess.Popen(
         [sys.executable, "-m", "workload", "serve", "--port", "0", "--admin-token", TOKEN,
          "--pidfile", str(pidfile), *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if ready:
-            line = proc.stdout.readline()
-            seen.append(line)
-            match = re.search(r"at (http://[\d.]+:\d+)", line)
-            if match:
-                _drain(proc)
-                return ServerProcess(proc, match.group(1), pidfile)
-        if proc.poll() is not None:
-            break
-    stop_server(proc)
-    raise RuntimeError(f"server did not print its URL within {timeout}s; output: {''.join(seen)!r}")
-
-
-def _drain(proc: subprocess.Popen) -> None:
-    # Keep reading the server's log so a full pipe never blocks it.
-    def pump() -> None:
-        for _ in proc.stdout:
-            pass
-
-    threading.Thread(target=pump, daemon=True).start()
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0, env=env)
+    try:
+        return ServerProcess(proc, await_url(proc, timeout), pidfile)
+    except LaunchError:
+        stop_server(proc)
+        raise
 
 
 def stop_server(proc: subprocess.Popen) -> None:
