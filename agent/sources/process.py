@@ -1,10 +1,11 @@
-"""Process counters per window from psutil: CPU seconds, RSS, threads, context switches, fds."""
+"""Process counters per window: CPU seconds, RSS, threads, fds from psutil; context switches summed over threads."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -16,8 +17,46 @@ from analysis.window import ProcessReading
 @dataclass(frozen=True)
 class _Counters:
     cpu_seconds: float
-    voluntary: int
-    involuntary: int
+    # tid -> (voluntary, involuntary): the kernel counts context switches per thread, and /proc/PID/status (what
+    # psutil reads) holds the main thread's alone, which in a server is the one that mostly sleeps.
+    switches: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def thread_switches(pid: int, proc_root: str = "/proc") -> dict[int, tuple[int, int]]:
+    """(voluntary, involuntary) context switches of each live thread of `pid`, from /proc/PID/task/TID/status.
+
+    A thread that exits between the listing and its read is left out; the listing itself failing means the
+    process is gone (FileNotFoundError, which the source turns into TargetGone)."""
+    task = f"{proc_root}/{pid}/task"
+    out: dict[int, tuple[int, int]] = {}
+    for name in os.listdir(task):
+        try:
+            with open(f"{task}/{name}/status") as f:
+                text = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        counts = {}
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                counts[key] = int(value)
+        if len(counts) == 2:
+            out[int(name)] = (counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"])
+    return out
+
+
+def switch_deltas(prev: dict[int, tuple[int, int]], now: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """Switches between two per-thread reads: a thread seen in both adds its difference, a thread new since `prev`
+    adds all of its own (it started within the window); the last switches of a thread that exited in between are
+    not seen (its counts go with it)."""
+    voluntary = involuntary = 0
+    for tid, (v, n) in now.items():
+        pv, pn = prev.get(tid, (0, 0))
+        if v < pv or n < pn:  # a recycled tid: a new thread under an old number
+            pv = pn = 0
+        voluntary += v - pv
+        involuntary += n - pn
+    return voluntary, involuntary
 
 
 class ProcessSource:
@@ -48,12 +87,13 @@ class ProcessSource:
                 # psutil still answers for an exited, unreaped process: its figures are all stale.
                 raise psutil.ZombieProcess(self.pid, msg="exited (zombie, not yet reaped)")
             now = self._counters()
+            voluntary, involuntary = switch_deltas(self._prev.switches, now.switches)
             reading = ProcessReading(
                 cpu_seconds=max(0.0, now.cpu_seconds - self._prev.cpu_seconds),
                 rss_bytes=self._proc.memory_info().rss,
                 threads=self._proc.num_threads(),
-                voluntary_ctx_switches=now.voluntary - self._prev.voluntary,
-                involuntary_ctx_switches=now.involuntary - self._prev.involuntary,
+                voluntary_ctx_switches=voluntary,
+                involuntary_ctx_switches=involuntary,
                 fds=self._proc.num_fds(),
             )
         self._prev = now
@@ -69,8 +109,7 @@ class ProcessSource:
 
     def _counters(self) -> _Counters:
         cpu = self._proc.cpu_times()
-        ctx = self._proc.num_ctx_switches()
-        return _Counters(cpu_seconds=cpu.user + cpu.system, voluntary=ctx.voluntary, involuntary=ctx.involuntary)
+        return _Counters(cpu_seconds=cpu.user + cpu.system, switches=thread_switches(self.pid))
 
     @contextmanager
     def _translate(self) -> Iterator[None]:

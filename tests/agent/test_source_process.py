@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.sources.process import ProcessSource
+from agent.sources.process import ProcessSource, switch_deltas, thread_switches
 from analysis.errors import TargetGone
 
 CHILD = textwrap.dedent("""
@@ -105,3 +105,68 @@ def test_missing_pid_at_construction_is_target_gone() -> None:
 def test_bad_pid_quotes_the_value() -> None:
     with pytest.raises(ValueError, match="-3"):
         ProcessSource(-3)
+
+
+# Worker threads sleep (voluntary switches) and spin (the main thread meanwhile blocks on a join): a server's shape,
+# where the main thread is the one that does least. They stay alive until told, so the read sees all of them.
+THREADED = textwrap.dedent("""
+    import sys, threading, time
+    sys.stdin.readline()
+    stop, slept = threading.Event(), threading.Barrier(int(sys.argv[1]) + 1)
+    def sleeper():
+        for _ in range(int(sys.argv[2])):
+            time.sleep(0.001)
+        slept.wait()
+        stop.wait()
+    for _ in range(int(sys.argv[1])):
+        threading.Thread(target=sleeper).start()
+    slept.wait()
+    print("slept", flush=True)
+    sys.stdin.readline()
+    stop.set()
+""")
+
+
+def test_context_switches_are_summed_over_every_thread() -> None:
+    workers, sleeps = 3, 200
+    proc = subprocess.Popen([sys.executable, "-c", THREADED, str(workers), str(sleeps)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        src = ProcessSource(proc.pid)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "slept"
+        reading = src.read()
+        proc.stdin.write("exit\n")
+        proc.stdin.flush()
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert os.waitstatus_to_exitcode(status) == 0
+    # Each worker's sleeps are one voluntary switch each at least; the main thread alone (what /proc/PID/status
+    # holds) made a handful while it waited.
+    assert reading.voluntary_ctx_switches >= workers * sleeps, reading
+    # Ground truth from the kernel's own rusage of the reaped child (every thread, exited ones included): the
+    # window cannot hold more than the whole life did.
+    assert reading.voluntary_ctx_switches <= usage.ru_nvcsw, (reading, usage.ru_nvcsw)
+    assert reading.involuntary_ctx_switches <= usage.ru_nivcsw, (reading, usage.ru_nivcsw)
+    assert usage.ru_nvcsw - reading.voluntary_ctx_switches < workers * sleeps / 2, "most of the life was missed"
+
+
+def test_thread_switches_parses_each_task_and_skips_a_thread_that_left(tmp_path) -> None:
+    for tid, (v, n) in {41: (10, 2), 42: (300, 7)}.items():
+        (tmp_path / "41" / "task" / str(tid)).mkdir(parents=True)
+        (tmp_path / "41" / "task" / str(tid) / "status").write_text(
+            f"Name:\tpython\nvoluntary_ctxt_switches:\t{v}\nnonvoluntary_ctxt_switches:\t{n}\n")
+    (tmp_path / "41" / "task" / "43").mkdir()  # listed, then exited before its status was read
+    assert thread_switches(41, str(tmp_path)) == {41: (10, 2), 42: (300, 7)}
+    with pytest.raises(FileNotFoundError):
+        thread_switches(99, str(tmp_path))
+
+
+def test_switch_deltas_count_new_threads_whole_and_restart_a_recycled_tid() -> None:
+    prev = {1: (100, 5), 2: (50, 1), 3: (9, 9)}
+    now = {1: (130, 6), 2: (20, 0), 4: (7, 2)}  # 2 recycled (counts went down), 3 exited, 4 new
+    assert switch_deltas(prev, now) == (30 + 20 + 7, 1 + 0 + 2)
+    assert switch_deltas(now, now) == (0, 0)

@@ -9,7 +9,7 @@ from analysis.signals import BY_NAME, SIGNALS
 
 # A quiet baseline for every signal: values at these medians move nothing.
 QUIET = {"gc_pause": 0.0008, "app_wait": 0.1, "futex": 30.0, "blocked": 0.001, "syscalls": 400.0,
-         "retransmits": 0.0, "runqueue": 0.3, "involuntary": 5.0, "cpu_per_token": 0.002}
+         "retransmits": 0.0, "runqueue": 0.3, "involuntary": 250.0, "cpu_per_token": 0.002}
 STATS = {name: SignalStats(median=v, sigma=v * 0.05, count=30) for name, v in QUIET.items()}
 
 
@@ -24,6 +24,8 @@ def rank(**moved):
     ("syscalls", 50000.0, "syscalls", "syscalls per request 50,000 /req vs 400 /req baseline (x125"),
     ("retransmits", 10.0, "network", "TCP retransmits 10 /s vs 0 /s baseline (x50 against the 0.2 /s floor"),
     ("runqueue", 3.0, "cpu_contention", "run-queue wait per CPU second 3 s/s vs 0.3 s/s baseline (x10"),
+    ("involuntary", 470.0, "cpu_contention",
+     "involuntary context switches per CPU second 470 /CPU s vs 250 /CPU s baseline (x1.88"),
     ("cpu_per_token", 0.006, "compute", "CPU per token 6 ms/token vs 2 ms/token baseline (x3"),
 ])
 def test_each_label_from_its_signal_with_evidence_in_words_and_numbers(signal, value, label, words):
@@ -176,3 +178,21 @@ def test_persistence_on_a_baseline_too_noisy_to_tell_names_nothing():
 def test_persistence_needs_the_high_quantile_of_the_baseline():
     no_high = {**QUIET_HIGH, "runqueue": SignalStats(median=0.3, sigma=0.015, count=30)}
     assert persistent([0.6] * 6, stats=no_high)[0].label == "unknown"
+
+
+def test_involuntary_switches_are_read_per_cpu_second_so_more_load_is_not_contention():
+    from analysis.features import Features
+    from analysis.signals import read_all
+
+    def involuntary(cpu: float, switches: float) -> float | None:
+        return read_all(Features(duration=5.0, cpu_per_second=cpu, involuntary_switches_per_second=switches))["involuntary"]
+
+    # Measured here (all threads): 64/s at 0.25 core, 168/s at 0.58 core, 120/s at 0.25 core under a CPU hog.
+    assert involuntary(0.25, 64.0) == pytest.approx(256.0)
+    assert involuntary(0.58, 168.0) == pytest.approx(289.7, abs=0.1)
+    assert involuntary(0.25, 120.0) == pytest.approx(480.0)
+    assert involuntary(0.0, 3.0) == pytest.approx(60.0)  # an idle server: the 0.05-core floor, not 3 / 0
+    assert involuntary(None, 3.0) is None and involuntary(0.3, None) is None
+    stats = {"involuntary": SignalStats(256.0, 20.0, 30)}
+    assert Attributor().rank({"involuntary": 289.7}, stats)[0].label == "unknown"  # +50% load
+    assert Attributor().rank({"involuntary": 480.0}, stats)[0].label == "cpu_contention"
