@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agent.sources.process import thread_switches
+
 PROC = Path("/proc")
 # /proc/PID/task/TID/stat states of a thread that is neither on a CPU nor runnable.
 BLOCKED_STATES = frozenset("SDI")
@@ -11,22 +13,10 @@ BLOCKED_STATES = frozenset("SDI")
 
 def switches(pid: int, proc: Path = PROC) -> dict[int, int]:
     """Context switches so far (voluntary + involuntary) of each thread of `pid`; empty when it is gone."""
-    out: dict[int, int] = {}
     try:
-        tasks = list((proc / str(pid) / "task").iterdir())
+        return {tid: v + n for tid, (v, n) in thread_switches(pid, str(proc)).items()}
     except OSError:
-        return out
-    for task in tasks:
-        try:
-            lines = (task / "status").read_text().splitlines()
-        except OSError:
-            continue  # exited while we listed it
-        fields = dict(line.partition(":")[::2] for line in lines)
-        try:
-            out[int(task.name)] = sum(int(fields[k]) for k in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"))
-        except (KeyError, ValueError):
-            continue
-    return out
+        return {}
 
 
 def idle_since(pid: int, before: dict[int, int], proc: Path = PROC) -> dict[int, str | None]:

@@ -33,8 +33,8 @@ def thread_switches(pid: int, proc_root: str = "/proc") -> dict[int, tuple[int, 
         try:
             with open(f"{task}/{name}/status") as f:
                 text = f.read()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
+        except OSError:
+            continue  # exited while we listed it
         counts = {}
         for line in text.splitlines():
             key, _, value = line.partition(":")
