@@ -103,18 +103,9 @@ def check_delivered(r, raised: int) -> None:
         assert fired < first_resolve
 
 
-@pytest.mark.slow
-def test_kill_nine_mid_delivery_loses_nothing(tmp_path: Path, receivers) -> None:
-    refusing = receivers(start=False)   # nothing listens on its port until later
-    slow = receivers(answer=lambda n: (200, 3.0) if n < 3 else (200, 0.0))
-    flaky = receivers(answer=lambda n: (500, 0.0) if n < 5 else (200, 0.0))
-    signed = receivers()
-    secret = tmp_path / "signed.secret"
-    secret.write_bytes(SECRET + b"\n")
-    secret.chmod(0o600)
-    config = tmp_path / "infersight.toml"
-    config.write_text(textwrap.dedent(f"""
-        store_dir = "store"
+def alerts_toml(refusing, slow, flaky) -> str:
+    """The [alerts] table and the three receivers both kill -9 tests deliver to."""
+    return textwrap.dedent(f"""
         [alerts]
         group_wait_seconds = 0.3
         backoff_initial_seconds = 0.2
@@ -131,6 +122,20 @@ def test_kill_nine_mid_delivery_loses_nothing(tmp_path: Path, receivers) -> None
         [[receivers]]
         name = "flaky"
         url = "{flaky.url}"
+    """)
+
+
+@pytest.mark.slow
+def test_kill_nine_mid_delivery_loses_nothing(tmp_path: Path, receivers) -> None:
+    refusing = receivers(start=False)   # nothing listens on its port until later
+    slow = receivers(answer=lambda n: (200, 3.0) if n < 3 else (200, 0.0))
+    flaky = receivers(answer=lambda n: (500, 0.0) if n < 5 else (200, 0.0))
+    signed = receivers()
+    secret = tmp_path / "signed.secret"
+    secret.write_bytes(SECRET + b"\n")
+    secret.chmod(0o600)
+    config = tmp_path / "infersight.toml"
+    config.write_text('store_dir = "store"\n' + alerts_toml(refusing, slow, flaky) + textwrap.dedent(f"""
         [[receivers]]
         name = "signed"
         url = "{signed.url}"
@@ -204,23 +209,7 @@ def test_kill_nine_of_the_real_daemon_mid_delivery_loses_nothing(require_bpf, tm
         [[targets]]
         name = "workload"
         process_regex = "no-such-process-{agent_port}-kill-nine"
-        [alerts]
-        group_wait_seconds = 0.3
-        backoff_initial_seconds = 0.2
-        backoff_max_seconds = 1.0
-        host = "crash-host"
-        [[receivers]]
-        name = "refusing"
-        url = "{refusing.url}"
-        timeout_seconds = 1
-        [[receivers]]
-        name = "slow"
-        url = "{slow.url}"
-        timeout_seconds = 1
-        [[receivers]]
-        name = "flaky"
-        url = "{flaky.url}"
-    """))
+    """) + alerts_toml(refusing, slow, flaky))
     config_path.chmod(0o644)
     config = load_config(config_path)
     log = open(tmp_path / "agent.log", "w")

@@ -70,18 +70,24 @@ def test_huge_response_is_read_only_up_to_the_bound(raw_server) -> None:
     assert result.accepted and len(result.body) == MAX_RESPONSE_BYTES
 
 
-def test_dripping_server_is_cut_off(raw_server) -> None:
+def dripping(head: bytes, piece: bytes):
+    """A handler that sends `head`, then `piece` every 0.3 s for 30 s: a body that never ends in time."""
     def handle(conn: socket.socket) -> None:
         read_request(conn)
-        conn.sendall(b"HTTP/1.1 500 Oops\r\nContent-Length: 1000\r\n\r\n")
+        conn.sendall(head)
         try:
             for _ in range(100):
-                conn.sendall(b"x")
+                conn.sendall(piece)
                 time.sleep(0.3)
         except OSError:
             pass
         conn.close()
 
+    return handle
+
+
+def test_dripping_server_is_cut_off(raw_server) -> None:
+    handle = dripping(b"HTTP/1.1 500 Oops\r\nContent-Length: 1000\r\n\r\n", b"x")
     started = time.monotonic()
     result = post(raw_server(handle), b"{}", {}, timeout=0.5)
     assert time.monotonic() - started < 0.5 + 1.0
@@ -89,17 +95,7 @@ def test_dripping_server_is_cut_off(raw_server) -> None:
 
 
 def test_chunked_body_cut_off_keeps_the_status(raw_server) -> None:
-    def handle(conn: socket.socket) -> None:
-        read_request(conn)
-        conn.sendall(b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n")
-        try:
-            for _ in range(100):
-                conn.sendall(b"1\r\nx\r\n")
-                time.sleep(0.3)
-        except OSError:
-            pass
-        conn.close()
-
+    handle = dripping(b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n", b"1\r\nx\r\n")
     started = time.monotonic()
     result = post(raw_server(handle), b"{}", {}, timeout=0.5)
     assert time.monotonic() - started < 0.5 + 1.0
