@@ -25,6 +25,11 @@ RECORDED_QUIET = sorted((HERE / "recorded-quiet").glob("*.jsonl.gz"))
 # A third, `recorded-fresh`: the fresh live run after the sustained-shift test was added (2026-12-02), never tuned
 # on; the host was quiet but for two bursts of the author's own work (docs/BENCHMARKS.md, "Detector").
 RECORDED_FRESH = sorted((HERE / "recorded-fresh").glob("*.jsonl.gz"))
+# A fourth, `recorded-allthreads`: the first live run with context switches summed over every thread (2026-12-02
+# 04:06-05:37 UTC, the host kept quiet), never tuned on; the earlier sets hold the main thread's counts only.
+RECORDED_ALLTHREADS = sorted((HERE / "recorded-allthreads").glob("*.jsonl.gz"))
+SETS = {"shared host": RECORDED, "quiet host": RECORDED_QUIET, "fresh": RECORDED_FRESH,
+        "all threads": RECORDED_ALLTHREADS}
 # Words that name an injected fault or its machinery: the fault switches' module, classes, threads and helpers.
 FAULT_WORDS = re.compile(r"fault|GcChurn|SyscallStorm|LockHolder|DiskSync|NoCache|CpuHog|Netloss|netloss|cpuhog|"
                          r"hog\.py|sigstop|nftdrop|workload:", re.IGNORECASE)
@@ -63,7 +68,7 @@ def stripped(items: list[LabelledWindow]) -> list[LabelledWindow]:
     return [replace(i, window=Window.from_dict(strip(i.window.to_dict()))) for i in items]
 
 
-@pytest.mark.parametrize("paths", [RECORDED, RECORDED_QUIET, RECORDED_FRESH], ids=["shared host", "quiet host", "fresh"])
+@pytest.mark.parametrize("paths", list(SETS.values()), ids=list(SETS))
 def test_the_suite_is_recorded(paths: list[Path]) -> None:
     names = {p.name.removesuffix(".jsonl.gz") for p in paths}
     assert {"gc", "lock", "syscall", "netloss", "cpuhog", "nocache", "io", "load_steps", "outside", "steady"} <= names, names
@@ -76,7 +81,7 @@ def test_stripping_names_the_fault_would_give_changes_something_to_strip() -> No
     assert FAULT_WORDS.search(before) and not FAULT_WORDS.search(after)
 
 
-@pytest.mark.parametrize("path", RECORDED + RECORDED_QUIET + RECORDED_FRESH, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", [p for paths in SETS.values() for p in paths], ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_the_detector_does_not_read_what_names_the_fault(path: Path) -> None:
     factory = detector_factory()
     rec = read_recording(path)
@@ -96,11 +101,12 @@ KNOWN_MISSES = {
     "shared host": {("faults from outside the server", "cpu_contention")},
     "quiet host": set(),
     "fresh": set(),
+    "all threads": set(),
 }
 
 
 def test_the_missed_phases_are_exactly_the_known_ones() -> None:
-    for name, paths in (("shared host", RECORDED), ("quiet host", RECORDED_QUIET), ("fresh", RECORDED_FRESH)):
+    for name, paths in SETS.items():
         runs = command.replay(paths, detector_factory())
         missed = {(r.scenario.name, p.label) for r in runs for p in r.score.fault_phases if not p.detected}
         wrong = {(r.scenario.name, p.label, p.top_cause) for r in runs for p in r.score.fault_phases
@@ -109,9 +115,10 @@ def test_the_missed_phases_are_exactly_the_known_ones() -> None:
         assert not wrong, (name, wrong)
 
 
-@pytest.mark.parametrize("name, paths", [("shared host", RECORDED), ("quiet host", RECORDED_QUIET)],
-                         ids=["shared host", "quiet host"])
-def test_replay_of_the_suite_meets_the_issue_targets(name: str, paths: list[Path]) -> None:
+# The fresh run is left out: its two episodes in normal traffic (below) break the false-alarm bound.
+@pytest.mark.parametrize("name", ["shared host", "quiet host", "all threads"])
+def test_replay_of_the_suite_meets_the_issue_targets(name: str) -> None:
+    paths = SETS[name]
     factory = detector_factory()
     out, err = io.StringIO(), io.StringIO()
     started = time.monotonic()
