@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -134,8 +135,9 @@ def _drain(proc: subprocess.Popen, path: Path, head: list[str]) -> None:
     assert proc.stdout is not None
     with open(path, "w") as out:
         out.writelines(head)
-        for line in proc.stdout:
-            out.write(line.decode(errors="replace"))
+        # Buffered from here on: nothing select()s this pipe any more, and the raw pipe reads a line a byte at a time.
+        for line in io.TextIOWrapper(io.BufferedReader(proc.stdout), errors="replace"):
+            out.write(line)
             out.flush()
 
 

@@ -107,8 +107,8 @@ def test_bad_pid_quotes_the_value() -> None:
         ProcessSource(-3)
 
 
-# Worker threads sleep (voluntary switches) and spin (the main thread meanwhile blocks on a join): a server's shape,
-# where the main thread is the one that does least. They stay alive until told, so the read sees all of them.
+# Worker threads sleep (voluntary switches) while the main thread blocks on a barrier: a server's shape, where the
+# main thread is the one that does least. They stay alive until told, so the read sees all of them.
 THREADED = textwrap.dedent("""
     import sys, threading, time
     sys.stdin.readline()
