@@ -28,8 +28,11 @@ RECORDED_FRESH = sorted((HERE / "recorded-fresh").glob("*.jsonl.gz"))
 # A fourth, `recorded-allthreads`: the first live run with context switches summed over every thread (2026-12-02
 # 04:06-05:37 UTC, the host kept quiet), never tuned on; the earlier sets hold the main thread's counts only.
 RECORDED_ALLTHREADS = sorted((HERE / "recorded-allthreads").glob("*.jsonl.gz"))
+# A fifth, `recorded-neighbours`: the current code's live run on a shared host (2026-12-02 06:33-08:04 UTC), the
+# other tenants two loops of `neighbours.py` running test suites with random pauses; never tuned on.
+RECORDED_NEIGHBOURS = sorted((HERE / "recorded-neighbours").glob("*.jsonl.gz"))
 SETS = {"shared host": RECORDED, "quiet host": RECORDED_QUIET, "fresh": RECORDED_FRESH,
-        "all threads": RECORDED_ALLTHREADS}
+        "all threads": RECORDED_ALLTHREADS, "neighbours": RECORDED_NEIGHBOURS}
 # Words that name an injected fault or its machinery: the fault switches' module, classes, threads and helpers.
 FAULT_WORDS = re.compile(r"fault|GcChurn|SyscallStorm|LockHolder|DiskSync|NoCache|CpuHog|Netloss|netloss|cpuhog|"
                          r"hog\.py|sigstop|nftdrop|workload:", re.IGNORECASE)
@@ -96,9 +99,14 @@ def test_the_detector_does_not_read_what_names_the_fault(path: Path) -> None:
 # run-queue wait x2 over a baseline that wandered +-70 % on its own (other "normal" stretches of the same recordings
 # show x2.5 with latency up), so neither the per-window tests nor the sustained-shift test (which needs a baseline
 # quiet enough to tell, `sustained_min_z`) can tell it from the tenants. The quiet host's small shifts (the same hog,
-# x1.2 latency; the `io` switch, x1.15) are found by the sustained-shift test. A new miss fails here.
+# x1.2 latency; the `io` switch, x1.15) are found by the sustained-shift test. The live run beside neighbours, with
+# all-thread context switches, misses the same phase for the same reason: the hog raised the server's mean latency
+# x1.3 and its run-queue wait per CPU second x2 over a baseline the neighbours had already spread, and the
+# involuntary-switch witness stayed flat (the neighbours hold it near 1,000 per CPU second against ~370 on a quiet
+# host). A new miss fails here.
 KNOWN_MISSES = {
     "shared host": {("faults from outside the server", "cpu_contention")},
+    "neighbours": {("faults from outside the server", "cpu_contention")},
     "quiet host": set(),
     "fresh": set(),
     "all threads": set(),
@@ -116,7 +124,7 @@ def test_the_missed_phases_are_exactly_the_known_ones() -> None:
 
 
 # The fresh run is left out: its two episodes in normal traffic (below) break the false-alarm bound.
-@pytest.mark.parametrize("name", ["shared host", "quiet host", "all threads"])
+@pytest.mark.parametrize("name", ["shared host", "quiet host", "all threads", "neighbours"])
 def test_replay_of_the_suite_meets_the_issue_targets(name: str) -> None:
     paths = SETS[name]
     factory = detector_factory()
