@@ -14,9 +14,10 @@ HERE = Path(__file__).resolve().parent
 def test_neighbours_repeat_the_command_log_each_run_and_stop_on_time(tmp_path: Path) -> None:
     log, marks = tmp_path / "log.jsonl", tmp_path / "marks"
     started = time.monotonic()
-    # Each run appends a mark and then sleeps past the loop's deadline the second time round.
+    # Each run appends a mark; the second time round it starts a grandchild that sleeps past the loop's deadline
+    # (only killing the whole process group ends that one) and waits for it.
     sleeper = f"sleep 30.{os.getpid()}"  # a command line no other process has, to look for afterwards
-    cmd = ["bash", "-c", f'echo x >> {marks}; [ $(wc -l < {marks}) -ge 2 ] && exec {sleeper}; exit 3']
+    cmd = ["bash", "-c", f'echo x >> {marks}; if [ $(wc -l < {marks}) -ge 2 ]; then {sleeper} & wait; fi; exit 3']
     subprocess.run([sys.executable, str(HERE / "neighbours.py"), "3", "0", "1", str(log), "--", *cmd], check=True,
                    timeout=20)
     assert time.monotonic() - started < 10  # the sleeping run was cut off at the deadline, not waited for
