@@ -101,7 +101,7 @@ def test_the_detector_does_not_read_what_names_the_fault(path: Path) -> None:
 # quiet enough to tell, `sustained_min_z`) can tell it from the tenants. The quiet host's small shifts (the same hog,
 # x1.2 latency; the `io` switch, x1.15) are found by the sustained-shift test. The live run beside neighbours, with
 # all-thread context switches, misses the same phase for the same reason: the hog raised the server's mean latency
-# x1.3 and its run-queue wait per CPU second x2 over a baseline the neighbours had already spread, and the
+# x1.2 and its run-queue wait per CPU second x2.6 over a baseline the neighbours had already spread, and the
 # involuntary-switch witness stayed flat (the neighbours hold it near 1,000 per CPU second against ~370 on a quiet
 # host). A new miss fails here.
 KNOWN_MISSES = {
