@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import select
 import subprocess
 import time
@@ -336,7 +337,14 @@ def test_user_stacks_are_symbolised_before_the_kernel_part(require_bpf, cc) -> N
     user, kernel = sleeps[0].split(";-;")
     assert "nanosleep" in user  # libc's wrapper: the user stack's leaf frame, walked from its IP
     assert kernel.startswith("entry_SYSCALL_64")
-    assert failed == 0
+    # Kernel and user stacks share one hash-bucketed stack map without BPF_F_REUSE_STACKID (as bcc's offcputime), so
+    # two of the child's few dozen distinct stacks can land in one bucket: -EEXIST, counted in health and shown as
+    # such (2 of 60 runs here counted one; the one shown was -17). A walk that fails for another reason (-EFAULT: no
+    # usable user memory) fails here. A thread already blocked when tracing began is seeded from /proc with no user
+    # stack (-1): not a walk.
+    failures = [s for s in stacks if "stack failed:" in s and "[blocked since before tracing]" not in s]
+    assert all(e == "-17" for s in failures for e in re.findall(r"stack failed: (-?\d+)\]", s)), failures
+    assert failed <= 2, failed  # a walk that failed every time would count one per switch-out: 20 and more
 
 
 @pytest.mark.bpf
