@@ -93,14 +93,19 @@ class ServerSampler:
 
 
 def summarize(texts: list[str], errors: dict[str, str] | None = None) -> ServerStep:
-    """Gauges averaged over the scrapes; histograms as the delta from the first scrape to the last."""
+    """Gauges averaged over the step's scrapes; histograms as the delta from the first scrape to the last.
+
+    The first scrape is taken before the step's first request: it is the histograms' starting point, and its
+    gauges describe the step before (an idle or draining queue), so they are not averaged into this one.
+    """
     out = ServerStep(scrapes=len(texts), errors=dict(errors or {}))
     if len(texts) < 2:
         out.errors.setdefault("scrape", f"{len(texts)} scrape(s) of the endpoint; need two for a delta")
         return out
     try:
-        waiting = [v for t in texts if (v := _gauge(t, WAITING_GAUGES)) is not None]
-        running = [v for t in texts if (v := _gauge(t, RUNNING_GAUGES)) is not None]
+        during = texts[1:]
+        waiting = [v for t in during if (v := _gauge(t, WAITING_GAUGES)) is not None]
+        running = [v for t in during if (v := _gauge(t, RUNNING_GAUGES)) is not None]
         first_lat, last_lat = _histogram(texts[0], LATENCY_HISTOGRAMS), _histogram(texts[-1], LATENCY_HISTOGRAMS)
         first_b, last_b = _histogram(texts[0], BATCH_HISTOGRAMS), _histogram(texts[-1], BATCH_HISTOGRAMS)
     except (ValueError, KeyError, IndexError, TypeError) as exc:

@@ -25,10 +25,12 @@ class VllmLike:
         return generate_latest(self.registry).decode()
 
 
-def test_latency_quantiles_are_the_delta_between_first_and_last_scrape():
+def test_latency_is_the_delta_between_first_and_last_scrape_and_gauges_skip_the_first():
     m = VllmLike()
     for _ in range(50):
         m.e2e.labels("tiny").observe(5.0)  # before the step: must not count
+    m.waiting.labels("tiny").set(50)  # the step before's backlog, scraped as this step begins: must not count
+    m.running.labels("tiny").set(9)
     texts = [m.text()]
     for value in [0.15] * 90 + [0.8] * 10:
         m.e2e.labels("tiny").observe(value)
@@ -41,8 +43,8 @@ def test_latency_quantiles_are_the_delta_between_first_and_last_scrape():
     s = summarize(texts)
     assert s.p50_s == pytest.approx(0.1 + 0.1 * 50 / 90)
     assert 0.5 < s.p95_s <= 1.0 and s.p99_s <= 1.0
-    assert s.waiting_mean == pytest.approx(3.0) and s.waiting_max == 8
-    assert s.running_mean == pytest.approx(1.5) and s.batch_mean == pytest.approx(4.0)
+    assert s.waiting_mean == pytest.approx(4.0) and s.waiting_max == 8
+    assert s.running_mean == pytest.approx(2.0) and s.batch_mean == pytest.approx(4.0)
     assert s.errors == {}
 
 
