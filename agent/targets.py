@@ -16,6 +16,7 @@ _PIDFILE_MAX_BYTES = 64
 # A process sets its own argv (up to ARG_MAX, megabytes): read enough to match and show, no more, or
 # a user's processes with huge command lines would cost the agent that much memory every window.
 CMDLINE_MAX_BYTES = 64 << 10
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class ProcInfo:
     comm: str
     state: str
     cmdline: tuple[str, ...]
+    kernel_thread: bool = False  # PF_KTHREAD in the flags field of /proc/PID/stat
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ def read_proc(pid: int, proc_root: Path = PROC) -> ProcInfo:
         raise TargetGone(f"process {pid}: unparsable {base}/stat: {stat_text[:80]!r}")
     cmdline = tuple(a.decode(errors="replace") for a in raw_cmdline.split(b"\0") if a)
     return ProcInfo(pid=pid, start_time=int(rest[19]), comm=stat_text[open_paren + 1:close_paren],
-                    state=rest[0], cmdline=cmdline)
+                    state=rest[0], cmdline=cmdline, kernel_thread=bool(int(rest[6]) & PF_KTHREAD))
 
 
 def _read(path: str, limit: int | None = None) -> bytes:
@@ -127,8 +129,19 @@ def read_pidfile(path: Path, *, stat: StatFn = os.lstat, readlink: Callable[[str
 
 
 def _live(info: ProcInfo) -> bool:
-    # Zombies have exited (nothing to trace); kernel threads have no command line.
+    # Zombies have exited (nothing to trace); kernel threads have no command line, and neither has a process
+    # in the middle of execve: its parent (a vfork-based spawn) runs on before the new command line is set.
     return info.state not in ("Z", "X") and bool(info.cmdline)
+
+
+def _not_live(info: ProcInfo) -> str:
+    """Why a process a pid spec names is not watched (yet)."""
+    if info.state in ("Z", "X"):
+        return f"process {info.pid} has exited (state {info.state})"
+    if info.kernel_thread:
+        return f"process {info.pid} is a kernel thread: nothing to trace"
+    return (f"process {info.pid} has no command line yet (still starting, or it cleared its own); "
+            "looked for again every window")
 
 
 def _scan(proc_root: Path) -> list[ProcInfo]:
@@ -191,7 +204,7 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
                 note(spec, str(exc))
                 continue
             if not _live(info):
-                note(spec, f"process {pid} has exited (state {info.state})")
+                note(spec, _not_live(info))
                 continue
             infos = [info]
         taken = [i for i in infos if i.pid in claimed]

@@ -18,12 +18,13 @@ from agent.targets import diff_targets, discover, read_pidfile, read_proc
 from analysis.errors import TargetGone
 
 
-def fake_proc(root: Path, pid: int, comm: str, cmdline: list[str], start: int, state: str = "S") -> None:
+def fake_proc(root: Path, pid: int, comm: str, cmdline: list[str], start: int, state: str = "S",
+              flags: int = 4194560) -> None:
     d = root / str(pid)
     d.mkdir(parents=True, exist_ok=True)
     # Fields after "(comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
     # stime cutime cstime priority nice threads itrealvalue starttime ...
-    rest = [state, "1", str(pid), str(pid), "0", "-1", "4194560"] + ["0"] * 8 + ["20", "0", "1", "0", str(start)]
+    rest = [state, "1", str(pid), str(pid), "0", "-1", str(flags)] + ["0"] * 8 + ["20", "0", "1", "0", str(start)]
     (d / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)} 1000 200 18446744073709551615\n")
     (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in cmdline))
 
@@ -83,6 +84,27 @@ def test_pid_spec(proc: Path) -> None:
     found = discover([spec("a", pid=300), spec("b", pid=77), spec("c", pid=400)], proc, problems=problems)
     assert [(t.name, t.pid, t.start_time) for t in found] == [("a", 300, 3000)]
     assert problems == {"b": f"process 77 does not exist (no {proc}/77)", "c": "process 400 has exited (state Z)"}
+
+
+def test_a_pid_without_a_command_line_is_named_for_what_it_is(proc: Path) -> None:
+    # Mid-execve (a vfork spawn's parent runs on before the new argv is set) the command line reads empty, as a
+    # kernel thread's does; neither is watched, and neither is called exited.
+    fake_proc(proc, 500, "python3", [], 5000, state="R")
+    fake_proc(proc, 501, "kworker/0:1", [], 10, state="I", flags=0x04208060)
+    problems: dict[str, str] = {}
+    assert discover([spec("starting", pid=500), spec("kthread", pid=501)], proc, problems=problems) == []
+    assert problems == {"starting": "process 500 has no command line yet (still starting, or it cleared its own); "
+                                    "looked for again every window",
+                        "kthread": "process 501 is a kernel thread: nothing to trace"}
+    assert read_proc(2, proc).kernel_thread is False and read_proc(501, proc).kernel_thread is True
+
+
+def test_the_kernel_thread_flag_is_read_from_the_real_proc() -> None:
+    kthreadd = read_proc(2)
+    if kthreadd.comm != "kthreadd":
+        pytest.skip(f"pid 2 is {kthreadd.comm!r}, not kthreadd: this test runs in a pid namespace")
+    assert kthreadd.kernel_thread is True
+    assert read_proc(os.getpid()).kernel_thread is False
 
 
 def test_a_process_is_claimed_once(proc: Path) -> None:
