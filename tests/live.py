@@ -15,6 +15,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def spawn_execd(argv: list[str], timeout: float = 10.0) -> subprocess.Popen:
+    """Popen, then wait until the child's execve has set its command line.
+
+    Popen returns while the child may still be inside execve (a vfork spawn's parent runs on first), and until
+    argv is set the agent does not watch it (agent/targets.py): a test that discovers it at once would race.
+    """
+    child = subprocess.Popen(argv)
+    want = argv[-1].encode()
+    deadline = time.monotonic() + timeout
+    while not _cmdline(child.pid).rstrip(b"\0").endswith(want):
+        if time.monotonic() > deadline:
+            child.kill()
+            child.wait()
+            raise TimeoutError(f"child {child.pid} ({argv[0]}) did not finish execve in {timeout} s")
+        time.sleep(0.001)
+    return child
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
 def wait_http(url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -5,7 +5,6 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -14,20 +13,14 @@ from agent.config import Config, StacksConfig, TargetSpec
 from agent.loop import CollectionLoop
 from agent.state import AgentState
 from agent.target_sources import source_factories
+from tests.live import spawn_execd
 
 PY_CHILD = "import gc, os, sys, time\nwhile True:\n    gc.collect(); os.getppid(); time.sleep(0.02)\n"
 
 
 def spawn(marker: str, code: str = PY_CHILD) -> subprocess.Popen:
     # The marker in argv lets a process_regex spec find exactly this test's children.
-    child = subprocess.Popen([sys.executable, "-c", code, marker])
-    # Popen returns while the child may still be inside execve, its command line not yet set (the agent does not
-    # watch such a process until it is: tests/agent/test_targets.py). Tests that tick at once wait for it here.
-    deadline = time.monotonic() + 10
-    while marker.encode() not in Path(f"/proc/{child.pid}/cmdline").read_bytes():
-        assert time.monotonic() < deadline, f"child {child.pid} did not finish execve in 10 s"
-        time.sleep(0.001)
-    return child
+    return spawn_execd([sys.executable, "-c", code, marker])
 
 
 def stop(*procs):

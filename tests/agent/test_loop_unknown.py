@@ -14,12 +14,11 @@ from agent.target_sources import source_factories
 from agent.targets import Target
 from analysis.health import Health
 from analysis.window import GcReading
+from tests.live import spawn_execd
 
 
 def sleepers(n: int) -> list[subprocess.Popen]:
-    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(n)]
-    time.sleep(0.2)  # let each exec: a pid spec found before its exec is a different process afterwards
-    return procs
+    return [spawn_execd(["sleep", "60"]) for _ in range(n)]
 
 
 def stop(procs: Iterable[subprocess.Popen]) -> None:
