@@ -1,4 +1,14 @@
-"""Outside CPU contention: two busy processes per CPU for SECONDS at PID's priority, all ended with this one."""
+"""Outside CPU contention: PER_CPU busy processes per CPU for SECONDS at PID's priority plus NICE_OFFSET (negative:
+a stronger competitor than the server), all ended with this one.
+
+    python3 hog.py SECONDS [PID [PER_CPU [NICE_OFFSET]]]
+
+`infersight eval` runs a phase's command in its own session. With the kernel's autogroup on (Debian's default,
+/proc/sys/kernel/sched_autogroup_enabled), a session is one scheduling group: all the hog's processes together
+get a fair share against the server's session, and their nice ranks them only against each other. So neither
+PER_CPU nor NICE_OFFSET makes it take more than that share from the server (docs/BENCHMARKS.md, "How strong
+must an outside hog be?"); run in the server's own session, they would.
+"""
 
 import os
 import signal
@@ -6,10 +16,10 @@ import sys
 import time
 
 
-def main(seconds: float, pid: int | None = None, per_cpu: int = 2) -> int:
+def main(seconds: float, pid: int | None = None, per_cpu: int = 2, nice_offset: int = 0) -> int:
     if pid is not None:
-        # Compete on equal terms with the server, whatever priority it was started at.
-        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, pid))
+        # Compete with the server from its own priority, whatever it was started at (offset 0: equal terms).
+        os.setpriority(os.PRIO_PROCESS, 0, max(-20, min(19, os.getpriority(os.PRIO_PROCESS, pid) + nice_offset)))
     children = []
     for _ in range(per_cpu * (os.cpu_count() or 1)):
         pid = os.fork()
@@ -30,4 +40,4 @@ def main(seconds: float, pid: int | None = None, per_cpu: int = 2) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(float(sys.argv[1]), *(int(a) for a in sys.argv[2:4])))
+    sys.exit(main(float(sys.argv[1]), *(int(a) for a in sys.argv[2:5])))
