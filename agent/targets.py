@@ -128,16 +128,14 @@ def read_pidfile(path: Path, *, stat: StatFn = os.lstat, readlink: Callable[[str
     return int(text)
 
 
-def _live(info: ProcInfo) -> bool:
-    # Zombies have exited (nothing to trace); kernel threads have no command line, and neither has a process
-    # in the middle of execve: its parent (a vfork-based spawn) runs on before the new command line is set.
-    return info.state not in ("Z", "X") and bool(info.cmdline)
-
-
-def _not_live(info: ProcInfo) -> str:
-    """Why a process a pid spec names is not watched (yet)."""
+def _not_live(info: ProcInfo) -> str | None:
+    """None for a process that can be watched; else why not (yet). Zombies have exited (nothing to trace); kernel
+    threads have no command line, and neither has a process in the middle of execve: its parent (a vfork-based
+    spawn) runs on before the new command line is set."""
     if info.state in ("Z", "X"):
         return f"process {info.pid} has exited (state {info.state})"
+    if info.cmdline:
+        return None
     if info.kernel_thread:
         return f"process {info.pid} is a kernel thread: nothing to trace"
     return (f"process {info.pid} has no command line yet (still starting, or it cleared its own); "
@@ -191,7 +189,7 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
         infos: list[ProcInfo] = []
         if spec.process_regex is not None:
             if scanned is None:
-                scanned = [i for i in _scan(proc_root) if _live(i) and i.pid != own]
+                scanned = [i for i in _scan(proc_root) if _not_live(i) is None and i.pid != own]
             infos = [i for i in scanned if _match(spec, i)]
             if not infos:
                 note(spec, f"no process matches process_regex {spec.process_regex!r}")
@@ -203,8 +201,8 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
             except (ConfigError, TargetGone, AccessDenied) as exc:
                 note(spec, str(exc))
                 continue
-            if not _live(info):
-                note(spec, _not_live(info))
+            if (why := _not_live(info)) is not None:
+                note(spec, why)
                 continue
             infos = [info]
         taken = [i for i in infos if i.pid in claimed]
