@@ -8,6 +8,8 @@ import sys
 import time
 import urllib.request
 
+from agent.targets import read_proc
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -22,23 +24,14 @@ def spawn_execd(argv: list[str], timeout: float = 10.0) -> subprocess.Popen:
     argv is set the agent does not watch it (agent/targets.py): a test that discovers it at once would race.
     """
     child = subprocess.Popen(argv)
-    want = argv[-1].encode()
     deadline = time.monotonic() + timeout
-    while not _cmdline(child.pid).rstrip(b"\0").endswith(want):
+    while read_proc(child.pid).cmdline[-1:] != (argv[-1],):
         if time.monotonic() > deadline:
             child.kill()
             child.wait()
             raise TimeoutError(f"child {child.pid} ({argv[0]}) did not finish execve in {timeout} s")
         time.sleep(0.001)
     return child
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return b""
 
 
 def wait_http(url: str, timeout: float) -> None:

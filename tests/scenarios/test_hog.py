@@ -20,10 +20,9 @@ def _hog_children(hog: subprocess.Popen, want: int) -> list[psutil.Process]:
 
 
 def test_the_hog_runs_per_cpu_children_at_the_servers_priority_plus_the_offset_and_reaps_them():
-    server = subprocess.Popen(["nice", "-n", "5", "sleep", "30"])
+    server = subprocess.Popen(["sleep", "30"], preexec_fn=lambda: os.nice(5))  # niced before Popen returns
     hog = None
     try:
-        time.sleep(0.2)
         assert psutil.Process(server.pid).nice() == 5
         hog = subprocess.Popen([sys.executable, str(HOG), "2", str(server.pid), "1", "3"])
         kids = _hog_children(hog, os.cpu_count() or 1)
