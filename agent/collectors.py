@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.sources.protocol import Source
 from agent.targets import Target
-from analysis.errors import ProbeError, Unsupported
+from analysis.errors import NoAnswer, ProbeError, Unsupported
 from analysis.health import Health
 from probes.base import Probe
 
@@ -72,6 +72,8 @@ class Collected:
 
     readings: dict[str, Any] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    # Of `missing`, the sources whose target did not answer at all (NoAnswer).
+    unanswered: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -285,6 +287,8 @@ class Collectors:
                 out.readings[name] = source.read()
             except COLLECTOR_ERRORS as exc:
                 out.missing[name] = str(exc)
+                if isinstance(exc, NoAnswer):
+                    out.unanswered.add(name)
         for name, health in entry.broken.items():
             out.missing[name] = f"failed: {health.reason}"
 

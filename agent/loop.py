@@ -159,6 +159,7 @@ class CollectionLoop:
         for name, reading in collected.readings.items():
             setattr(w, name, reading)
         w.errors.update(collected.missing)
+        w.unanswered = sorted(collected.unanswered)
         return w
 
     def _rediscover(self, now: float, report: TickReport) -> None:

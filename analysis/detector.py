@@ -314,11 +314,18 @@ class LatencyDetector:
         return max(0.0, now - stats.median) * self.rto_min_seconds / rate
 
     def _stalled(self, f: Features) -> bool:
-        """Far fewer requests finished than the baseline's usual count: a server (or its network) that stalls
-        shows no latency at all, only silence. Alone that is not a regression (clients may have left)."""
+        """Far fewer requests finished than the baseline's usual count, or the server did not answer the scrape that
+        counts them: a server (or its network) that stalls shows no latency, only silence, and a stopped or cut-off
+        one answers nothing at all. Alone neither is a regression (clients may have
+        left, a scrape may fail for its own reasons): update() asks for a strong cause beside it."""
         ns = [r.latency.n / (r.end - r.start) for r in self.baseline_.rows if r.end > r.start]
-        if f.requests is None or not ns:
+        if not ns:
             return False
+        if f.requests is None:
+            # Unread is not zero: nothing is known about this window's requests. Only a server that did not answer
+            # at all (a timeout, a refused or reset connection; not a wrong answer or a source switched off) is
+            # news, and no Poisson bound applies to it, so no minimum count.
+            return f.latency_unanswered
         expected = median(ns) * f.duration
         return expected >= self.min_stall_requests and f.requests < self.stall_fraction * expected
 

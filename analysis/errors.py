@@ -33,5 +33,10 @@ class ReadingError(ProbeError):
     """A source could not produce a reading this window (endpoint down, metric missing, nothing sampled)."""
 
 
+class NoAnswer(ReadingError):
+    """The target's endpoint did not answer at all (a timeout, a refused or reset connection). Unlike a wrong answer
+    (an HTTP error, a missing metric) this is news about the target: a stopped or cut-off server answers nothing."""
+
+
 class SourceUnavailable(ProbeError):
     """A source cannot run on this host at all (its binary or library is missing)."""

@@ -20,6 +20,8 @@ class Features:
 
     duration: float
     requests: float | None = None
+    # The latency endpoint did not answer this window (Window.unanswered): its requests are unknown, not zero.
+    latency_unanswered: bool = False
     request_rate: float | None = None
     tokens_per_second: float | None = None
     tokens_per_request: float | None = None
@@ -50,6 +52,9 @@ class Features:
     # Threads waiting off-CPU inside their own code, on average over the window: py-spy idle samples whose
     # leaf is not an idle loop (IDLE_LOOP_FILES), per sampling tick.
     app_wait_threads: float | None = None
+    # Threads stopped (a signal, a tracer) or in uninterruptible disk sleep at the window's end: a wait still in
+    # progress, read from /proc, so it is there where the off-CPU probe cannot run.
+    stuck_threads: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,7 +80,7 @@ def extract(window: Window) -> Features:
     dur = window.duration
     if not dur > 0:
         raise ValueError(f"window has no duration: start {window.start!r}, end {window.end!r}")
-    f: dict = {"duration": dur}
+    f: dict = {"duration": dur, "latency_unanswered": "latency" in window.unanswered}
     la = window.latency
     requests = None
     if la is not None:
@@ -111,6 +116,8 @@ def extract(window: Window) -> Features:
         f.update(cpu_per_second=p.cpu_seconds / dur, rss_bytes=float(p.rss_bytes),
                  voluntary_switches_per_second=p.voluntary_ctx_switches / dur,
                  involuntary_switches_per_second=p.involuntary_ctx_switches / dur)
+        if p.stopped_threads is not None and p.disk_wait_threads is not None:
+            f["stuck_threads"] = float(p.stopped_threads + p.disk_wait_threads)
         tokens = la.tokens_per_second * dur if la is not None and la.tokens_per_second is not None else None
         if tokens is not None and tokens > 0:
             f["cpu_per_token"] = p.cpu_seconds / tokens

@@ -59,6 +59,11 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("futex", "lock", "futex off-CPU", _futex, 0.05, 0.3, "s/s", 1, "offcpu"),
     Signal("blocked", "blocked", "off-CPU in sleep, disk I/O, stopped or other waits", _blocked, 0.01, 0.1, "s/s", 1,
            "offcpu"),
+    # A second witness for the same label, from /proc: where the off-CPU probe cannot run (no root, no BPF), a
+    # server stopped for 30 s was missed altogether without it (tests/scenarios/variants). Floor half a thread: one
+    # thread caught in a disk wait is x2, all 35 stopped x70.
+    Signal("stuck", "blocked", "threads stopped or in disk sleep at the window's end", lambda f: f.stuck_threads,
+           0.5, 1.0, "threads", 1, "process"),
     Signal("syscalls", "syscalls", "syscalls per request", lambda f: f.syscalls_per_request, 10.0, 200.0, "/req", 1,
            "syscalls"),
     Signal("retransmits", "network", "TCP retransmits", lambda f: f.retransmits_per_second, 0.2, 1.0, "/s", 1, "tcp"),

@@ -105,6 +105,10 @@ class ProcessReading:
     voluntary_ctx_switches: int = 0
     involuntary_ctx_switches: int = 0
     fds: int = 0
+    # Threads in state T/t (stopped by a signal or a tracer) and D (uninterruptible, mostly disk) at the read, an
+    # instant at the window's end. None in windows recorded before they were read: not measured, not zero.
+    stopped_threads: int | None = None
+    disk_wait_threads: int | None = None
 
 
 @dataclass
@@ -167,6 +171,9 @@ class Window:
     gpu: GpuReading | None = None
     # Source name -> why it has no reading this window.
     errors: dict[str, str] = field(default_factory=dict)
+    # Of `errors`, the sources whose target did not answer at all (a timeout, a refused or reset connection): a
+    # stopped or cut-off server, not a wrong answer. Empty in windows recorded before it was kept.
+    unanswered: list[str] = field(default_factory=list)
 
     @property
     def duration(self) -> float:

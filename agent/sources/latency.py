@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.presets import ServerFigures
-from analysis.errors import ReadingError
+from analysis.errors import NoAnswer, ReadingError
 from analysis.health import Health
 from analysis.redact import redact_text, redact_url
 from analysis.window import LatencyReading
@@ -28,9 +28,11 @@ def http_fetch(url: str, timeout: float) -> str:
             return resp.read().decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
         raise ReadingError(f"latency endpoint {redact_url(url)} answered HTTP {exc.code}") from exc
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError) as exc:
         reason = redact_text(str(getattr(exc, "reason", exc)))
-        raise ReadingError(f"latency endpoint {redact_url(url)} unreachable: {reason}") from exc
+        raise NoAnswer(f"latency endpoint {redact_url(url)} unreachable: {reason}") from exc
+    except ValueError as exc:  # a URL urllib cannot use: our configuration, not news about the server
+        raise ReadingError(f"latency endpoint {redact_url(url)} unusable: {redact_text(str(exc))}") from exc
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Process counters per window: CPU seconds, RSS, threads, fds from psutil; context switches summed over threads."""
+"""Process counters per window: CPU seconds, RSS, threads, fds from psutil; context switches summed over threads and
+threads stopped or in a disk wait at the read."""
 
 from __future__ import annotations
 
@@ -15,34 +16,58 @@ from analysis.window import ProcessReading
 
 
 @dataclass(frozen=True)
+class ThreadStatus:
+    """One thread's line of facts from /proc/PID/task/TID/status."""
+
+    voluntary: int
+    involuntary: int
+    # The kernel's one-letter state at the read: R running, S sleeping, D uninterruptible (disk) sleep, T stopped
+    # by a signal, t stopped by a tracer, ...
+    state: str
+
+
+@dataclass(frozen=True)
 class _Counters:
     cpu_seconds: float
-    # tid -> (voluntary, involuntary): the kernel counts context switches per thread, and /proc/PID/status (what
-    # psutil reads) holds the main thread's alone, which in a server is the one that mostly sleeps.
-    switches: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # tid -> status: the kernel counts context switches per thread, and /proc/PID/status (what psutil reads) holds
+    # the main thread's alone, which in a server is the one that mostly sleeps.
+    threads: dict[int, ThreadStatus] = field(default_factory=dict)
 
 
-def thread_switches(pid: int, proc_root: str = "/proc") -> dict[int, tuple[int, int]]:
-    """(voluntary, involuntary) context switches of each live thread of `pid`, from /proc/PID/task/TID/status.
+def read_threads(pid: int, proc_root: str = "/proc") -> dict[int, ThreadStatus]:
+    """Context switches and state of each live thread of `pid`, from /proc/PID/task/TID/status.
 
     A thread that exits between the listing and its read is left out; the listing itself failing means the
     process is gone (FileNotFoundError, which the source turns into TargetGone)."""
     task = f"{proc_root}/{pid}/task"
-    out: dict[int, tuple[int, int]] = {}
+    out: dict[int, ThreadStatus] = {}
     for name in os.listdir(task):
         try:
             with open(f"{task}/{name}/status") as f:
                 text = f.read()
         except OSError:
             continue  # exited while we listed it
-        counts = {}
+        fields = {}
         for line in text.splitlines():
             key, _, value = line.partition(":")
-            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
-                counts[key] = int(value)
-        if len(counts) == 2:
-            out[int(name)] = (counts["voluntary_ctxt_switches"], counts["nonvoluntary_ctxt_switches"])
+            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches", "State"):
+                fields[key] = value.strip()
+        try:
+            out[int(name)] = ThreadStatus(voluntary=int(fields["voluntary_ctxt_switches"]),
+                                          involuntary=int(fields["nonvoluntary_ctxt_switches"]),
+                                          state=fields.get("State", "?")[:1] or "?")
+        except (KeyError, ValueError):
+            continue  # a status file without its counters is no thread we can count
     return out
+
+
+def thread_switches(pid: int, proc_root: str = "/proc") -> dict[int, tuple[int, int]]:
+    """(voluntary, involuntary) context switches of each live thread of `pid` (read_threads)."""
+    return switch_counts(read_threads(pid, proc_root))
+
+
+def switch_counts(threads: dict[int, ThreadStatus]) -> dict[int, tuple[int, int]]:
+    return {tid: (t.voluntary, t.involuntary) for tid, t in threads.items()}
 
 
 def switch_deltas(prev: dict[int, tuple[int, int]], now: dict[int, tuple[int, int]]) -> tuple[int, int]:
@@ -87,7 +112,8 @@ class ProcessSource:
                 # psutil still answers for an exited, unreaped process: its figures are all stale.
                 raise psutil.ZombieProcess(self.pid, msg="exited (zombie, not yet reaped)")
             now = self._counters()
-            voluntary, involuntary = switch_deltas(self._prev.switches, now.switches)
+            voluntary, involuntary = switch_deltas(switch_counts(self._prev.threads), switch_counts(now.threads))
+            states = [t.state for t in now.threads.values()]
             reading = ProcessReading(
                 cpu_seconds=max(0.0, now.cpu_seconds - self._prev.cpu_seconds),
                 rss_bytes=self._proc.memory_info().rss,
@@ -95,6 +121,10 @@ class ProcessSource:
                 voluntary_ctx_switches=voluntary,
                 involuntary_ctx_switches=involuntary,
                 fds=self._proc.num_fds(),
+                # At this instant, not over the window: a wait still going on, seen without BPF (the off-CPU
+                # probe sees it too, cut at the window's boundary, but it needs root and a BPF-capable kernel).
+                stopped_threads=sum(s in ("T", "t") for s in states),
+                disk_wait_threads=states.count("D"),
             )
         self._prev = now
         self._last_error = None
@@ -109,7 +139,7 @@ class ProcessSource:
 
     def _counters(self) -> _Counters:
         cpu = self._proc.cpu_times()
-        return _Counters(cpu_seconds=cpu.user + cpu.system, switches=thread_switches(self.pid))
+        return _Counters(cpu_seconds=cpu.user + cpu.system, threads=read_threads(self.pid))
 
     @contextmanager
     def _translate(self) -> Iterator[None]:

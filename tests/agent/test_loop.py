@@ -1,5 +1,7 @@
 """The collection loop on real processes and real probes: windows, unsupported targets, restarts, failures."""
 
+import http.server
+import socket
 import subprocess
 import sys
 import threading
@@ -9,7 +11,7 @@ import uuid
 import pytest
 
 from agent.collectors import Collectors
-from agent.config import Config, StacksConfig, TargetSpec
+from agent.config import Config, LatencySpec, StacksConfig, TargetSpec
 from agent.loop import CollectionLoop
 from agent.state import AgentState
 from agent.target_sources import source_factories
@@ -231,3 +233,46 @@ def test_exited_targets_leave_no_series_in_metrics(tmp_path):
     # Nothing kept per target grows with every process a regex ever matched.
     assert set(snapshot.findings) == tracked == sparklines == {"py"}
     assert saved == {pid: None for pid in gone}, "baselines of processes gone for good stay in the store"
+
+
+def test_a_latency_endpoint_that_never_answers_is_marked_unanswered_and_a_wrong_answer_is_not():
+    # A listening socket nobody accepts from: what a SIGSTOPped server looks like (the kernel still queues the
+    # connection). Beside it, a server that answers, with an error status.
+    class Overloaded(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_error(503, "overloaded")
+
+        def log_message(self, *args):
+            pass
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    answering = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Overloaded)
+    threading.Thread(target=answering.serve_forever, daemon=True).start()
+    children = [spawn(f"unanswered-{uuid.uuid4().hex}") for _ in range(2)]
+    specs = [TargetSpec(name="stopped", pid=children[0].pid,
+                        latency=LatencySpec(url=f"http://127.0.0.1:{silent.getsockname()[1]}/metrics", metric="x",
+                                            timeout_seconds=0.3)),
+             TargetSpec(name="erring", pid=children[1].pid,
+                        latency=LatencySpec(url=f"http://127.0.0.1:{answering.server_address[1]}/metrics",
+                                            metric="x", timeout_seconds=0.3))]
+    windows = []
+    loop, _ = make_loop(specs, [], windows.append)
+    try:
+        loop.start()
+        loop.tick()
+    finally:
+        loop.close()
+        stop(*children)
+        answering.shutdown()
+        answering.server_close()
+        silent.close()
+    by_target = {w.target: w for w in windows}
+    stopped, erring = by_target["stopped"], by_target["erring"]
+    assert stopped.latency is None and "unreachable" in stopped.errors["latency"]
+    assert stopped.unanswered == ["latency"]
+    assert erring.latency is None and "HTTP 503" in erring.errors["latency"]
+    assert erring.unanswered == []
+    # The other sources of both read as usual.
+    assert stopped.process is not None and erring.process is not None

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from agent.sources.latency import LatencySource, histogram_quantile
-from analysis.errors import ReadingError
+from analysis.errors import NoAnswer, ReadingError
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # A colon, as in vLLM's names (the bundled workload exports those).
@@ -142,10 +142,22 @@ def test_unreachable_server_is_a_counted_reading_error() -> None:
     port = free_port()
     src = LatencySource(f"http://127.0.0.1:{port}/metrics", METRIC, timeout=1.0)
     for _ in range(2):
-        with pytest.raises(ReadingError, match=f"127.0.0.1:{port}.*unreachable"):
+        # No answer at all: news about the server (stopped, cut off), which the detector may read as a stall.
+        with pytest.raises(NoAnswer, match=f"127.0.0.1:{port}.*unreachable"):
             src.read()
     health = src.health()
     assert health.state == "failed" and health.errors == 2 and "unreachable" in health.reason
+
+
+def test_a_server_that_accepts_but_never_answers_is_no_answer_within_the_timeout() -> None:
+    # What a SIGSTOPped server looks like from outside: the kernel still completes the TCP handshake into the
+    # listen backlog, and nothing ever replies.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        src = LatencySource(f"http://127.0.0.1:{listener.getsockname()[1]}/metrics", METRIC, timeout=0.5)
+        with pytest.raises(NoAnswer, match="unreachable: .*timed out"):
+            src.read()
 
 
 def test_missing_metric_names_it_and_recovers(server: Server) -> None:
@@ -187,8 +199,9 @@ def canned_server():
 
 def test_malformed_text_is_a_reading_error(canned_server) -> None:
     src = LatencySource(canned_server(200, b'# TYPE x histogram\nx_bucket{le="0.1" 3\n'), "x")
-    with pytest.raises(ReadingError, match="malformed"):
+    with pytest.raises(ReadingError, match="malformed") as raised:
         src.read()
+    assert not isinstance(raised.value, NoAnswer)  # it answered, wrongly: no news about the server's state
     assert src.health().errors == 1
 
 
@@ -200,8 +213,9 @@ def test_histogram_without_inf_bucket_is_a_reading_error(canned_server) -> None:
 
 def test_http_error_status_is_a_reading_error(canned_server) -> None:
     src = LatencySource(canned_server(503, b"overloaded"), METRIC)
-    with pytest.raises(ReadingError, match="HTTP 503"):
+    with pytest.raises(ReadingError, match="HTTP 503") as raised:
         src.read()
+    assert not isinstance(raised.value, NoAnswer)  # an error status is an answer
     assert src.health().errors == 1
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from agent.sources.process import ProcessSource, switch_deltas, thread_switches
+from agent.sources.process import ProcessSource, read_threads, switch_deltas, thread_switches
 from analysis.errors import TargetGone
 
 CHILD = textwrap.dedent("""
@@ -163,6 +165,42 @@ def test_thread_switches_parses_each_task_and_skips_a_thread_that_left(tmp_path)
     assert thread_switches(41, str(tmp_path)) == {41: (10, 2), 42: (300, 7)}
     with pytest.raises(FileNotFoundError):
         thread_switches(99, str(tmp_path))
+
+
+def test_read_threads_keeps_each_threads_state_letter_and_skips_a_status_without_one(tmp_path) -> None:
+    for tid, state in {41: "S (sleeping)", 42: "T (stopped)", 43: "D (disk sleep)", 44: "t (tracing stop)"}.items():
+        (tmp_path / "41" / "task" / str(tid)).mkdir(parents=True)
+        (tmp_path / "41" / "task" / str(tid) / "status").write_text(
+            f"Name:\tpython\nState:\t{state}\nvoluntary_ctxt_switches:\t1\nnonvoluntary_ctxt_switches:\t2\n")
+    (tmp_path / "41" / "task" / "45").mkdir()
+    (tmp_path / "41" / "task" / "45" / "status").write_text("Name:\tpython\n")  # no counters: not counted
+    (tmp_path / "41" / "task" / "46").mkdir()
+    (tmp_path / "41" / "task" / "46" / "status").write_text(  # counters without a state: counted, state unknown
+        "voluntary_ctxt_switches:\t1\nnonvoluntary_ctxt_switches:\t2\n")
+    assert {tid: t.state for tid, t in read_threads(41, str(tmp_path)).items()} == {41: "S", 42: "T", 43: "D",
+                                                                                    44: "t", 46: "?"}
+
+
+def test_a_stopped_process_reads_every_thread_stopped_and_none_once_continued(child) -> None:
+    src = ProcessSource(child.pid)
+    assert src.read().stopped_threads == 0
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    child.stdout.readline()  # its worker threads are up
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        # The stop reaches every thread; wait for the kernel to take them all off the CPU (a few ms).
+        deadline = time.monotonic() + 5
+        while (reading := src.read()).stopped_threads < reading.threads and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reading.threads == THREADS + 1 and reading.stopped_threads == reading.threads
+        assert reading.disk_wait_threads == 0
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 5
+    while (reading := src.read()).stopped_threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reading.stopped_threads == 0
 
 
 def test_switch_deltas_count_new_threads_whole_and_restart_a_recycled_tid() -> None:

@@ -50,6 +50,7 @@ class Load:
     retransmits: float = 0.0       # per window
     runq_per_cpu: float = 0.3
     cpu_per_token: float = 0.002
+    stuck_threads: int = 0         # stopped or in disk sleep at the window's end
     hot_function: str | None = None
 
 
@@ -92,7 +93,7 @@ def window(i: int, load: Load = Load(), seed: int = 0, interval: float = 5.0, ta
         tcp=TcpReading(retransmits=int(load.retransmits)),
         runqueue=RunQueueReading(total_seconds=load.runq_per_cpu * cpu * jitter),
         process=ProcessReading(cpu_seconds=cpu, rss_bytes=300 << 20, threads=35, voluntary_ctx_switches=100,
-                               involuntary_ctx_switches=10),
+                               involuntary_ctx_switches=10, stopped_threads=load.stuck_threads, disk_wait_threads=0),
         stacks=StackReading(active=active, idle=idle, rate_hz=49.0, samples=ticks),
         latency=latency)
 
@@ -104,6 +105,13 @@ def windows(start: int, count: int, load: Load = Load(), seed: int = 0) -> list[
 def strip(w: Window, *sections: str) -> Window:
     """The window with sections set to None and a reason for each in errors, as a failed source leaves it."""
     return replace(w, **dict.fromkeys(sections), errors={**w.errors, **{s: f"{s} probe failed (test)" for s in sections}})
+
+
+def unanswered(w: Window) -> Window:
+    """The window as the agent leaves it when the server's latency endpoint did not answer (a timeout, a refused
+    or reset connection): no latency reading, and the source named in `unanswered`."""
+    return replace(w, latency=None, unanswered=["latency"],
+                   errors={**w.errors, "latency": "latency endpoint http://127.0.0.1:1/metrics unreachable: timed out"})
 
 
 def _poisson(rng: random.Random, lam: float) -> int:

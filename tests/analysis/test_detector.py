@@ -208,6 +208,33 @@ def test_a_stall_with_retransmits_opens_a_critical_network_regression_and_silenc
     assert opened(feed(quiet, synth.windows(60, 6, Load(rate=0.0)))) == []
 
 
+def test_a_server_that_answers_nothing_while_its_threads_are_stopped_opens_a_critical_blocked_regression():
+    # SIGSTOP for 30 s: no scrape is answered, so no latency and no request count; the off-CPU probe sees every
+    # thread stopped (35 s/s), cut at each window's boundary.
+    det = armed()
+    vs = feed(det, [synth.unanswered(w) for w in synth.windows(60, 4, Load(stopped=35.0, stuck_threads=35))])
+    assert opened(vs) == [1]
+    reg = vs[1].opened
+    assert reg.severity == "critical" and reg.top_cause == "blocked" and vs[1].score is None
+    # Where the off-CPU probe cannot run (no root, no BPF), the threads' state from /proc names it alone.
+    no_bpf = [synth.unanswered(synth.strip(w, "offcpu")) for w in synth.windows(60, 4, Load(stuck_threads=35))]
+    vs = feed(armed(), no_bpf)
+    assert opened(vs) == [1] and vs[1].opened.top_cause == "blocked"
+    assert "threads stopped or in disk sleep" in vs[1].opened.causes[0].evidence
+    # An endpoint that does not answer, with nothing else moving, is no regression: scrapes fail for their own
+    # reasons (a restart, a network hiccup on the agent's side).
+    assert opened(feed(armed(), [synth.unanswered(w) for w in synth.windows(60, 6)])) == []
+    # Latency unread for another reason (the source failed, a wrong answer) is no stall, whatever else moved.
+    stripped = [synth.strip(w, "latency") for w in synth.windows(60, 6, Load(stopped=35.0, stuck_threads=35))]
+    assert opened(feed(armed(), stripped)) == []
+
+
+def test_a_few_threads_caught_stopped_with_latency_as_usual_is_no_regression():
+    # The state is one instant per window: a thread caught in a brief disk wait must not open anything alone.
+    det = armed()
+    assert opened(feed(det, synth.windows(60, 12, Load(stuck_threads=1)))) == []
+
+
 def test_stall_fraction_edge():
     # Baseline: ~20 requests per window. A window with 3 requests is a stall at fraction 0.2, not at 0.1.
     w = synth.window(60, Load(rate=0.6, retransmits=70))

@@ -34,8 +34,23 @@ def test_every_missing_section_gives_none_never_zero():
     f = extract(w)
     for name in ("requests", "mean_seconds", "syscalls_per_second", "syscalls_per_request", "offcpu",
                  "gc_pause_per_second", "retransmits_per_second", "runqueue_per_second", "cpu_per_second",
-                 "cpu_per_token", "app_wait_threads", "tokens_per_second"):
+                 "cpu_per_token", "app_wait_threads", "tokens_per_second", "stuck_threads"):
         assert getattr(f, name) is None, name
+    assert f.latency_unanswered is False  # a source that failed is not a server that did not answer
+
+
+def test_stuck_threads_are_the_stopped_and_disk_waiting_ones_and_unmeasured_in_old_windows():
+    w = synth.window(0)
+    f = extract(replace(w, process=replace(w.process, stopped_threads=3, disk_wait_threads=1)))
+    assert f.stuck_threads == 4.0
+    # A window recorded before these were read has None for them: not measured, not zero.
+    old = replace(w, process=replace(w.process, stopped_threads=None, disk_wait_threads=None))
+    assert extract(old).stuck_threads is None
+
+
+def test_an_unanswered_latency_endpoint_is_unknown_requests_and_says_so():
+    f = extract(synth.unanswered(synth.window(0)))
+    assert f.latency_unanswered is True and f.requests is None and f.mean_seconds is None
 
 
 def test_no_finished_request_means_no_latency_and_no_per_request_figures():
