@@ -31,6 +31,8 @@ class Outcome:
     p99: float | None = None
     expected_p50: float | None = None
     expected_p99: float | None = None
+    # The server's latency endpoint did not answer in this window (Window.unanswered).
+    unanswered: bool = False
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,8 @@ class Tracker:
                        opened=verdict.opened.id if verdict.opened is not None else None,
                        score=_number(verdict.score), p50=p50, p99=p99,
                        expected_p50=_number((verdict.expected or {}).get("p50")),
-                       expected_p99=_number((verdict.expected or {}).get("p99")))
+                       expected_p99=_number((verdict.expected or {}).get("p99")),
+                       unanswered="latency" in w.unanswered)
 
 
 def detect(factory: DetectorFactory, windows: Iterable[LabelledWindow]) -> list[Outcome]:

@@ -125,3 +125,23 @@ def test_the_cli_parses_eval() -> None:
 
     args = build_parser().parse_args(["eval", "--replay", "a.jsonl.gz", "b.jsonl.gz", "--json", "--plot", "p.png"])
     assert args.replay == ["a.jsonl.gz", "b.jsonl.gz"] and args.json and args.plot == "p.png" and args.scenarios == []
+
+
+def test_a_window_the_server_did_not_answer_is_marked_in_its_outcome_and_survives_the_recording(tmp_path: Path):
+    # The plot hatches such windows ("no answer from the server"): a gap in the latency lines is otherwise
+    # indistinguishable from a window in which no request finished.
+    writer = RecordingWriter(tmp_path / "a.jsonl.gz", SCENARIO, 5.0, 1000.0)
+    for i in range(20):
+        w = window(i, False)
+        if i in (12, 13):
+            w = Window(target=w.target, pid=w.pid, start=w.start, end=w.end, unanswered=["latency"],
+                       errors={"latency": "latency endpoint http://127.0.0.1:1/metrics unreachable: timed out"})
+        phase = SCENARIO.phase_at(5 * i + 2.5)
+        writer.add(LabelledWindow(w, SCENARIO.phases[phase].label, phase))
+    path = writer.close(complete=True)
+    (run_,) = command.replay([path], ThresholdDetector)
+    assert [i for i, o in enumerate(run_.outcomes) if o.unanswered] == [12, 13]
+    assert run_.outcomes[12].p99 is None
+    png = tmp_path / "eval.png"
+    code, _, err = run(replay=[str(path)], plot=str(png))
+    assert code == 0 and "wrote" in err and png.stat().st_size > 10_000
