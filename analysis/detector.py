@@ -316,8 +316,8 @@ class LatencyDetector:
     def _stalled(self, f: Features) -> bool:
         """Far fewer requests finished than the baseline's usual count, or the server did not answer the scrape that
         counts them: a server (or its network) that stalls shows no latency, only silence, and a stopped or cut-off
-        one answers nothing at all. Alone neither is a regression (clients may have
-        left, a scrape may fail for its own reasons): update() asks for a strong cause beside it."""
+        one answers nothing at all. Alone neither is a regression (clients may have left, a scrape may fail for its
+        own reasons): update() asks for a strong cause beside it."""
         ns = [r.latency.n / (r.end - r.start) for r in self.baseline_.rows if r.end > r.start]
         if not ns:
             return False
