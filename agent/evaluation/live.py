@@ -97,6 +97,7 @@ def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, serv
     total = scenario.seconds
     current: int | None = None
     command = None
+    command_ended = False
     next_tick = t0 + interval
     last_tick = t0
     while True:
@@ -110,8 +111,12 @@ def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, serv
             if index is None:
                 break
             command = _begin_phase(scenario.phases[index], index, scenario, server, children, work, progress)
+            command_ended = False
         wake = min(next_tick, t0 + bounds[index][1])
         time.sleep(max(0.0, wake - time.time()))
+        if command is not None and not command_ended and command.poll() is not None:
+            command_ended = True
+            _command_ended(scenario, index, command, t0 + bounds[index][0], work, progress)
         if time.time() >= next_tick - 1e-3:
             last_tick = time.time()
             for window in collector.tick():
@@ -137,6 +142,23 @@ def _begin_phase(phase: Phase, index: int, scenario: Scenario, server: processes
         what.append(f"run {' '.join(argv)}")
     _say(progress, f"{scenario.name}: phase {index + 1}/{len(scenario.phases)} ({phase.seconds:g}s): {', '.join(what)}")
     return command
+
+
+def _command_ended(scenario: Scenario, index: int, command: subprocess.Popen, began: float, work: Path,
+                   progress: TextIO) -> None:
+    """A phase's command that ended before its phase: fine when it succeeded (a one-shot `kill -STOP`), the end of
+    the run when it failed, since the phase's fault then did not happen and its windows would be scored as if it
+    had (an nftables rule that did not parse left a 'network' phase of normal traffic, and no word of it)."""
+    after = f"after {time.time() - began:.1f}s"
+    if command.returncode == 0:
+        _say(progress, f"{scenario.name}: phase {index + 1}'s command finished {after} (status 0)")
+        return
+    log = work / f"phase{index}.log"
+    said = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+    raise processes.EvalProcessError(
+        f"{scenario.name}: phase {index + 1}'s command {' '.join(map(str, command.args))!r} failed {after} "
+        f"(status {command.returncode}){': ' + said[0][-300:] if said else ''}; the phase's fault did not run "
+        f"as written, so the run stops here")
 
 
 def _end_phase(phase: Phase, server: processes.Server, children: Children, command: subprocess.Popen | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.evaluation.live import run_live
+from agent.evaluation.processes import EvalProcessError
 from agent.evaluation.recording import read_recording
 from analysis.scenario import load_scenario
 from tests.agent.eval_detector import ThresholdDetector
@@ -133,3 +135,41 @@ def test_ctrl_c_ends_the_server_and_the_phase_command(tmp_path: Path, require_ro
     for pid in (server_pid, command_pid, grandchild):
         assert not alive(pid), pid
     assert not record.exists() and record.with_name(record.name + ".part").exists()
+
+
+def test_a_phase_command_that_fails_stops_the_run_with_its_words_and_one_that_succeeds_early_does_not(
+        tmp_path: Path, require_root) -> None:
+    # A fault command that fails (an nftables rule that does not parse) leaves its phase as normal traffic under
+    # a fault's label: scored as if it had run, with no word of it, unless the run stops and says so.
+    ok = [sys.executable, "-c", "print('stopped it once')"]
+    bad = [sys.executable, "-c", "import sys; print('nft: Error: Value 100 exceeds valid range 0-99'); sys.exit(3)"]
+    path = tmp_path / "s.toml"
+    path.write_text(f'''
+name = "failing command"
+interval_seconds = 2
+[load]
+rate = 2.0
+[[phase]]
+seconds = 4
+label = "normal"
+[[phase]]
+seconds = 4
+run = {json.dumps(ok)}
+label = "blocked"
+[[phase]]
+seconds = 6
+run = {json.dumps(bad)}
+label = "network"
+''')
+    progress = io.StringIO()
+    with pytest.raises(EvalProcessError) as raised:
+        run_live(load_scenario(path), 2.0, None, tmp_path / "rec.jsonl.gz", progress=progress)
+    log = progress.getvalue()
+    message = str(raised.value)
+    assert "phase 3's command" in message and "(status 3)" in message, message
+    assert "Value 100 exceeds valid range 0-99" in message and "did not run as written" in message, message
+    assert re.search(r"phase 2's command finished after \d+\.\ds \(status 0\)", log), log
+    assert "logs are kept in" in log
+    assert not (tmp_path / "rec.jsonl.gz").exists() and (tmp_path / "rec.jsonl.gz.part").exists()
+    server_pid = int(re.search(r"server pid (\d+)", log).group(1))
+    assert not alive(server_pid)

@@ -13,12 +13,16 @@ def nft(args: list[str], stdin: str | None = None) -> None:
 
 
 def main(port: int, seconds: float, percent: int = 10) -> int:
+    if not 0 < percent <= 100:
+        raise SystemExit(f"percent must be within 1..100, got {percent}")
     table = f"infersight_eval_drop_{port}"
+    # numgen's range is 0..99, so "< 100" does not parse: every packet is simply dropped.
+    sample = "" if percent == 100 else f"numgen random mod 100 < {percent} "
     # Input and output hooks: loopback traffic passes both, so the server's own port is covered.
     rules = "".join(
         f"  chain {hook} {{\n    type filter hook {hook} priority -150; policy accept;\n"
-        f"    tcp dport {port} numgen random mod 100 < {percent} counter drop\n"
-        f"    tcp sport {port} numgen random mod 100 < {percent} counter drop\n  }}\n"
+        f"    tcp dport {port} {sample}counter drop\n"
+        f"    tcp sport {port} {sample}counter drop\n  }}\n"
         for hook in ("input", "output"))
     nft(["-f", "-"], f"table inet {table} {{\n{rules}}}\n")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

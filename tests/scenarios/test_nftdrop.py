@@ -1,0 +1,47 @@
+"""The packet-loss command the scenarios run: at 100 % every packet to the port is dropped (no connection is
+made), the table goes with the command, and a percent out of range is one clear line."""
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NFTDROP = Path(__file__).resolve().parent / "nftdrop.py"
+
+
+def _connects(port: int, timeout: float) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def test_a_full_drop_cuts_the_port_off_and_the_table_leaves_with_the_command(require_root):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        assert _connects(port, 1.0)
+        drop = subprocess.Popen([sys.executable, str(NFTDROP), str(port), "30", "100"], stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            table = f"infersight_eval_drop_{port}"
+            deadline = time.monotonic() + 10
+            while subprocess.run(["nft", "list", "table", "inet", table], capture_output=True).returncode != 0:
+                assert drop.poll() is None, drop.stderr.read()
+                assert time.monotonic() < deadline, "the table never appeared"
+                time.sleep(0.05)
+            assert not _connects(port, 1.0), "a SYN got through a 100 % drop"
+        finally:
+            drop.terminate()
+            assert drop.wait(10) == 0, drop.stderr.read()
+        assert subprocess.run(["nft", "list", "table", "inet", table], capture_output=True).returncode != 0
+        assert _connects(port, 1.0)
+
+
+def test_a_percent_out_of_range_is_one_line_before_any_rule():
+    done = subprocess.run([sys.executable, str(NFTDROP), "1", "1", "101"], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 1 and done.stderr.strip() == "percent must be within 1..100, got 101"
