@@ -72,8 +72,10 @@ class Collected:
 
     readings: dict[str, Any] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
-    # Of `missing`, the sources whose target did not answer at all (NoAnswer).
+    # Of `missing`, the sources whose target did not answer at all (NoAnswer), and of those, the ones that could
+    # not even connect.
     unanswered: set[str] = field(default_factory=set)
+    unreachable: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -289,6 +291,8 @@ class Collectors:
                 out.missing[name] = str(exc)
                 if isinstance(exc, NoAnswer):
                     out.unanswered.add(name)
+                    if exc.stage == "connect":
+                        out.unreachable.add(name)
         for name, health in entry.broken.items():
             out.missing[name] = f"failed: {health.reason}"
 

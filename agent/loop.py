@@ -160,6 +160,7 @@ class CollectionLoop:
             setattr(w, name, reading)
         w.errors.update(collected.missing)
         w.unanswered = sorted(collected.unanswered)
+        w.unreachable = sorted(collected.unreachable)
         return w
 
     def _rediscover(self, now: float, report: TickReport) -> None:

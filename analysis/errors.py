@@ -35,7 +35,15 @@ class ReadingError(ProbeError):
 
 class NoAnswer(ReadingError):
     """The target's endpoint did not answer at all (a timeout, a refused or reset connection). Unlike a wrong answer
-    (an HTTP error, a missing metric) this is news about the target: a stopped or cut-off server answers nothing."""
+    (an HTTP error, a missing metric) this is news about the target: a stopped or cut-off server answers nothing.
+
+    `stage` says where: "connect" when no connection was made (refused, timed out, no route: nothing reached the
+    port; the kernel completes the handshake even for a stopped process), "response" when the request went out on
+    a connection and no reply came in time (a stopped, stuck or overloaded server)."""
+
+    def __init__(self, message: str, stage: str = "response") -> None:
+        super().__init__(message)
+        self.stage = stage
 
 
 class SourceUnavailable(ProbeError):

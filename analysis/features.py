@@ -22,6 +22,9 @@ class Features:
     requests: float | None = None
     # The latency endpoint did not answer this window (Window.unanswered): its requests are unknown, not zero.
     latency_unanswered: bool = False
+    # 1 when the agent could not connect to the latency endpoint at all (Window.unreachable), 0 when it did; None
+    # where that is not known (no latency source, or one that failed some other way).
+    latency_unreachable: float | None = None
     request_rate: float | None = None
     tokens_per_second: float | None = None
     tokens_per_request: float | None = None
@@ -82,6 +85,8 @@ def extract(window: Window) -> Features:
         raise ValueError(f"window has no duration: start {window.start!r}, end {window.end!r}")
     f: dict = {"duration": dur, "latency_unanswered": "latency" in window.unanswered}
     la = window.latency
+    if la is not None or "latency" in window.unanswered:  # a scrape reached the port, or was seen not to
+        f["latency_unreachable"] = 1.0 if "latency" in window.unreachable else 0.0
     requests = None
     if la is not None:
         requests = la.requests

@@ -67,6 +67,11 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("syscalls", "syscalls", "syscalls per request", lambda f: f.syscalls_per_request, 10.0, 200.0, "/req", 1,
            "syscalls"),
     Signal("retransmits", "network", "TCP retransmits", lambda f: f.retransmits_per_second, 0.2, 1.0, "/s", 1, "tcp"),
+    # The agent's own scrape as a probe of the path: a connection refused or timed out while the process lives
+    # means nothing reaches its port (a partition drops every SYN, and with no connection open the server has
+    # nothing to retransmit: a live 100 % drop read 0 retransmits and no other signal moved). A window is 1 or 0.
+    Signal("unreachable", "network", "agent's connections to the server's port failed (refused or timed out)",
+           lambda f: f.latency_unreachable, 0.05, 0.5, "", 1, "latency"),
     Signal("runqueue", "cpu_contention", "run-queue wait per CPU second", _runq_per_cpu, 0.05, 0.5, "s/s", 1,
            "runqueue"),
     Signal("involuntary", "cpu_contention", "involuntary context switches per CPU second", _involuntary_per_cpu,

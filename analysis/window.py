@@ -174,6 +174,9 @@ class Window:
     # Of `errors`, the sources whose target did not answer at all (a timeout, a refused or reset connection): a
     # stopped or cut-off server, not a wrong answer. Empty in windows recorded before it was kept.
     unanswered: list[str] = field(default_factory=list)
+    # Of `unanswered`, those that could not even connect (refused, timed out, no route): nothing reached the port,
+    # for the kernel completes a handshake even for a stopped process. The others connected and got no reply.
+    unreachable: list[str] = field(default_factory=list)
 
     @property
     def duration(self) -> float:

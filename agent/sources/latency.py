@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import math
 import time
 import urllib.error
@@ -22,15 +23,24 @@ QUANTILES = (0.5, 0.95, 0.99)
 
 
 def http_fetch(url: str, timeout: float) -> str:
-    """GET `url`; every failure becomes a ReadingError naming the url."""
+    """GET `url`; every failure becomes a ReadingError naming the url, a NoAnswer when nothing answered."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.read().decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
         raise ReadingError(f"latency endpoint {redact_url(url)} answered HTTP {exc.code}") from exc
-    except (urllib.error.URLError, OSError) as exc:
-        reason = redact_text(str(getattr(exc, "reason", exc)))
-        raise NoAnswer(f"latency endpoint {redact_url(url)} unreachable: {reason}") from exc
+    except urllib.error.URLError as exc:
+        # urllib wraps what fails before the request is sent: the connection itself.
+        reason = redact_text(str(exc.reason))
+        if not isinstance(exc.reason, OSError):  # "unknown url type": our configuration, not the server
+            raise ReadingError(f"latency endpoint {redact_url(url)} unusable: {reason}") from exc
+        raise NoAnswer(f"latency endpoint {redact_url(url)} unreachable: {reason}", stage="connect") from exc
+    except OSError as exc:  # after the request went out: no reply in time, or the connection dropped
+        raise NoAnswer(f"latency endpoint {redact_url(url)} did not answer: {redact_text(str(exc)) or type(exc).__name__}",
+                       stage="response") from exc
+    except http.client.HTTPException as exc:  # it answered, but not HTTP: a wrong answer, which must not end the tick
+        raise ReadingError(f"latency endpoint {redact_url(url)} answered something that is not HTTP: "
+                           f"{type(exc).__name__} {redact_text(str(exc))[:80]!r}") from exc
     except ValueError as exc:  # a URL urllib cannot use: our configuration, not news about the server
         raise ReadingError(f"latency endpoint {redact_url(url)} unusable: {redact_text(str(exc))}") from exc
 

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from agent.state import AgentState
 from agent.target_sources import source_factories
 from tests.live import spawn_execd
 
+NFTDROP = Path(__file__).resolve().parents[1] / "scenarios" / "nftdrop.py"
 PY_CHILD = "import gc, os, sys, time\nwhile True:\n    gc.collect(); os.getppid(); time.sleep(0.02)\n"
 
 
@@ -270,9 +272,46 @@ def test_a_latency_endpoint_that_never_answers_is_marked_unanswered_and_a_wrong_
         silent.close()
     by_target = {w.target: w for w in windows}
     stopped, erring = by_target["stopped"], by_target["erring"]
-    assert stopped.latency is None and "unreachable" in stopped.errors["latency"]
-    assert stopped.unanswered == ["latency"]
+    assert stopped.latency is None and "did not answer" in stopped.errors["latency"]
+    assert stopped.unanswered == ["latency"] and stopped.unreachable == []
     assert erring.latency is None and "HTTP 503" in erring.errors["latency"]
     assert erring.unanswered == []
     # The other sources of both read as usual.
     assert stopped.process is not None and erring.process is not None
+
+
+def test_a_port_cut_off_by_nftables_is_marked_unreachable_and_a_silent_one_only_unanswered(require_root):
+    # The kernel completes the handshake for a listener that never accepts (a stopped server): connected, no reply.
+    # An nftables drop of the port's packets: no connection at all.
+    silent, cut = socket.socket(), socket.socket()
+    for s in (silent, cut):
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+    cut_port = cut.getsockname()[1]
+    drop = subprocess.Popen([sys.executable, str(NFTDROP), str(cut_port), "60", "100"])
+    children = [spawn(f"unreachable-{uuid.uuid4().hex}") for _ in range(2)]
+    specs = [TargetSpec(name=name, pid=child.pid,
+                        latency=LatencySpec(url=f"http://127.0.0.1:{port}/metrics", metric="x", timeout_seconds=0.5))
+             for name, child, port in (("silent", children[0], silent.getsockname()[1]),
+                                       ("cut", children[1], cut_port))]
+    windows = []
+    loop, _ = make_loop(specs, [], windows.append)
+    try:
+        deadline = time.monotonic() + 10
+        while subprocess.run(["nft", "list", "table", "inet", f"infersight_eval_drop_{cut_port}"],
+                             capture_output=True).returncode != 0:
+            assert drop.poll() is None and time.monotonic() < deadline, "the drop table never appeared"
+            time.sleep(0.05)
+        loop.start()
+        loop.tick()
+    finally:
+        loop.close()
+        drop.terminate()
+        drop.wait(10)
+        stop(*children)
+        silent.close()
+        cut.close()
+    by_target = {w.target: w for w in windows}
+    assert by_target["silent"].unanswered == ["latency"] and by_target["silent"].unreachable == []
+    assert by_target["cut"].unanswered == ["latency"] and by_target["cut"].unreachable == ["latency"]
+    assert "unreachable" in by_target["cut"].errors["latency"]

@@ -143,8 +143,9 @@ def test_unreachable_server_is_a_counted_reading_error() -> None:
     src = LatencySource(f"http://127.0.0.1:{port}/metrics", METRIC, timeout=1.0)
     for _ in range(2):
         # No answer at all: news about the server (stopped, cut off), which the detector may read as a stall.
-        with pytest.raises(NoAnswer, match=f"127.0.0.1:{port}.*unreachable"):
+        with pytest.raises(NoAnswer, match=f"127.0.0.1:{port}.*unreachable") as raised:
             src.read()
+        assert raised.value.stage == "connect"  # refused: nothing listens there
     health = src.health()
     assert health.state == "failed" and health.errors == 2 and "unreachable" in health.reason
 
@@ -156,8 +157,30 @@ def test_a_server_that_accepts_but_never_answers_is_no_answer_within_the_timeout
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
         src = LatencySource(f"http://127.0.0.1:{listener.getsockname()[1]}/metrics", METRIC, timeout=0.5)
-        with pytest.raises(NoAnswer, match="unreachable: .*timed out"):
+        with pytest.raises(NoAnswer, match="did not answer: .*timed out") as raised:
             src.read()
+        # It connected: the port was reached and the server did not reply, which is not the network's doing.
+        assert raised.value.stage == "response"
+
+
+def test_an_endpoint_that_answers_something_not_http_is_a_reading_error_not_an_escape() -> None:
+    # http.client raises BadStatusLine, which is no OSError: it used to leave the source and fail the whole tick,
+    # losing every target's window.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+
+        def garbage() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"garbage\r\n\r\n")
+
+        threading.Thread(target=garbage, daemon=True).start()
+        src = LatencySource(f"http://127.0.0.1:{listener.getsockname()[1]}/metrics", METRIC, timeout=2.0)
+        with pytest.raises(ReadingError, match="not HTTP: BadStatusLine") as raised:
+            src.read()
+        assert not isinstance(raised.value, NoAnswer)
 
 
 def test_missing_metric_names_it_and_recovers(server: Server) -> None:

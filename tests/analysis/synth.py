@@ -107,11 +107,12 @@ def strip(w: Window, *sections: str) -> Window:
     return replace(w, **dict.fromkeys(sections), errors={**w.errors, **{s: f"{s} probe failed (test)" for s in sections}})
 
 
-def unanswered(w: Window) -> Window:
-    """The window as the agent leaves it when the server's latency endpoint did not answer (a timeout, a refused
-    or reset connection): no latency reading, and the source named in `unanswered`."""
-    return replace(w, latency=None, unanswered=["latency"],
-                   errors={**w.errors, "latency": "latency endpoint http://127.0.0.1:1/metrics unreachable: timed out"})
+def unanswered(w: Window, connect: bool = False) -> Window:
+    """The window as the agent leaves it when the server's latency endpoint did not answer: no latency reading, and
+    the source named in `unanswered` (and in `unreachable` when not even the connection was made)."""
+    said = "unreachable: timed out" if connect else "did not answer: timed out"
+    return replace(w, latency=None, unanswered=["latency"], unreachable=["latency"] if connect else [],
+                   errors={**w.errors, "latency": f"latency endpoint http://127.0.0.1:1/metrics {said}"})
 
 
 def _poisson(rng: random.Random, lam: float) -> int:

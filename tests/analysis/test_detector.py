@@ -229,6 +229,20 @@ def test_a_server_that_answers_nothing_while_its_threads_are_stopped_opens_a_cri
     assert opened(feed(armed(), stripped)) == []
 
 
+def test_a_port_nothing_reaches_opens_a_critical_network_regression_with_no_retransmit():
+    # A partition: every SYN to the server's port dropped. With no connection open the server retransmits
+    # nothing and is simply idle; the agent's own scrape, refused or timed out at connect, is the witness.
+    det = armed()
+    idle = Load(rate=0.0)
+    vs = feed(det, [synth.unanswered(w, connect=True) for w in synth.windows(60, 4, idle)])
+    assert opened(vs) == [1]
+    reg = vs[1].opened
+    assert reg.severity == "critical" and reg.top_cause == "network" and vs[1].score is None
+    assert "connections to the server's port failed" in reg.causes[0].evidence
+    # Connected, then no reply (a stopped server's backlog), with nothing else moving: no cause, nothing opens.
+    assert opened(feed(armed(), [synth.unanswered(w) for w in synth.windows(60, 6, idle)])) == []
+
+
 def test_a_few_threads_caught_stopped_with_latency_as_usual_is_no_regression():
     # The state is one instant per window: a thread caught in a brief disk wait must not open anything alone.
     det = armed()

@@ -51,6 +51,12 @@ def test_stuck_threads_are_the_stopped_and_disk_waiting_ones_and_unmeasured_in_o
 def test_an_unanswered_latency_endpoint_is_unknown_requests_and_says_so():
     f = extract(synth.unanswered(synth.window(0)))
     assert f.latency_unanswered is True and f.requests is None and f.mean_seconds is None
+    assert f.latency_unreachable == 0.0  # it connected
+    assert extract(synth.unanswered(synth.window(0), connect=True)).latency_unreachable == 1.0
+    assert extract(synth.window(0)).latency_unreachable == 0.0
+    # No latency source at all, or one that failed otherwise: whether the port is reachable was not measured.
+    assert extract(replace(synth.window(0), latency=None)).latency_unreachable is None
+    assert extract(synth.strip(synth.window(0), "latency")).latency_unreachable is None
 
 
 def test_no_finished_request_means_no_latency_and_no_per_request_figures():
