@@ -42,8 +42,9 @@ def _fmt(value: float, sig: Signal) -> str:
 
 def evidence(m: Moved) -> str:
     s = m.signal
-    floored = f" against the {_fmt(s.floor, s)} {s.unit} floor" if m.baseline < s.floor else ""
-    return (f"{s.what} {_fmt(m.value, s)} {s.unit} vs {_fmt(m.baseline, s)} {s.unit} baseline "
+    unit = f" {s.unit}" if s.unit else ""  # a share has none
+    floored = f" against the {_fmt(s.floor, s)}{unit} floor" if m.baseline < s.floor else ""
+    return (f"{s.what} {_fmt(m.value, s)}{unit} vs {_fmt(m.baseline, s)}{unit} baseline "
             f"(x{m.ratio:.3g}{floored}, z {m.z:.1f})")
 
 

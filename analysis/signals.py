@@ -70,7 +70,7 @@ SIGNALS: tuple[Signal, ...] = (
     # The agent's own scrape as a probe of the path: a connection refused or timed out while the process lives
     # means nothing reaches its port (a partition drops every SYN, and with no connection open the server has
     # nothing to retransmit: a live 100 % drop read 0 retransmits and no other signal moved). A window is 1 or 0.
-    Signal("unreachable", "network", "agent's connections to the server's port failed (refused or timed out)",
+    Signal("unreachable", "network", "share of scrapes that could not connect to the server's port",
            lambda f: f.latency_unreachable, 0.05, 0.5, "", 1, "latency"),
     Signal("runqueue", "cpu_contention", "run-queue wait per CPU second", _runq_per_cpu, 0.05, 0.5, "s/s", 1,
            "runqueue"),

@@ -238,7 +238,8 @@ def test_a_port_nothing_reaches_opens_a_critical_network_regression_with_no_retr
     assert opened(vs) == [1]
     reg = vs[1].opened
     assert reg.severity == "critical" and reg.top_cause == "network" and vs[1].score is None
-    assert "connections to the server's port failed" in reg.causes[0].evidence
+    assert reg.causes[0].evidence.startswith("share of scrapes that could not connect to the server's port 1 vs 0 "
+                                             "baseline (x20 against the 0.05 floor"), reg.causes[0].evidence
     # Connected, then no reply (a stopped server's backlog), with nothing else moving: no cause, nothing opens.
     assert opened(feed(armed(), [synth.unanswered(w) for w in synth.windows(60, 6, idle)])) == []
 
