@@ -1,10 +1,11 @@
-"""Outside faults in forms the suite does not use (`outside_variants.toml`, `long_stop.toml`), run live after the
-detector was tuned and never tuned on: each phase is found and named for what it is, with no false alarm.
+"""Outside faults in forms the suite does not use (`outside_variants.toml`, `long_stop.toml`, `partition.toml`),
+run live after the detector was tuned and never tuned on: each phase is found and named for what it is, with no
+false alarm.
 
 The same recordings with parts of each window taken out replay as a detector without them would have done, side
-by side: without `Window.unanswered` the 30 s stop and the heavy packet loss are found only when they let go; on
-a host without the off-CPU probe, the threads' state from /proc is what finds the stops. docs/BENCHMARKS.md,
-"Outside faults in other forms"."""
+by side: without `Window.unanswered` the 30 s stop and the heavy packet loss are found only when they let go;
+without `Window.unreachable` the partition is not found at all; on a host without the off-CPU probe, the threads'
+state from /proc is what finds the stops. docs/BENCHMARKS.md, "Outside faults in other forms"."""
 
 from __future__ import annotations
 
@@ -20,16 +21,21 @@ from tests.scenarios.sensitivity.phase_table import rows
 
 HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "recorded"
-VARIANTS, LONG_STOP = "outside_variants.jsonl.gz", "long_stop.jsonl.gz"
+VARIANTS, LONG_STOP, PARTITION = "outside_variants.jsonl.gz", "long_stop.jsonl.gz", "partition.jsonl.gz"
 # recording -> fault phase (1-based) -> (top cause, windows from the phase's start to the opening); None: missed.
 AS_RECORDED = {
-    VARIANTS: {2: ("cpu_contention", 5), 4: ("blocked", 2), 6: ("blocked", 1), 8: ("network", 1)},
+    VARIANTS: {2: ("cpu_contention", 7), 4: ("blocked", 3), 6: ("blocked", 1), 8: ("network", 1)},
     LONG_STOP: {2: ("blocked", 1)},
+    PARTITION: {2: ("network", 1)},
 }
 
 
 def _no_unanswered(w: dict) -> None:
     w["unanswered"] = []
+
+
+def _no_unreachable(w: dict) -> None:
+    w["unreachable"] = []
 
 
 def _no_thread_states(w: dict) -> None:
@@ -49,7 +55,9 @@ def _both(*edits: Callable[[dict], None]) -> Callable[[dict], None]:
 TAKEN_OUT = [
     # The agent before it marked an unanswered scrape: the stall rule had no request count to read.
     ("no unanswered", _no_unanswered, LONG_STOP, 2, ("blocked", 6)),
-    ("no unanswered", _no_unanswered, VARIANTS, 8, ("network", 7)),
+    ("no unanswered", _no_unanswered, VARIANTS, 8, ("network", 8)),
+    # Nothing reached the port: no retransmit, nothing moved but the agent's own connection failing.
+    ("no unreachable", _no_unreachable, PARTITION, 2, None),
     # A host where the off-CPU probe cannot run: the threads' state alone finds the stops...
     ("no off-CPU", _no_offcpu, LONG_STOP, 2, ("blocked", 1)),
     ("no off-CPU", _no_offcpu, VARIANTS, 4, ("blocked", 5)),
@@ -61,8 +69,9 @@ TAKEN_OUT = [
 
 def test_the_variant_scenarios_load_and_stay_out_of_the_suite():
     names = {load_scenario(p).name for p in HERE.glob("*.toml")}
-    assert names == {"outside faults, other forms", "server stopped for 30 s"}
-    assert not any(p.name in {"outside_variants.toml", "long_stop.toml"} for p in HERE.parent.glob("*.toml"))
+    assert names == {"outside faults, other forms", "server stopped for 30 s", "server port cut off for 60 s"}
+    assert not any(p.name in {"outside_variants.toml", "long_stop.toml", "partition.toml"}
+                   for p in HERE.parent.glob("*.toml"))
 
 
 @pytest.mark.parametrize("name", sorted(AS_RECORDED))
