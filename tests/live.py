@@ -7,8 +7,11 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from agent.targets import read_proc
+
+NFTDROP = Path(__file__).resolve().parent / "scenarios" / "nftdrop.py"
 
 
 def free_port() -> int:
@@ -32,6 +35,25 @@ def spawn_execd(argv: list[str], timeout: float = 10.0) -> subprocess.Popen:
             raise TimeoutError(f"child {child.pid} ({argv[0]}) did not finish execve in {timeout} s")
         time.sleep(0.001)
     return child
+
+
+def drop_table_exists(port: int) -> bool:
+    """Whether nftdrop.py's table for `port` is in the kernel's ruleset (root)."""
+    return subprocess.run(["nft", "list", "table", "inet", f"infersight_eval_drop_{port}"],
+                          capture_output=True).returncode == 0
+
+
+def start_port_drop(port: int, seconds: float, percent: int = 100, timeout: float = 10.0) -> subprocess.Popen:
+    """nftdrop.py dropping `percent` of the packets to and from `port`, once its table is in place (root)."""
+    drop = subprocess.Popen([sys.executable, str(NFTDROP), str(port), str(seconds), str(percent)],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while not drop_table_exists(port):
+        if drop.poll() is not None or time.monotonic() > deadline:
+            drop.kill()
+            raise AssertionError(f"nftdrop.py's table never appeared: {drop.communicate()[1]}")
+        time.sleep(0.05)
+    return drop
 
 
 def wait_http(url: str, timeout: float) -> None:

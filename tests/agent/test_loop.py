@@ -7,7 +7,6 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -16,9 +15,8 @@ from agent.config import Config, LatencySpec, StacksConfig, TargetSpec
 from agent.loop import CollectionLoop
 from agent.state import AgentState
 from agent.target_sources import source_factories
-from tests.live import spawn_execd
+from tests.live import spawn_execd, start_port_drop
 
-NFTDROP = Path(__file__).resolve().parents[1] / "scenarios" / "nftdrop.py"
 PY_CHILD = "import gc, os, sys, time\nwhile True:\n    gc.collect(); os.getppid(); time.sleep(0.02)\n"
 
 
@@ -288,7 +286,7 @@ def test_a_port_cut_off_by_nftables_is_marked_unreachable_and_a_silent_one_only_
         s.bind(("127.0.0.1", 0))
         s.listen(8)
     cut_port = cut.getsockname()[1]
-    drop = subprocess.Popen([sys.executable, str(NFTDROP), str(cut_port), "60", "100"])
+    drop = start_port_drop(cut_port, 60)
     children = [spawn(f"unreachable-{uuid.uuid4().hex}") for _ in range(2)]
     specs = [TargetSpec(name=name, pid=child.pid,
                         latency=LatencySpec(url=f"http://127.0.0.1:{port}/metrics", metric="x", timeout_seconds=0.5))
@@ -297,11 +295,6 @@ def test_a_port_cut_off_by_nftables_is_marked_unreachable_and_a_silent_one_only_
     windows = []
     loop, _ = make_loop(specs, [], windows.append)
     try:
-        deadline = time.monotonic() + 10
-        while subprocess.run(["nft", "list", "table", "inet", f"infersight_eval_drop_{cut_port}"],
-                             capture_output=True).returncode != 0:
-            assert drop.poll() is None and time.monotonic() < deadline, "the drop table never appeared"
-            time.sleep(0.05)
         loop.start()
         loop.tick()
     finally:

@@ -4,10 +4,8 @@ made), the table goes with the command, and a percent out of range is one clear 
 import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-NFTDROP = Path(__file__).resolve().parent / "nftdrop.py"
+from tests.live import NFTDROP, drop_table_exists, start_port_drop
 
 
 def _connects(port: int, timeout: float) -> bool:
@@ -24,20 +22,13 @@ def test_a_full_drop_cuts_the_port_off_and_the_table_leaves_with_the_command(req
         listener.listen(8)
         port = listener.getsockname()[1]
         assert _connects(port, 1.0)
-        drop = subprocess.Popen([sys.executable, str(NFTDROP), str(port), "30", "100"], stderr=subprocess.PIPE,
-                                text=True)
+        drop = start_port_drop(port, 30)
         try:
-            table = f"infersight_eval_drop_{port}"
-            deadline = time.monotonic() + 10
-            while subprocess.run(["nft", "list", "table", "inet", table], capture_output=True).returncode != 0:
-                assert drop.poll() is None, drop.stderr.read()
-                assert time.monotonic() < deadline, "the table never appeared"
-                time.sleep(0.05)
             assert not _connects(port, 1.0), "a SYN got through a 100 % drop"
         finally:
             drop.terminate()
             assert drop.wait(10) == 0, drop.stderr.read()
-        assert subprocess.run(["nft", "list", "table", "inet", table], capture_output=True).returncode != 0
+        assert not drop_table_exists(port)
         assert _connects(port, 1.0)
 
 
