@@ -69,10 +69,10 @@ def _one(ax: Any, run: Any) -> None:
         ax.annotate(f"regression: {cause}", (x[i], top), rotation=90, fontsize=7, color="#c0392b",
                     ha="right", va="top")
     # A gap in the latency lines is either no request finished or no answer at all: say which.
-    for i, o in enumerate(outcomes):
-        if o.unanswered:
-            ax.axvspan(o.start - t0, x[i], facecolor="none", hatch="///", edgecolor="#888888", lw=0,
-                       label="no answer from the server" if not any(q.unanswered for q in outcomes[:i]) else None)
+    unanswered = [i for i, o in enumerate(outcomes) if o.unanswered]
+    for i in unanswered:
+        ax.axvspan(outcomes[i].start - t0, x[i], facecolor="none", hatch="///", edgecolor="#888888", lw=0,
+                   label="no answer from the server" if i == unanswered[0] else None)
     warm = [x[i] for i, o in enumerate(outcomes) if o.warmup]
     if warm:
         ax.axvspan(0, max(warm), color="#dddddd", alpha=0.5, label="warm-up")
