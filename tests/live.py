@@ -43,9 +43,10 @@ def drop_table_exists(port: int) -> bool:
                           capture_output=True).returncode == 0
 
 
-def start_port_drop(port: int, seconds: float, percent: int = 100, timeout: float = 10.0) -> subprocess.Popen:
-    """nftdrop.py dropping `percent` of the packets to and from `port`, once its table is in place (root)."""
-    drop = subprocess.Popen([sys.executable, str(NFTDROP), str(port), str(seconds), str(percent)],
+def start_port_drop(port: int, seconds: float, percent: int = 100, action: str = "drop",
+                    timeout: float = 10.0) -> subprocess.Popen:
+    """nftdrop.py dropping (or resetting) `percent` of the packets to `port`, once its table is in place (root)."""
+    drop = subprocess.Popen([sys.executable, str(NFTDROP), str(port), str(seconds), str(percent), action],
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout
     while not drop_table_exists(port):

@@ -1,4 +1,8 @@
-"""Packet loss from outside the server: an nftables table dropping PERCENT% of TCP to and from PORT (root)."""
+"""Packet loss from outside the server: an nftables table dropping PERCENT% of TCP to and from PORT (root).
+
+ACTION `drop` (the default) loses the packets silently; `reset` answers the ones sent to PORT with a TCP reset, as a
+firewall that rejects does: clients see refused and reset connections at once instead of timeouts.
+"""
 
 import signal
 import subprocess
@@ -12,17 +16,25 @@ def nft(args: list[str], stdin: str | None = None) -> None:
         raise SystemExit(f"nft {' '.join(args)}: {done.stderr.strip()}")
 
 
-def main(port: int, seconds: float, percent: int = 10) -> int:
+ACTIONS = {"drop": "drop", "reset": "reject with tcp reset"}
+
+
+def main(port: int, seconds: float, percent: int = 10, action: str = "drop") -> int:
     if not 0 < percent <= 100:
         raise SystemExit(f"percent must be within 1..100, got {percent}")
+    if action not in ACTIONS:
+        raise SystemExit(f"action must be one of {', '.join(ACTIONS)}, got {action!r}")
     table = f"infersight_eval_drop_{port}"
     # numgen's range is 0..99, so "< 100" does not parse: every packet is simply dropped.
     sample = "" if percent == 100 else f"numgen random mod 100 < {percent} "
-    # Input and output hooks: loopback traffic passes both, so the server's own port is covered.
+    # Input and output hooks: loopback traffic passes both, so the server's own port is covered. A reset goes to
+    # the sender, so only packets *to* the port are rejected: the client is the one told.
+    verdict = ACTIONS[action]
     rules = "".join(
         f"  chain {hook} {{\n    type filter hook {hook} priority -150; policy accept;\n"
-        f"    tcp dport {port} {sample}counter drop\n"
-        f"    tcp sport {port} {sample}counter drop\n  }}\n"
+        f"    tcp dport {port} {sample}counter {verdict}\n"
+        + (f"    tcp sport {port} {sample}counter drop\n" if action == "drop" else "")
+        + "  }\n"
         for hook in ("input", "output"))
     nft(["-f", "-"], f"table inet {table} {{\n{rules}}}\n")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -34,4 +46,4 @@ def main(port: int, seconds: float, percent: int = 10) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), *(int(a) for a in sys.argv[3:4])))
+    sys.exit(main(int(sys.argv[1]), float(sys.argv[2]), *(int(a) for a in sys.argv[3:4]), *sys.argv[4:5]))
