@@ -7,10 +7,13 @@ from collections.abc import Mapping
 WAIT_KINDS = ("futex", "poll", "sleep", "blockio", "stopped", "preempted", "other")
 
 # Checked in this order against every frame of a stack, leaf first: the first kind with a matching
-# frame wins. A stopped process shows do_signal_stop on top of whatever it was doing, so it comes first;
+# frame wins. A stopped process shows do_signal_stop on top of whatever it was doing, so it comes first.
+# A task asleep inside get_signal is stopped in some form even where the stopping function is inlined: the
+# cgroup freezer's do_freezer_trap (`docker pause`) leaves only exit_to_user_mode_loop;...;get_signal;schedule,
+# which would otherwise read as preempted;
 # block I/O frames sit under a syscall that may also sleep on a futex-like wait queue, so it comes next.
 _RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("stopped", ("do_signal_stop", "do_freezer_trap", "ptrace_stop")),
+    ("stopped", ("do_signal_stop", "do_freezer_trap", "ptrace_stop", "get_signal")),
     ("blockio", ("io_schedule", "blk_", "jbd2", "fsync", "fdatasync", "sync_file_range", "folio_wait",
                  "wait_on_page", "filemap_fault", "ext4_sync", "xfs_file_fsync", "bio_wait", "wait_for_completion_io")),
     ("futex", ("futex",)),

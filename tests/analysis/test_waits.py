@@ -39,6 +39,20 @@ def test_a_stopped_thread_is_stopped_whatever_it_was_waiting_in():
     assert classify(synth.FUTEX + ";do_signal_stop;schedule") == "stopped"
 
 
+@pytest.mark.parametrize("stack", [
+    # Frozen by the cgroup freezer (`docker pause`) on this kernel: do_freezer_trap is inlined into get_signal,
+    # and exit_to_user_mode_loop alone would read as preempted (tests/scenarios/variants/outside_more.toml).
+    "entry_SYSCALL_64_after_hwframe;do_syscall_64;exit_to_user_mode_loop;arch_do_signal_or_restart;get_signal;"
+    "schedule;__schedule",
+    "asm_sysvec_reschedule_ipi;irqentry_exit_to_user_mode;arch_do_signal_or_restart;get_signal;schedule;__schedule",
+    # A debugger attached (`strace -f`): every syscall stops in the tracer, at entry and at exit.
+    "entry_SYSCALL_64_after_hwframe;do_syscall_64;syscall_trace_enter;ptrace_notify;ptrace_do_notify;ptrace_stop;"
+    "schedule;__schedule",
+])
+def test_a_thread_frozen_or_traced_is_stopped_not_preempted(stack):
+    assert classify(stack) == "stopped"
+
+
 def test_by_kind_sums_every_kind_and_keeps_zero_kinds():
     out = by_kind({synth.FUTEX: 300, synth.SLEEP: 20, synth.FSYNC: 5, "x;y": 1})
     assert set(out) == set(WAIT_KINDS)
