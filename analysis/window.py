@@ -105,8 +105,9 @@ class ProcessReading:
     voluntary_ctx_switches: int = 0
     involuntary_ctx_switches: int = 0
     fds: int = 0
-    # Threads in state T/t (stopped by a signal or a tracer) and D (uninterruptible, mostly disk) at the read, an
-    # instant at the window's end. None in windows recorded before they were read: not measured, not zero.
+    # Threads in state T/t (stopped by a signal or a tracer), or all of them while the process's cgroup is frozen
+    # (docker pause), and D (uninterruptible, mostly disk) at the read, an instant at the window's end. None in
+    # windows recorded before they were read: not measured, not zero.
     stopped_threads: int | None = None
     disk_wait_threads: int | None = None
 

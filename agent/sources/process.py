@@ -1,5 +1,5 @@
 """Process counters per window: CPU seconds, RSS, threads, fds from psutil; context switches summed over threads and
-threads stopped or in a disk wait at the read."""
+threads stopped (by a signal, a tracer or a frozen cgroup) or in a disk wait at the read."""
 
 from __future__ import annotations
 
@@ -61,6 +61,37 @@ def read_threads(pid: int, proc_root: str = "/proc") -> dict[int, ThreadStatus]:
     return out
 
 
+def cgroup_frozen(pid: int, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> bool:
+    """Whether `pid`'s cgroup is frozen by the cgroup freezer (what `docker pause` uses), at this instant.
+
+    A frozen thread reads S (sleeping) in its /proc status under cgroup v2, so the thread states alone cannot tell
+    a paused server from an idle one. v2: `frozen 1` in the cgroup's cgroup.events, on the unified mount or the
+    hybrid one under unified/; v1: FROZEN in the freezer hierarchy's freezer.state. Anything unreadable is not
+    frozen: the process may have left, or the host may have no freezer at all.
+    """
+    try:
+        with open(f"{proc_root}/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "" and path != "/":
+            candidates = [(f"{root}{path}/cgroup.events", "frozen 1") for root in (cgroup_root, f"{cgroup_root}/unified")]
+        elif "freezer" in controllers.split(",") and path != "/":
+            candidates = [(f"{cgroup_root}/freezer{path}/freezer.state", "FROZEN")]
+        else:
+            continue
+        for file, mark in candidates:
+            try:
+                with open(file) as f:
+                    if mark in f.read().splitlines():
+                        return True
+            except OSError:
+                pass
+    return False
+
+
 def thread_switches(pid: int, proc_root: str = "/proc") -> dict[int, tuple[int, int]]:
     """(voluntary, involuntary) context switches of each live thread of `pid` (read_threads)."""
     return switch_counts(read_threads(pid, proc_root))
@@ -93,10 +124,12 @@ class ProcessSource:
 
     name = "process"
 
-    def __init__(self, pid: int, process_factory: Callable[[int], psutil.Process] = psutil.Process) -> None:
+    def __init__(self, pid: int, process_factory: Callable[[int], psutil.Process] = psutil.Process,
+                 frozen: Callable[[int], bool] = cgroup_frozen) -> None:
         if pid <= 0:
             raise ValueError(f"pid must be positive, got {pid!r}")
         self.pid = pid
+        self._frozen = frozen
         self._errors = 0
         self._last_error: str | None = None
         with self._translate():
@@ -114,6 +147,8 @@ class ProcessSource:
             now = self._counters()
             voluntary, involuntary = switch_deltas(switch_counts(self._prev.threads), switch_counts(now.threads))
             states = [t.state for t in now.threads.values()]
+            # A frozen cgroup holds every thread of the process, whatever letter /proc shows for each.
+            stopped = len(states) if self._frozen(self.pid) else sum(s in ("T", "t") for s in states)
             reading = ProcessReading(
                 cpu_seconds=max(0.0, now.cpu_seconds - self._prev.cpu_seconds),
                 rss_bytes=self._proc.memory_info().rss,
@@ -123,7 +158,7 @@ class ProcessSource:
                 fds=self._proc.num_fds(),
                 # At this instant, not over the window: a wait still going on, seen without BPF (the off-CPU
                 # probe sees it too, cut at the window's boundary, but it needs root and a BPF-capable kernel).
-                stopped_threads=sum(s in ("T", "t") for s in states),
+                stopped_threads=stopped,
                 disk_wait_threads=states.count("D"),
             )
         self._prev = now

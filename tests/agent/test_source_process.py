@@ -9,10 +9,11 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from agent.sources.process import ProcessSource, read_threads, switch_deltas, thread_switches
+from agent.sources.process import ProcessSource, cgroup_frozen, read_threads, switch_deltas, thread_switches
 from analysis.errors import TargetGone
 
 CHILD = textwrap.dedent("""
@@ -208,3 +209,54 @@ def test_switch_deltas_count_new_threads_whole_and_restart_a_recycled_tid() -> N
     now = {1: (130, 6), 2: (20, 0), 4: (7, 2)}  # 2 recycled (counts went down), 3 exited, 4 new
     assert switch_deltas(prev, now) == (30 + 20 + 7, 1 + 0 + 2)
     assert switch_deltas(now, now) == (0, 0)
+
+
+def _cgroup_files(tmp_path, proc_cgroup: str, files: dict[str, str]) -> tuple[str, str]:
+    proc, root = tmp_path / "proc", tmp_path / "cg"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "cgroup").write_text(proc_cgroup)
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return str(proc), str(root)
+
+
+@pytest.mark.parametrize(("proc_cgroup", "files", "frozen"), [
+    ("0::/pod/a\n", {"pod/a/cgroup.events": "populated 1\nfrozen 1\n"}, True),
+    ("0::/pod/a\n", {"pod/a/cgroup.events": "populated 1\nfrozen 0\n"}, False),
+    # hybrid hosts (this one): v2 on unified/, v1 controllers beside it
+    ("4:memory:/x\n0::/pod/a\n", {"unified/pod/a/cgroup.events": "populated 1\nfrozen 1\n"}, True),
+    ("5:freezer:/pod/a\n0::/\n", {"freezer/pod/a/freezer.state": "FROZEN\n"}, True),
+    ("5:freezer:/pod/a\n0::/\n", {"freezer/pod/a/freezer.state": "THAWED\n"}, False),
+    ("0::/pod/a\n", {}, False),  # no cgroup.events to read: not frozen, not an error
+    ("0::/\n", {"cgroup.events": "frozen 1\n"}, False),  # the root cgroup cannot be frozen
+])
+def test_cgroup_frozen_reads_v2_events_hybrid_and_v1_freezer(tmp_path, proc_cgroup, files, frozen) -> None:
+    proc, root = _cgroup_files(tmp_path, proc_cgroup, files)
+    assert cgroup_frozen(7, proc_root=proc, cgroup_root=root) is frozen
+
+
+def test_cgroup_frozen_of_a_process_that_left_is_false(tmp_path) -> None:
+    assert cgroup_frozen(7, proc_root=str(tmp_path), cgroup_root=str(tmp_path)) is False
+
+
+FREEZE = Path(__file__).resolve().parents[1] / "scenarios" / "freeze.py"
+
+
+def test_a_frozen_cgroup_reads_every_thread_stopped_though_proc_says_sleeping(require_root, child) -> None:
+    src = ProcessSource(child.pid)
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    child.stdout.readline()  # its worker threads are up
+    freeze = subprocess.Popen([sys.executable, str(FREEZE), str(child.pid), "30", "9000", "10000"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 5
+        while (reading := src.read()).stopped_threads < reading.threads and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reading.threads == THREADS + 1 and reading.stopped_threads == reading.threads, freeze.poll()
+        assert all(t.state not in ("T", "t") for t in read_threads(child.pid).values())
+    finally:
+        freeze.terminate()
+        assert freeze.wait(10) == 0, freeze.stderr.read()
+    assert src.read().stopped_threads == 0
