@@ -11,9 +11,12 @@ import time
 
 def parse_cpus(text: str) -> set[int]:
     cpus: set[int] = set()
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        cpus.update(range(int(low), int(high or low) + 1))
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            cpus.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise SystemExit(f"CPU list {text!r} is not like 0 or 0-3 or 0,2") from None
     unknown = cpus - os.sched_getaffinity(0)
     if not cpus or unknown:
         raise SystemExit(f"CPU list {text!r} names CPUs this process cannot use: {sorted(unknown)}")

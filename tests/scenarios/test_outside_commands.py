@@ -106,10 +106,16 @@ def test_pinning_moves_every_thread_to_one_cpu_and_restores_each(require_root, s
     assert _affinities(spinner) == before
 
 
-def test_pinning_to_a_cpu_that_does_not_exist_is_one_line(spinner):
-    done = subprocess.run([sys.executable, str(HERE / "pin.py"), str(spinner), "1", "4096"], capture_output=True,
+@pytest.mark.parametrize(("cpus", "message"), [
+    ("4096", "CPU list '4096' names CPUs this process cannot use: [4096]"),
+    ("one", "CPU list 'one' is not like 0 or 0-3 or 0,2"),
+])
+def test_pinning_to_cpus_that_cannot_be_had_is_one_line(spinner, cpus, message):
+    before = _affinities(spinner)
+    done = subprocess.run([sys.executable, str(HERE / "pin.py"), str(spinner), "1", cpus], capture_output=True,
                           text=True, timeout=30)
-    assert done.returncode == 1 and done.stderr.strip() == "CPU list '4096' names CPUs this process cannot use: [4096]"
+    assert done.returncode == 1 and done.stderr.strip() == message
+    assert _affinities(spinner) == before
 
 
 @pytest.fixture
