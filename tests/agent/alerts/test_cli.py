@@ -15,6 +15,9 @@ from agent.store import Store
 
 REPO = Path(__file__).resolve().parents[3]
 SECRET = "cli-secret-do-not-print"
+# Not hex and not a word the output uses, so it cannot appear by chance (a random
+# delivery key once contained "abc").
+QUERY_TOKEN = "qtok-Zx9-redact-me"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -84,7 +87,7 @@ def test_alerts_lists_delivery_state(tmp_path: Path, receivers, make_reg) -> Non
     good = receivers()
     down = receivers(answer=lambda n: (500, 0.0))
     conf_path = write_config(tmp_path, [receiver_toml("good", good.url).replace('targets = ["only-this-one"]', ""),
-                                        receiver_toml("down", down.url + "?token=abc").replace(
+                                        receiver_toml("down", down.url + "?token=" + QUERY_TOKEN).replace(
                                             'targets = ["only-this-one"]', "")])
     config = load_config(conf_path)
     with Store.open(config.store_dir) as store:
@@ -101,7 +104,7 @@ def test_alerts_lists_delivery_state(tmp_path: Path, receivers, make_reg) -> Non
     view = json.loads(done.stdout)
     by = {r["name"]: r for r in view["receivers"]}
     assert by["good"]["sent"] == 1 and by["down"]["pending"] == 1 and "HTTP 500" in by["down"]["last_error"]
-    assert by["down"]["url"].endswith("/hook?…") and "abc" not in done.stdout
+    assert by["down"]["url"].endswith("/hook?…") and QUERY_TOKEN not in done.stdout
     (alert,) = view["alerts"]
     assert alert["regression_id"] == "listed-1" and alert["state"] == "firing"
     assert {(n["receiver"], n["state"]) for n in alert["notifications"]} == {("good", "sent"), ("down", "pending")}
