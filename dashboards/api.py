@@ -10,6 +10,7 @@ from flask import Blueprint, Response, abort, current_app, jsonify, request
 
 from dashboards import view
 from dashboards.limits import Busy
+from dashboards.query import unix_seconds_arg
 
 bp = Blueprint("api", __name__, url_prefix="/api")
 
@@ -37,19 +38,6 @@ def alerts():
     return jsonify(source())
 
 
-def _float_arg(name: str) -> float | None:
-    raw = request.args.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        abort(400, description=f"{name} must be a number (unix seconds), got {raw!r}")
-    return value
-
-
 @bp.get("/windows")
 def windows():
     store = current_app.config["STORE"]
@@ -59,7 +47,7 @@ def windows():
     # ASCII digits only: str.isdigit() accepts '²', which int() then refuses.
     if not _LIMIT_RE.fullmatch(limit_raw) or not 1 <= int(limit_raw) <= MAX_WINDOWS:
         abort(400, description=f"limit must be an integer in 1..{MAX_WINDOWS}, got {limit_raw!r}")
-    target, since, until = request.args.get("target") or None, _float_arg("since"), _float_arg("until")
+    target, since, until = request.args.get("target") or None, unix_seconds_arg("since"), unix_seconds_arg("until")
     try:
         with current_app.config["LIST_GATE"].claim():
             parts, cut = _newest_first(store, target, since, until, int(limit_raw))

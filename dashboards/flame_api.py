@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, request
@@ -11,6 +10,7 @@ from analysis.flamegraph.export import PROFILE_KINDS
 from analysis.flamegraph.profile import Profile
 from analysis.flamegraph.stored import from_store
 from dashboards.limits import MAX_PROFILE_SPAN_SECONDS, gated, read_deadline
+from dashboards.query import unix_seconds_arg
 
 bp = Blueprint("flame", __name__, url_prefix="/api/flamegraph")
 
@@ -50,19 +50,6 @@ def _finish(node: dict[str, Any], path: tuple[str, ...], floor: float, base_self
     return out
 
 
-def _time(name: str) -> float | None:
-    raw = request.args.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        abort(400, description=f"{name} must be unix seconds, got {raw!r}")
-    return value
-
-
 @bp.get("/tree")
 @gated("LIST_GATE")
 def flame_tree():
@@ -77,8 +64,8 @@ def flame_tree():
     if kind not in PROFILE_KINDS:
         abort(400, description=f"kind must be one of {', '.join(PROFILE_KINDS)}, got {kind!r}")
     diff = request.args.get("baseline_from") is not None or request.args.get("baseline_to") is not None
-    since, until = _time("from"), _time("to")
-    baseline_range = (_time("baseline_from"), _time("baseline_to")) if diff else None
+    since, until = unix_seconds_arg("from"), unix_seconds_arg("to")
+    baseline_range = (unix_seconds_arg("baseline_from"), unix_seconds_arg("baseline_to")) if diff else None
     share = 0.5 if diff else 1.0
     try:
         current = from_store(store, target, since, until, kind, max_span=MAX_PROFILE_SPAN_SECONDS,

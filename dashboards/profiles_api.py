@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 import time
 
@@ -11,6 +10,7 @@ from flask import Blueprint, Response, abort, current_app, jsonify, request
 from analysis.flamegraph.export import DIFF_FORMATS, FORMATS, PROFILE_KINDS, export, export_diff
 from analysis.flamegraph.stored import from_store
 from dashboards.limits import MAX_PROFILE_SPAN_SECONDS, Busy, busy, gated, read_deadline, wait_while_present
+from dashboards.query import unix_seconds_arg
 
 bp = Blueprint("profiles", __name__)
 
@@ -28,19 +28,6 @@ def _choice(name: str, allowed: tuple[str, ...], default: str) -> str:
     value = request.args.get(name, default)
     if value not in allowed:
         abort(400, description=f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-    return value
-
-
-def _time(name: str, default: float | None = None) -> float | None:
-    raw = request.args.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        abort(400, description=f"{name} must be unix seconds, got {raw!r}")
     return value
 
 
@@ -88,7 +75,7 @@ def flamegraph():
     target = _target(store)
     kind = _choice("kind", PROFILE_KINDS, "active")
     fmt = _choice("format", FORMATS, "svg")
-    since, until = _time("from"), _time("to")
+    since, until = unix_seconds_arg("from"), unix_seconds_arg("to")
     try:
         profile = _read(store, target, since, until, kind)
     except ValueError as exc:
@@ -106,8 +93,8 @@ def flamegraph_diff():
     kind = _choice("kind", PROFILE_KINDS, "active")
     fmt = _choice("format", DIFF_FORMATS, "svg")
     try:
-        baseline = _read(store, target, _time("baseline_from"), _time("baseline_to"), kind, share=0.5)
-        current = _read(store, target, _time("from"), _time("to"), kind, share=0.5)
+        baseline = _read(store, target, unix_seconds_arg("baseline_from"), unix_seconds_arg("baseline_to"), kind, share=0.5)
+        current = _read(store, target, unix_seconds_arg("from"), unix_seconds_arg("to"), kind, share=0.5)
     except ValueError as exc:
         abort(400, description=str(exc))
     if baseline.total() == 0 or current.total() == 0:

@@ -11,6 +11,7 @@ from flask import Blueprint, abort, current_app, jsonify, request
 from analysis.flamegraph.profile import DEFAULT_LIMITS
 from dashboards import findings, offcpu_kinds, view
 from dashboards.limits import Busy, busy, gated, read_deadline
+from dashboards.query import unix_seconds_arg
 from dashboards.series import MAX_POINTS, SERIES, Rollup, series
 
 bp = Blueprint("series", __name__, url_prefix="/api")
@@ -45,19 +46,6 @@ def _rollup(store) -> Rollup:
     return ext["infersight_rollup"]
 
 
-def _number(name: str) -> float | None:
-    raw = request.args.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        abort(400, description=f"{name} must be unix seconds, got {raw!r}")
-    if value != value or value in (float("inf"), float("-inf")):
-        abort(400, description=f"{name} must be a finite number, got {raw!r}")
-    return value
-
-
 def _range() -> tuple[float, float]:
     now = time.time()
     named = request.args.get("range")
@@ -65,8 +53,8 @@ def _range() -> tuple[float, float]:
         if named not in RANGES:
             abort(400, description=f"range must be one of {', '.join(RANGES)}, got {named!r}")
         return now - RANGES[named], now
-    until = _number("to") or now
-    since = _number("from")
+    until = unix_seconds_arg("to") or now
+    since = unix_seconds_arg("from")
     since = until - 3600 if since is None else since
     if not since < until:
         abort(400, description=f"from must be before to, got from={since!r} to={until!r}")

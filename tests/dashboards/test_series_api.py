@@ -199,3 +199,14 @@ def test_offcpu_by_wait_kind(client):
     assert data["kinds"]["lock (futex)"][3] == pytest.approx(0.00016, rel=0.05)
     resp = client.get("/api/offcpu?target=server&range=7d")
     assert resp.status_code == 400 and "at most 24 hours" in resp.get_json()["error"]
+
+
+@pytest.mark.parametrize("path, arg", [
+    ("/api/windows?", "since"), ("/api/series?target=server&", "to"), ("/api/flamegraph/tree?target=server&", "from"),
+    ("/api/flamegraph?target=server&", "from"), ("/api/flamegraph/diff?target=server&", "baseline_to"),
+])
+@pytest.mark.parametrize("raw", ["inf", "nan", "abc"])
+def test_every_time_argument_is_refused_the_same_way(client, path, arg, raw):
+    resp = client.get(f"{path}{arg}={raw}")
+    assert resp.status_code == 400
+    assert resp.get_json()["error"] == f"{arg} must be a finite number of unix seconds, got {raw!r}"
