@@ -1,6 +1,8 @@
 """Outside faults in forms the suite does not use (`outside_variants.toml`, `long_stop.toml`, `partition.toml`,
-`outside_more.toml`, `outside_network.toml`, `pause.toml`), run live after the detector was tuned and never tuned on: each phase
-is found and named for what it is, with no false alarm (and an outside change that costs nothing opens nothing).
+`outside_more.toml`, `outside_network.toml`, `pause.toml`) and at loads and windows the suite does not use
+(`issue_example.toml` at 4-6 req/s, `low_rate.toml` at 1 req/s, `long_windows.toml` with 10 s windows), run live
+after the detector was tuned and never tuned on: each phase is found and named for what it is, with no false alarm
+(and an outside change that costs nothing opens nothing).
 
 The same recordings with parts of each window taken out replay as a detector without them would have done, side
 by side: without `Window.unanswered` the 30 s stop and the heavy packet loss are found only when they let go;
@@ -25,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "recorded"
 VARIANTS, LONG_STOP, PARTITION = "outside_variants.jsonl.gz", "long_stop.jsonl.gz", "partition.jsonl.gz"
 MORE, NETWORK, PAUSE = "outside_more.jsonl.gz", "outside_network.jsonl.gz", "pause.jsonl.gz"
+ISSUE, LOW_RATE, LONG_WINDOWS = "issue_example.jsonl.gz", "low_rate.jsonl.gz", "long_windows.jsonl.gz"
 # recording -> fault phase (1-based) -> (top cause, windows from the phase's start to the opening); None: missed.
 AS_RECORDED = {
     VARIANTS: {2: ("cpu_contention", 7), 4: ("blocked", 3), 6: ("blocked", 1), 8: ("network", 1)},
@@ -36,6 +39,12 @@ AS_RECORDED = {
     NETWORK: {2: ("network", 1), 4: ("network", 1), 6: ("network", 2)},
     # paused through the cgroup freezer for 20 s, resumed for 20 s, paused again.
     PAUSE: {2: ("blocked", 1)},
+    # 4 req/s: the workload's gc switch; after a benign step to 6 req/s, an outside hog (mean latency x1.05).
+    ISSUE: {2: ("gc", 1), 4: ("cpu_contention", 7)},
+    # 1 req/s, about five requests a window: an outside hog, the syscall switch, 40 ms stops every 200 ms.
+    LOW_RATE: {2: ("cpu_contention", 4), 4: ("syscalls", 1), 6: ("blocked", 5)},
+    # 10 s windows: the lock switch, 30 % of packets dropped by nftables, 1 s stops every 4 s.
+    LONG_WINDOWS: {2: ("lock", 1), 4: ("network", 1), 6: ("blocked", 2)},
 }
 
 
@@ -90,7 +99,8 @@ TAKEN_OUT = [
 def test_the_variant_scenarios_load_and_stay_out_of_the_suite():
     names = {load_scenario(p).name for p in HERE.glob("*.toml")}
     assert names == {"outside faults, other forms", "server stopped for 30 s", "server port cut off for 60 s",
-                     "outside faults, more forms", "outside network faults, more forms", "server paused for 20 s"}
+                     "outside faults, more forms", "outside network faults, more forms", "server paused for 20 s",
+                     "the issue's example: gc and an outside hog at 4 req/s", "1 req/s", "10 s windows"}
     assert not {p.name for p in HERE.glob("*.toml")} & {p.name for p in HERE.parent.glob("*.toml")}
 
 
