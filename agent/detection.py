@@ -123,12 +123,13 @@ class Detection:
 
     def _notify(self, verdict: Any) -> None:
         for listener in self._listeners:
+            # A window may end one regression and begin the next (its cause gave way to another): the end first.
+            if verdict.closed is not None:
+                listener.regression_closed(verdict.closed)
             if verdict.opened is not None:
                 listener.regression_opened(verdict.opened)
             elif verdict.regression is not None:
                 listener.regression_updated(verdict.regression)
-            if verdict.closed is not None:
-                listener.regression_closed(verdict.closed)
 
     def _tracked_for(self, target: str) -> _Tracked:
         identity = self._identity(target) or ""

@@ -61,7 +61,7 @@ class LatencyDetector:
                  max_functions: int = 10, strong_cause_score: float = 4.0, strong_open_score: float = 0.0,
                  rto_min_seconds: float = 0.2, min_net_scale: float = 0.2, sustained_windows: int = 6,
                  sustained_min_windows: int = 5, sustained_shift: float = 0.75, sustained_change_fraction: float = 0.1,
-                 sustained_min_z: float = 6.0, high_quantile: float = 0.9) -> None:
+                 sustained_min_z: float = 6.0, high_quantile: float = 0.9, cause_change_windows: int = 2) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
         self.open_score = open_score
@@ -100,6 +100,7 @@ class LatencyDetector:
         self.sustained_change_fraction = sustained_change_fraction
         self.sustained_min_z = sustained_min_z
         self.high_quantile = high_quantile
+        self.cause_change_windows = cause_change_windows
         self._check_params()
         self.reset()
 
@@ -117,6 +118,8 @@ class LatencyDetector:
             raise ValueError(f"rto_min_seconds must be >= 0, got {self.rto_min_seconds!r}")
         if self.close_windows < 1:
             raise ValueError(f"close_windows must be >= 1, got {self.close_windows!r}")
+        if self.cause_change_windows < 1:
+            raise ValueError(f"cause_change_windows must be >= 1, got {self.cause_change_windows!r}")
         if not 1 <= self.sustained_min_windows <= self.sustained_windows:
             raise ValueError("need 1 <= sustained_min_windows <= sustained_windows, got "
                              f"{self.sustained_min_windows!r}, {self.sustained_windows!r}")
@@ -144,6 +147,13 @@ class LatencyDetector:
         self.episode_values_: deque[dict] = deque(maxlen=self.attribution_windows)
         self.episode_leaves_: dict[str, float] = {}
         self.calm_ = 0
+        # The open episode's first named cause, and the consecutive windows since whose causes name another cause
+        # and no longer that one (see _cause_moved).
+        self.named_for_ = "unknown"
+        self.named_causes_: list[Cause] = []  # the causes as last ranked while they still named named_for_
+        self.moved_ = 0
+        self.moved_to_ = "unknown"  # the cause those windows name first
+        self.moved_leaves_: list[dict[str, float]] = []  # those windows' stacks: the next regression's functions
         self.last_id_: str | None = None
 
     def get_state(self) -> dict:
@@ -159,6 +169,11 @@ class LatencyDetector:
             "episode_values": list(self.episode_values_),
             "episode_leaves": dict(self.episode_leaves_),
             "calm": self.calm_,
+            "named_for": self.named_for_,
+            "named_causes": [dataclasses.asdict(c) for c in self.named_causes_],
+            "moved": self.moved_,
+            "moved_to": self.moved_to_,
+            "moved_leaves": list(self.moved_leaves_),
             "last_id": self.last_id_,
             "recent": list(self.recent_),
             "pending": [{"row": row.to_dict(), "leaves": leaves} for row, leaves in self.pending_],
@@ -191,6 +206,12 @@ class LatencyDetector:
         self.episode_values_.extend(state.get("episode_values", []))
         self.episode_leaves_ = {str(k): float(v) for k, v in state.get("episode_leaves", {}).items()}
         self.calm_ = int(state.get("calm", 0))
+        self.named_for_ = str(state.get("named_for", self.episode_.top_cause if self.episode_ else "unknown"))
+        self.named_causes_ = ([Cause(**c) for c in state["named_causes"]] if "named_causes" in state
+                              else list(self.episode_.causes) if self.episode_ else [])
+        self.moved_ = int(state.get("moved", 0))
+        self.moved_to_ = str(state.get("moved_to", "unknown"))
+        self.moved_leaves_ = [{str(k): float(v) for k, v in leaves.items()} for leaves in state.get("moved_leaves", [])]
         self.last_id_ = state.get("last_id")
         self.recent_.extend(state.get("recent", []))
         self.pending_.extend((BaselineRow.from_dict(p["row"]), p.get("leaves")) for p in state.get("pending", []))
@@ -253,7 +274,17 @@ class LatencyDetector:
             if leaves:
                 merge(self.episode_leaves_, leaves)
             self.episode_ = self._rerank(self.episode_, window, f, score, expected_all)
+            if self._cause_moved(self.episode_.causes, leaves) and anomalous and sum(self.history_) >= self.k:
+                # One regression has ended and another begun without a calm window between them: two
+                # incidents, each with its own alert and its own cause, not one that silently changes its name.
+                # The new one's causes are the ones just ranked (they no longer name the old fault); its functions
+                # are those that grew in the windows that showed its cause, not in the old fault's.
+                closed = dataclasses.replace(self.episode_, causes=self.named_causes_, closed_at=window.start)
+                reg = self._open(window, f, score, expected_all, list(self.episode_values_), self.moved_leaves_)
+                return Verdict("regression", score, expected, reg, reg, closed)
         elif score is not None:
+            self.moved_ = 0
+            self.moved_leaves_ = []
             self.calm_ += 1
             if self.calm_ >= self.close_windows:
                 closed = dataclasses.replace(self.episode_, closed_at=window.end)
@@ -402,7 +433,7 @@ class LatencyDetector:
         return top_shifts(self.baseline_.profile, self.episode_leaves_, self.max_functions)
 
     def _open(self, window: Window, f: Features, score: float | None, expected: dict[str, float],
-              samples: list[dict] | None = None) -> Regression:
+              samples: list[dict] | None = None, leaves: list[dict[str, float]] | None = None) -> Regression:
         self.pending_.clear()  # the windows before the opening were its onset, not healthy traffic
         self.episode_values_.clear()
         if samples is not None:
@@ -410,9 +441,11 @@ class LatencyDetector:
         else:
             self.episode_values_.extend({k: v for k, v in run.items() if k != "leaves"} for run in self.run_)
         self.episode_leaves_ = {}
-        for run in self.run_:
-            merge(self.episode_leaves_, run.get("leaves", {}))
+        for window_leaves in ([run.get("leaves", {}) for run in self.run_] if leaves is None else leaves):
+            merge(self.episode_leaves_, window_leaves)
         self.calm_ = 0
+        self.moved_ = 0
+        self.moved_leaves_ = []
         rid = f"{window.target}-{int(window.end)}"
         if self.last_id_ is not None and self.last_id_.startswith(rid):
             rid = f"{window.target}-{window.end:.3f}"
@@ -423,7 +456,31 @@ class LatencyDetector:
                                    causes=self._causes(samples or list(self.episode_values_), window),
                                    functions=self._functions(), baseline_start=self.baseline_.start,
                                    baseline_end=self.baseline_.end)
+        self.named_for_ = self.episode_.top_cause
+        self.named_causes_ = list(self.episode_.causes)
         return self.episode_
+
+    def _cause_moved(self, causes: list[Cause], leaves: dict[str, float] | None) -> bool:
+        """True when, for cause_change_windows windows in a row, the causes name the same other cause first and no
+        longer the episode's first named cause: its evidence is gone, not merely outranked (two faults at once stay
+        one regression), and what replaced it is one cause, not each window's noise. An episode opened as `unknown` that finds its cause later is the same regression, named. The
+        regression that then closes keeps the causes it had while they still named its cause (named_causes_), not
+        the next one's."""
+        top = causes[0].label if causes else "unknown"
+        if self.named_for_ == "unknown":
+            self.named_for_ = top
+        if top in ("unknown", self.named_for_) or any(c.label == self.named_for_ for c in causes):
+            if any(c.label == self.named_for_ for c in causes):
+                self.named_causes_ = list(causes)
+            self.moved_ = 0
+            self.moved_leaves_ = []
+            return False
+        if top != self.moved_to_:
+            self.moved_to_, self.moved_, self.moved_leaves_ = top, 0, []
+        self.moved_ += 1
+        self.moved_leaves_.append(dict(leaves or {}))
+        del self.moved_leaves_[:-self.attribution_windows]  # as many as the causes are ranked on
+        return self.moved_ >= self.cause_change_windows
 
     def _rerank(self, reg: Regression, window: Window, f: Features, score: float | None,
                 expected: dict[str, float]) -> Regression:

@@ -34,6 +34,7 @@ class ScriptedDetector:
 
     open_at: int = 3
     close_at: int = 6
+    split_at: int | None = None  # the open regression ends and a syscalls one begins on this window
     learned: int = 0
     resets: int = 0
     open: Regression | None = None
@@ -46,6 +47,11 @@ class ScriptedDetector:
             self.open = opened = Regression(
                 id=f"{w.target}-{int(w.end)}", target=w.target, pid=w.pid, opened_at=w.end, severity="critical",
                 score=9.0, causes=[Cause("gc", 5.0, "GC pause 41 ms/s vs 0.8 ms/s baseline (x51)", 0.041, 0.0008)])
+        elif self.learned == self.split_at and self.open is not None:
+            closed = Regression(**{**self.open.__dict__, "closed_at": w.start})
+            self.open = opened = Regression(
+                id=f"{w.target}-{int(w.end)}", target=w.target, pid=w.pid, opened_at=w.end, severity="warning",
+                score=6.0, causes=[Cause("syscalls", 4.0, "syscalls per request x20", 8000.0, 400.0)])
         elif self.learned == self.close_at and self.open is not None:
             closed = Regression(**{**self.open.__dict__, "closed_at": w.end})
             self.open = None
@@ -118,6 +124,23 @@ def test_episode_is_stored_passed_on_and_exposed(store):
     assert store.regressions(open_only=True) == []
     assert store.regression("server-1015").closed_at == 1030.0
     assert 'infersight_regression_active{target="server"} 0.0' in generate_latest(registry).decode()
+
+
+def test_a_window_that_ends_one_regression_and_begins_the_next_stores_both_and_tells_the_end_first(store):
+    rec = Recorder()
+    detection = Detection(store, make_detector=lambda: ScriptedDetector(split_at=5, close_at=8), listeners=[rec])
+    for i in range(5):
+        detection.observe(window(i))
+    assert rec.events[-2:] == [("closed", "server-1015"), ("opened", "server-1025")]
+    [old, new] = sorted(store.regressions(), key=lambda r: r.opened_at)
+    assert (old.id, old.top_cause, old.closed_at) == ("server-1015", "gc", 1020.0)
+    assert (new.id, new.top_cause, new.closed_at) == ("server-1025", "syscalls", None)
+    registry = CollectorRegistry()
+    registry.register(DetectionCollector(detection.snapshot))
+    text = generate_latest(registry).decode()
+    assert 'infersight_regression_active{target="server"} 1.0' in text
+    assert 'infersight_regressions_total{cause="gc",target="server"} 1.0' in text
+    assert 'infersight_regressions_total{cause="syscalls",target="server"} 1.0' in text
 
 
 def test_restart_restores_the_baseline_and_keeps_the_episode_open(tmp_path: Path):
