@@ -27,7 +27,7 @@ DetectorFactory = Callable[[], Detector]
 
 
 def default_detector_factory() -> DetectorFactory:
-    """The real detector (imported here, lazily: analysis.detector is built on another branch)."""
+    """The real detector, imported when a run needs it (scoring and recordings alone do not load scikit-learn)."""
     from analysis.detector import LatencyDetector
 
     return LatencyDetector

@@ -29,6 +29,21 @@ def plot_runs(runs: list[Any], path: Path) -> None:
     plt.close(fig)
 
 
+def episode_causes(run: Any) -> dict[str, str | None]:
+    """Each episode's id -> the cause its mark names. An episode that found a fault phase: the cause it was scored
+    on, as stored when the phase ended (the last windows of an episode that gave way to the next fault already rank
+    that fault's cause). Any other: the cause as last ranked while it lasted (it is re-ranked while open)."""
+    outcomes = run.outcomes
+    scored = {next(e.id for e in run.score.episodes if e.phase == p.index): p.top_cause
+              for p in run.score.phases if p.detected and p.top_cause}
+    causes: dict[str, str | None] = {}
+    for i, o in enumerate(outcomes):
+        if o.opened is not None:
+            causes[o.opened] = scored.get(o.opened) or next(
+                (q.top_cause for q in reversed(outcomes[i:]) if q.regression == o.opened and q.top_cause), o.top_cause)
+    return causes
+
+
 def _one(ax: Any, run: Any) -> None:
     outcomes = run.outcomes
     if not outcomes:
@@ -59,12 +74,11 @@ def _one(ax: Any, run: Any) -> None:
         ax.text((start + end) / 2, 1.0, p.label, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
                 fontsize=8)
     top = max((ms(o.p99) for o in outcomes if o.p99 is not None), default=1.0)
+    causes = episode_causes(run)
     for i, o in enumerate(outcomes):
         if o.opened is None:
             continue
-        # The cause as last ranked while the episode lasted (it is re-ranked while open).
-        cause = next((q.top_cause for q in reversed(outcomes[i:]) if q.regression == o.opened and q.top_cause),
-                     o.top_cause)
+        cause = causes[o.opened]
         ax.axvline(x[i], color="#c0392b", lw=1, ls="--")
         ax.annotate(f"regression: {cause}", (x[i], top), rotation=90, fontsize=7, color="#c0392b",
                     ha="right", va="top")
