@@ -2,7 +2,8 @@
 `outside_more.toml`, `outside_network.toml`, `pause.toml`) and at loads and windows the suite does not use
 (`issue_example.toml` at 4-6 req/s, `low_rate.toml` at 1 req/s, `long_windows.toml` with 10 s windows), run live
 after the detector was tuned and never tuned on: each phase is found and named for what it is, with no false alarm
-(and an outside change that costs nothing opens nothing).
+(and an outside change that costs nothing opens nothing). `back_to_back.toml` runs faults one after another with no
+calm between them: each is its own regression, where before the first swallowed the second.
 
 The same recordings with parts of each window taken out replay as a detector without them would have done, side
 by side: without `Window.unanswered` the 30 s stop and the heavy packet loss are found only when they let go;
@@ -11,6 +12,7 @@ state from /proc is what finds the stops. docs/BENCHMARKS.md, "Outside faults in
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from collections.abc import Callable
@@ -20,6 +22,7 @@ import pytest
 
 from agent.evaluation.command import replay
 from agent.evaluation.detection import default_detector_factory
+from agent.evaluation.plot import episode_causes
 from analysis.scenario import load_scenario
 from tests.scenarios.sensitivity.phase_table import rows
 
@@ -28,6 +31,8 @@ RECORDED = HERE / "recorded"
 VARIANTS, LONG_STOP, PARTITION = "outside_variants.jsonl.gz", "long_stop.jsonl.gz", "partition.jsonl.gz"
 MORE, NETWORK, PAUSE = "outside_more.jsonl.gz", "outside_network.jsonl.gz", "pause.jsonl.gz"
 ISSUE, LOW_RATE, LONG_WINDOWS = "issue_example.jsonl.gz", "low_rate.jsonl.gz", "long_windows.jsonl.gz"
+BACK_TO_BACK = "back_to_back.jsonl.gz"
+BACK_TO_BACK_PHASES = {2: ("gc", 1), 3: ("lock", 2), 5: ("network", 1), 6: ("blocked", 5)}
 # recording -> fault phase (1-based) -> (top cause, windows from the phase's start to the opening); None: missed.
 AS_RECORDED = {
     VARIANTS: {2: ("cpu_contention", 7), 4: ("blocked", 3), 6: ("blocked", 1), 8: ("network", 1)},
@@ -45,6 +50,9 @@ AS_RECORDED = {
     LOW_RATE: {2: ("cpu_contention", 4), 4: ("syscalls", 1), 6: ("blocked", 5)},
     # 10 s windows: the lock switch, 30 % of packets dropped by nftables, 1 s stops every 4 s.
     LONG_WINDOWS: {2: ("lock", 1), 4: ("network", 1), 6: ("blocked", 2)},
+    # gc then the lock switch with no calm between; after 90 s of calm, 30 % packet loss then 1 s stops every 4 s.
+    # The stops wait for the retransmits that outlast the loss to leave the causes' medians.
+    BACK_TO_BACK: BACK_TO_BACK_PHASES,
 }
 
 
@@ -100,7 +108,8 @@ def test_the_variant_scenarios_load_and_stay_out_of_the_suite():
     names = {load_scenario(p).name for p in HERE.glob("*.toml")}
     assert names == {"outside faults, other forms", "server stopped for 30 s", "server port cut off for 60 s",
                      "outside faults, more forms", "outside network faults, more forms", "server paused for 20 s",
-                     "the issue's example: gc and an outside hog at 4 req/s", "1 req/s", "10 s windows"}
+                     "the issue's example: gc and an outside hog at 4 req/s", "1 req/s", "10 s windows",
+                     "faults back to back"}
     assert not {p.name for p in HERE.glob("*.toml")} & {p.name for p in HERE.parent.glob("*.toml")}
 
 
@@ -117,6 +126,23 @@ def test_no_variant_recording_opens_an_episode_outside_its_fault_phases(name):
     # server to one CPU, which this server at 2 req/s does not feel, and is labelled normal.
     (run,) = replay([RECORDED / name], default_detector_factory())
     assert run.score.episodes and [e.id for e in run.score.episodes if e.phase is None] == []
+
+
+def test_faults_back_to_back_are_one_regression_each_and_were_one_for_two_before():
+    # Side by side on one recording: the detector as it is, and with the cause-change split turned off (as it was
+    # before it), where the gc and the network regressions stayed open through the next fault and swallowed it.
+    def episodes(factory):
+        (run,) = replay([RECORDED / BACK_TO_BACK], factory)
+        found = {p.index + 1: p.detected for p in run.score.fault_phases}
+        return found, [(e.phase + 1 if e.phase is not None else None) for e in run.score.episodes]
+
+    found, phases = episodes(default_detector_factory())
+    assert found == {2: True, 3: True, 5: True, 6: True} and phases == [2, 3, 5, 6]
+    # The plot marks each with the cause it was scored on, not the next fault's that its last window ranked first.
+    (run,) = replay([RECORDED / BACK_TO_BACK], default_detector_factory())
+    assert list(episode_causes(run).values()) == ["gc", "lock", "network", "blocked"]
+    found, phases = episodes(functools.partial(default_detector_factory(), cause_change_windows=10**6))
+    assert found == {2: True, 3: False, 5: True, 6: False} and phases == [2, 5]
 
 
 @pytest.mark.parametrize(("what", "edit", "name", "phase", "expected"), TAKEN_OUT, ids=[
