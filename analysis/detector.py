@@ -283,8 +283,7 @@ class LatencyDetector:
                 reg = self._open(window, f, score, expected_all, list(self.episode_values_), self.moved_leaves_)
                 return Verdict("regression", score, expected, reg, reg, closed)
         elif score is not None:
-            self.moved_ = 0
-            self.moved_leaves_ = []
+            self._forget_move()
             self.calm_ += 1
             if self.calm_ >= self.close_windows:
                 closed = dataclasses.replace(self.episode_, closed_at=window.end)
@@ -444,8 +443,7 @@ class LatencyDetector:
         for window_leaves in ([run.get("leaves", {}) for run in self.run_] if leaves is None else leaves):
             merge(self.episode_leaves_, window_leaves)
         self.calm_ = 0
-        self.moved_ = 0
-        self.moved_leaves_ = []
+        self._forget_move()
         rid = f"{window.target}-{int(window.end)}"
         if self.last_id_ is not None and self.last_id_.startswith(rid):
             rid = f"{window.target}-{window.end:.3f}"
@@ -463,24 +461,30 @@ class LatencyDetector:
     def _cause_moved(self, causes: list[Cause], leaves: dict[str, float] | None) -> bool:
         """True when, for cause_change_windows windows in a row, the causes name the same other cause first and no
         longer the episode's first named cause: its evidence is gone, not merely outranked (two faults at once stay
-        one regression), and what replaced it is one cause, not each window's noise. An episode opened as `unknown` that finds its cause later is the same regression, named. The
-        regression that then closes keeps the causes it had while they still named its cause (named_causes_), not
-        the next one's."""
+        one regression), and what replaced it is one cause, not each window's noise. An episode opened as `unknown`
+        that finds its cause later is the same regression, named. The regression that then closes keeps the causes
+        it had while they still named its cause (named_causes_), not the next one's."""
         top = causes[0].label if causes else "unknown"
         if self.named_for_ == "unknown":
             self.named_for_ = top
-        if top in ("unknown", self.named_for_) or any(c.label == self.named_for_ for c in causes):
-            if any(c.label == self.named_for_ for c in causes):
-                self.named_causes_ = list(causes)
-            self.moved_ = 0
-            self.moved_leaves_ = []
+        still_named = any(c.label == self.named_for_ for c in causes)
+        if still_named:
+            self.named_causes_ = list(causes)
+        if still_named or top == "unknown":
+            self._forget_move()
             return False
         if top != self.moved_to_:
-            self.moved_to_, self.moved_, self.moved_leaves_ = top, 0, []
+            self._forget_move()
+            self.moved_to_ = top
         self.moved_ += 1
         self.moved_leaves_.append(dict(leaves or {}))
         del self.moved_leaves_[:-self.attribution_windows]  # as many as the causes are ranked on
         return self.moved_ >= self.cause_change_windows
+
+    def _forget_move(self) -> None:
+        """No cause change under way: the count of windows that named another cause starts again."""
+        self.moved_ = 0
+        self.moved_leaves_ = []
 
     def _rerank(self, reg: Regression, window: Window, f: Features, score: float | None,
                 expected: dict[str, float]) -> Regression:

@@ -98,6 +98,13 @@ def store(tmp_path: Path):
         yield s
 
 
+def _registry(detection: Detection) -> CollectorRegistry:
+    """A registry that exposes `detection` as /metrics does."""
+    registry = CollectorRegistry()
+    registry.register(DetectionCollector(detection.snapshot))
+    return registry
+
+
 def test_episode_is_stored_passed_on_and_exposed(store):
     made: list[ScriptedDetector] = []
     rec = Recorder()
@@ -110,8 +117,7 @@ def test_episode_is_stored_passed_on_and_exposed(store):
     [stored] = store.regressions(open_only=True)
     assert stored.id == "server-1015" and stored.top_cause == "gc" and stored.closed_at is None
 
-    registry = CollectorRegistry()
-    registry.register(DetectionCollector(detection.snapshot))
+    registry = _registry(detection)
     text = generate_latest(registry).decode()
     assert 'infersight_regression_active{target="server"} 1.0' in text
     assert 'infersight_regression_score{target="server"} 4.0' in text
@@ -135,8 +141,7 @@ def test_a_window_that_ends_one_regression_and_begins_the_next_stores_both_and_t
     [old, new] = sorted(store.regressions(), key=lambda r: r.opened_at)
     assert (old.id, old.top_cause, old.closed_at) == ("server-1015", "gc", 1020.0)
     assert (new.id, new.top_cause, new.closed_at) == ("server-1025", "syscalls", None)
-    registry = CollectorRegistry()
-    registry.register(DetectionCollector(detection.snapshot))
+    registry = _registry(detection)
     text = generate_latest(registry).decode()
     assert 'infersight_regression_active{target="server"} 1.0' in text
     assert 'infersight_regressions_total{cause="gc",target="server"} 1.0' in text
@@ -261,8 +266,7 @@ def test_forgetting_a_per_process_target_ends_its_episode_and_drops_its_baseline
     rec = Recorder()
     detection = Detection(store, make_detector=lambda: ScriptedDetector(close_at=99), listeners=[rec],
                           save_every=1)
-    registry = CollectorRegistry()
-    registry.register(DetectionCollector(detection.snapshot))
+    registry = _registry(detection)
     for i in range(4):
         detection.observe(window(i, target="py#42"))
         detection.observe(window(i, target="server"))
