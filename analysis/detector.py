@@ -463,12 +463,14 @@ class LatencyDetector:
         longer the episode's first named cause: its evidence is gone, not merely outranked (two faults at once stay
         one regression), and what replaced it is one cause, not each window's noise. An episode opened as `unknown`
         that finds its cause later is the same regression, named. The regression that then closes keeps the causes
-        it had while they still named its cause (named_causes_), not the next one's."""
+        it had while its cause still led them (named_causes_), not the next one's."""
         top = causes[0].label if causes else "unknown"
         if self.named_for_ == "unknown":
             self.named_for_ = top
         still_named = any(c.label == self.named_for_ for c in causes)
-        if still_named:
+        if top == self.named_for_:
+            # Only a ranking its cause still leads: one that a second cause already leads would close this regression
+            # under the next one's name (packet loss that gave way to stops, told as `blocked`).
             self.named_causes_ = list(causes)
         if still_named or top == "unknown":
             self._forget_move()

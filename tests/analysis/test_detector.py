@@ -311,6 +311,20 @@ def test_a_fault_that_gives_way_to_another_is_two_regressions(n):
     assert v.state == "regression" and vs[-1].regression.id == v.opened.id
 
 
+def test_a_regression_closed_by_the_next_one_keeps_the_causes_its_own_cause_led():
+    # gc, then syscalls join and lead while gc is still named, then gc is gone: the gc regression closes as gc (the
+    # ranking its cause last led), not with the ranking the syscalls already led.
+    det = armed(cause_change_windows=2)
+    first = feed(det, synth.windows(60, 5, FAULTS["gc"]))[-1].regression
+    both = Load(slowdown=2.5, gc_pause=0.05, syscalls_per_request=500000)
+    joined = feed(det, synth.windows(65, 4, both))
+    assert joined[-1].regression.top_cause == "syscalls" and "gc" in {c.label for c in joined[-1].regression.causes}
+    vs = feed(det, synth.windows(69, 10, FAULTS["syscalls"]))
+    split = [v for v in vs if v.closed]
+    assert len(split) == 1 and split[0].closed.id == first.id
+    assert split[0].closed.top_cause == "gc" and split[0].opened.top_cause == "syscalls"
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_the_next_regression_is_told_by_its_own_windows_not_the_fault_before(n):
     # A code change (hot function) gives way to a syscall storm: the syscalls regression's causes and functions come
