@@ -61,7 +61,8 @@ class LatencyDetector:
                  max_functions: int = 10, strong_cause_score: float = 4.0, strong_open_score: float = 0.0,
                  rto_min_seconds: float = 0.2, min_net_scale: float = 0.2, sustained_windows: int = 6,
                  sustained_min_windows: int = 5, sustained_shift: float = 0.75, sustained_change_fraction: float = 0.1,
-                 sustained_min_z: float = 6.0, high_quantile: float = 0.9, cause_change_windows: int = 2) -> None:
+                 sustained_min_z: float = 6.0, high_quantile: float = 0.9, cause_change_windows: int = 2,
+                 sustained_close_shift: float = 0.375) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
         self.open_score = open_score
@@ -97,6 +98,7 @@ class LatencyDetector:
         self.sustained_windows = sustained_windows
         self.sustained_min_windows = sustained_min_windows
         self.sustained_shift = sustained_shift
+        self.sustained_close_shift = sustained_close_shift
         self.sustained_change_fraction = sustained_change_fraction
         self.sustained_min_z = sustained_min_z
         self.high_quantile = high_quantile
@@ -268,7 +270,10 @@ class LatencyDetector:
             return Verdict("healthy", score, expected, None, None, None)
 
         closed = None
-        if stalled or (score is not None and (score >= self.close_score or self._sustained())):
+        # Hysteresis for the sustained test too: a small shift's six-window mean wanders around the opening bar, and
+        # an episode that closed whenever it dipped would resolve and fire again within the same fault.
+        if stalled or (score is not None and (score >= self.close_score
+                                              or self._sustained(self.sustained_close_shift))):
             self.calm_ = 0
             self.episode_values_.append(values)
             if leaves:
@@ -317,14 +322,14 @@ class LatencyDetector:
         net = model.z_net(server_mean, wait, n, expected_mean)
         return round(gross if net is None else max(gross, net), 4)
 
-    def _sustained(self) -> list[Cause]:
+    def _sustained(self, min_shift: float | None = None) -> list[Cause]:
         """The causes of a sustained small shift over the last sustained_windows scored windows, [] when there is
-        none: their mean score at least sustained_shift above the baseline windows' own median score, and a cause
-        signal persistently above its baseline's high quantile (Attributor.persistent)."""
+        none: their mean score at least min_shift (sustained_shift to open) above the baseline windows' own median
+        score, and a cause signal persistently above its baseline's high quantile (Attributor.persistent)."""
         if len(self.recent_) < self.sustained_windows:
             return []
         shift = sum(r["score"] for r in self.recent_) / len(self.recent_) - self.score_ref_
-        if shift < self.sustained_shift:
+        if shift < (self.sustained_shift if min_shift is None else min_shift):
             return []
         causes = self._attributor().rank_persistent(list(self.recent_), self.baseline_.stats(),
                                                     self.sustained_min_windows, self.sustained_change_fraction,

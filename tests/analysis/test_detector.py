@@ -3,6 +3,7 @@
 import functools
 import json
 from collections import deque
+from dataclasses import replace
 
 import pytest
 
@@ -610,6 +611,43 @@ def test_sustained_shift_is_its_edge():
     shift = sum(r["score"] for r in det.recent_) / len(det.recent_) - det.score_ref_
     assert opened(feed(armed(sustained_shift=shift - 1e-3), windows)) != []
     assert opened(feed(armed(sustained_shift=shift + 1e-3), windows[:det.sustained_windows])) == []
+
+
+def _shifts(det: LatencyDetector, windows) -> list[float]:
+    """The six-window mean score shift after each window, as the sustained test reads it."""
+    out = []
+    for w in windows:
+        det.update(w)
+        out.append(sum(r["score"] for r in det.recent_) / len(det.recent_) - det.score_ref_)
+    return out
+
+
+# (seed, slowdown): weaker runs of the small fault whose six-window mean dips below the opening bar after it opened.
+DIPS = [(0, 1.15), (2, 1.18)]
+
+
+@pytest.mark.parametrize(("seed", "slowdown"), DIPS)
+def test_a_sustained_episode_stays_open_while_the_shift_stays_above_the_close_bar(seed, slowdown):
+    # The same small fault, a little weaker after it opened: its six-window mean wanders below the opening bar. With
+    # hysteresis it stays one regression; with one bar (close = open) it resolves within the fault.
+    onset = synth.windows(60, 8, SMALL["cpu_contention"], seed=seed)
+    weaker = synth.windows(68, 24, replace(SMALL["cpu_contention"], slowdown=slowdown), seed=seed)
+    probe = armed(seed=seed, sustained_shift=10.0)  # never opens: reads the shifts the weaker windows give
+    feed(probe, onset)
+    det = armed(seed=seed)
+    assert min(_shifts(probe, weaker)[6:]) < det.sustained_shift
+    vs = feed(det, onset + weaker)
+    assert len(opened(vs)) == 1 and [v for v in vs if v.closed] == [] and vs[-1].state == "regression"
+    flat = armed(seed=seed, sustained_close_shift=det.sustained_shift)
+    assert [v for v in feed(flat, onset + weaker) if v.closed]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_sustained_episode_closes_once_the_shift_is_gone(seed):
+    det = armed(seed=seed)
+    vs = feed(det, synth.windows(60, 10, SMALL["cpu_contention"], seed=seed) + synth.windows(70, 20, seed=seed))
+    closed = [i for i, v in enumerate(vs) if v.closed]
+    assert opened(vs) and len(closed) == 1 and closed[0] <= 10 + det.sustained_windows + det.close_windows
 
 
 def test_sustained_min_z_silences_the_test_on_a_baseline_too_noisy_to_tell():
