@@ -31,8 +31,12 @@ RECORDED_ALLTHREADS = sorted((HERE / "recorded-allthreads").glob("*.jsonl.gz"))
 # A fifth, `recorded-neighbours`: the current code's live run on a shared host (2026-12-02 06:33-08:04 UTC), the
 # other tenants two loops of `neighbours.py` running test suites with random pauses; never tuned on.
 RECORDED_NEIGHBOURS = sorted((HERE / "recorded-neighbours").glob("*.jsonl.gz"))
+# A sixth, `recorded-full`: the live run of the code of 2026-12-03 (0ce1f12, 06:55-08:26 UTC, the host kept quiet),
+# the first whose windows carry everything the agent now collects (threads' state from /proc, unanswered and
+# unreachable scrapes, the cause-change split); never tuned on.
+RECORDED_FULL = sorted((HERE / "recorded-full").glob("*.jsonl.gz"))
 SETS = {"shared host": RECORDED, "quiet host": RECORDED_QUIET, "fresh": RECORDED_FRESH,
-        "all threads": RECORDED_ALLTHREADS, "neighbours": RECORDED_NEIGHBOURS}
+        "all threads": RECORDED_ALLTHREADS, "neighbours": RECORDED_NEIGHBOURS, "full": RECORDED_FULL}
 # Words that name an injected fault or its machinery: the fault switches' module, classes, threads and helpers.
 FAULT_WORDS = re.compile(r"fault|GcChurn|SyscallStorm|LockHolder|DiskSync|NoCache|CpuHog|Netloss|netloss|cpuhog|"
                          r"hog\.py|sigstop|nftdrop|workload:", re.IGNORECASE)
@@ -77,6 +81,15 @@ def test_the_suite_is_recorded(paths: list[Path]) -> None:
     assert {"gc", "lock", "syscall", "netloss", "cpuhog", "nocache", "io", "load_steps", "outside", "steady"} <= names, names
 
 
+def test_the_newest_set_carries_what_the_older_ones_predate() -> None:
+    # Replays of the older sets cannot exercise the threads' state or the unanswered scrapes; this set's can.
+    from analysis.features import extract
+
+    rec = read_recording(next(p for p in RECORDED_FULL if p.name.startswith("outside")))
+    assert all(extract(i.window).stuck_threads is not None for i in rec.windows)
+    assert any(i.window.unanswered for i in rec.windows)
+
+
 def test_stripping_names_the_fault_would_give_changes_something_to_strip() -> None:
     rec = read_recording(next(p for p in RECORDED if p.name.startswith("lock")))
     before = json.dumps([i.window.to_dict() for i in rec.windows])
@@ -110,6 +123,7 @@ KNOWN_MISSES = {
     "quiet host": set(),
     "fresh": set(),
     "all threads": set(),
+    "full": set(),
 }
 
 
@@ -124,7 +138,7 @@ def test_the_missed_phases_are_exactly_the_known_ones() -> None:
 
 
 # The fresh run is left out: its two episodes in normal traffic (below) break the false-alarm bound.
-@pytest.mark.parametrize("name", ["shared host", "quiet host", "all threads", "neighbours"])
+@pytest.mark.parametrize("name", ["shared host", "quiet host", "all threads", "neighbours", "full"])
 def test_replay_of_the_suite_meets_the_issue_targets(name: str) -> None:
     paths = SETS[name]
     factory = detector_factory()

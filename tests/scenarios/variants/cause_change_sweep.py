@@ -16,7 +16,7 @@ from analysis.detector import LatencyDetector
 from analysis.scoring import summarize
 
 SCENARIOS = Path(__file__).resolve().parent.parent
-SETS = ["recorded", "recorded-quiet", "recorded-fresh", "recorded-allthreads", "recorded-neighbours",
+SETS = ["recorded", "recorded-quiet", "recorded-fresh", "recorded-allthreads", "recorded-neighbours", "recorded-full",
         "variants/recorded", "sensitivity/recorded"]
 SETTINGS = [("off", 10**6), ("1", 1), ("2", 2), ("3", 3)]
 
