@@ -251,7 +251,7 @@ class LatencyDetector:
             self.recent_.append({"score": score, **values})
         # A small shift that no single window shows: latency a little above its usual level over the last windows,
         # with a cause signal above its baseline's usual high in nearly all of them.
-        sustained = self._sustained() if score is not None and not anomalous else []
+        sustained = self._sustained(self.sustained_shift) if score is not None and not anomalous else []
         if anomalous:
             self.run_.append({**values, "leaves": leaves or {}})
         elif not any(self.history_):
@@ -322,19 +322,21 @@ class LatencyDetector:
         net = model.z_net(server_mean, wait, n, expected_mean)
         return round(gross if net is None else max(gross, net), 4)
 
-    def _sustained(self, min_shift: float | None = None) -> list[Cause]:
+    def _sustained(self, min_shift: float) -> list[Cause]:
         """The causes of a sustained small shift over the last sustained_windows scored windows, [] when there is
-        none: their mean score at least min_shift (sustained_shift to open) above the baseline windows' own median
-        score, and a cause signal persistently above its baseline's high quantile (Attributor.persistent)."""
-        if len(self.recent_) < self.sustained_windows:
-            return []
-        shift = sum(r["score"] for r in self.recent_) / len(self.recent_) - self.score_ref_
-        if shift < (self.sustained_shift if min_shift is None else min_shift):
+        none: their mean score at least min_shift (sustained_shift to open, sustained_close_shift to stay open) above
+        the baseline windows' own median score, and a cause signal persistently above its baseline's high quantile
+        (Attributor.persistent)."""
+        if len(self.recent_) < self.sustained_windows or self._recent_shift() < min_shift:
             return []
         causes = self._attributor().rank_persistent(list(self.recent_), self.baseline_.stats(),
                                                     self.sustained_min_windows, self.sustained_change_fraction,
                                                     self.sustained_min_z)
         return [] if causes[0].label == "unknown" else causes
+
+    def _recent_shift(self) -> float:
+        """How far the last scored windows' mean score lies above the baseline windows' own median score."""
+        return sum(r["score"] for r in self.recent_) / len(self.recent_) - self.score_ref_
 
     def _retransmit_cost(self, f: Features, values: dict[str, float | None]) -> float:
         """Seconds per request that retransmissions beyond the baseline's rate cost the clients, at least.

@@ -608,7 +608,7 @@ def test_sustained_shift_is_its_edge():
     windows = synth.windows(60, 12, SMALL["blocked"])
     det = armed()
     feed(det, windows[:det.sustained_windows])
-    shift = sum(r["score"] for r in det.recent_) / len(det.recent_) - det.score_ref_
+    shift = det._recent_shift()
     assert opened(feed(armed(sustained_shift=shift - 1e-3), windows)) != []
     assert opened(feed(armed(sustained_shift=shift + 1e-3), windows[:det.sustained_windows])) == []
 
@@ -618,7 +618,7 @@ def _shifts(det: LatencyDetector, windows) -> list[float]:
     out = []
     for w in windows:
         det.update(w)
-        out.append(sum(r["score"] for r in det.recent_) / len(det.recent_) - det.score_ref_)
+        out.append(det._recent_shift())
     return out
 
 

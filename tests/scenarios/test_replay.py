@@ -15,6 +15,7 @@ import pytest
 from agent.evaluation import command
 from agent.evaluation.detection import detect
 from agent.evaluation.recording import LabelledWindow, read_recording
+from analysis.features import extract
 from analysis.window import Window
 
 HERE = Path(__file__).resolve().parent
@@ -83,8 +84,6 @@ def test_the_suite_is_recorded(paths: list[Path]) -> None:
 
 def test_the_newest_set_carries_what_the_older_ones_predate() -> None:
     # Replays of the older sets cannot exercise the threads' state or the unanswered scrapes; this set's can.
-    from analysis.features import extract
-
     rec = read_recording(next(p for p in RECORDED_FULL if p.name.startswith("outside")))
     assert all(extract(i.window).stuck_threads is not None for i in rec.windows)
     assert any(i.window.unanswered for i in rec.windows)
