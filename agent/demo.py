@@ -137,7 +137,7 @@ infersight demo is running (Ctrl-C stops everything)
   agent metrics    {agent.web.url}/metrics
   workload         {server_url}/v1/completions   (metrics: {server_url}/metrics)
   faults           .venv/bin/python -m workload fault gc on --url {server_url} --token-file {args.var / 'admin-token'}
-                   (gc, lock, syscall, netloss, cpuhog, nocache; 'off' to stop)
+                   (gc, lock, syscall, netloss, cpuhog, nocache, io; 'off' to stop)
   store            {args.var / 'store'}
 """, flush=True)
         if args.duration:
