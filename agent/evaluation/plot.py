@@ -1,4 +1,5 @@
-"""`eval --plot`: per scenario, latency against the expected band, fault phases shaded and named, regressions marked."""
+"""`eval --plot`: per scenario, latency against the expected band, fault phases shaded and named, load steps marked,
+regressions marked."""
 
 from __future__ import annotations
 
@@ -44,6 +45,26 @@ def episode_causes(run: Any) -> dict[str, str | None]:
     return causes
 
 
+def phase_marks(run: Any) -> list[tuple[float, float, str, str | None]]:
+    """What the plot names above its phases, as (start and end in seconds from the first window, text, the fault
+    label or None): every fault phase, and every normal phase that offers another load than the one before it."""
+    outcomes = run.outcomes
+    if not outcomes:
+        return []
+    t0 = outcomes[0].start
+    rates = [run.scenario.rate_of(phase) for phase in run.scenario.phases]
+    marks = []
+    for p in run.score.phases:
+        rate = rates[p.index]
+        moved = p.index > 0 and rate != rates[p.index - 1]
+        load = f"{rate:g} req/s" if moved or (p.index == 0 and rate != run.scenario.rate) else None
+        if not (p.is_fault or load):
+            continue
+        text = ", ".join(t for t in (p.label if p.is_fault else None, load) if t)
+        marks.append((outcomes[p.first].start - t0, outcomes[p.last].end - t0, text, p.label if p.is_fault else None))
+    return marks
+
+
 def _one(ax: Any, run: Any) -> None:
     outcomes = run.outcomes
     if not outcomes:
@@ -66,13 +87,15 @@ def _one(ax: Any, run: Any) -> None:
     lo = steps([ms(o.expected_p50) for o in outcomes])
     hi = steps([ms(o.expected_p99) for o in outcomes])
     ax.fill_between(xs, lo, hi, color="#4c9f70", alpha=0.25, step="pre", label="expected p50..p99")
-    for p in run.score.phases:
-        if not p.is_fault:
-            continue
-        start, end = outcomes[p.first].start - t0, outcomes[p.last].end - t0
-        ax.axvspan(start, end, color=PHASE_COLOURS.get(p.label, "#999999"), alpha=0.18)
-        ax.text((start + end) / 2, 1.0, p.label, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
-                fontsize=8)
+    for start, end, text, fault in phase_marks(run):
+        if fault:
+            ax.axvspan(start, end, color=PHASE_COLOURS.get(fault, "#999999"), alpha=0.18)
+        else:  # a benign load change: its bounds, so a latency that follows the load is read as such
+            for edge in (start, end):
+                ax.axvline(edge, color="#999999", lw=0.8, ls=":")
+        # Inside the top of the plot, where the title above cannot cover it.
+        ax.text((start + end) / 2, 0.98, text, transform=ax.get_xaxis_transform(), ha="center", va="top",
+                fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7, "pad": 1})
     top = max((ms(o.p99) for o in outcomes if o.p99 is not None), default=1.0)
     causes = episode_causes(run)
     for i, o in enumerate(outcomes):

@@ -1,8 +1,9 @@
 """Outside faults in forms the suite does not use (`outside_variants.toml`, `long_stop.toml`, `partition.toml`,
 `outside_more.toml`, `outside_network.toml`, `pause.toml`) and at loads and windows the suite does not use
-(`issue_example.toml` at 4-6 req/s, `low_rate.toml` at 1 req/s, `long_windows.toml` with 10 s windows), run live
-after the detector was tuned and never tuned on: each phase is found and named for what it is, with no false alarm
-(and an outside change that costs nothing opens nothing). `back_to_back.toml` runs faults one after another with no
+(`issue_example.toml` at 4-6 req/s, `low_rate.toml` at 1 req/s, `long_windows.toml` with 10 s windows, load steps
+at 5 req/s in `busy_steps.toml` and `load_doubled.toml`), run live after the detector was tuned and never tuned on:
+each phase is found and named for what it is, with no false alarm (and an outside change that costs nothing, or
+more load, opens nothing). `back_to_back.toml` runs faults one after another with no
 calm between them: each is its own regression, where before the first swallowed the second.
 
 The same recordings with parts of each window taken out replay as a detector without them would have done, side
@@ -22,8 +23,10 @@ import pytest
 
 from agent.evaluation.command import replay
 from agent.evaluation.detection import default_detector_factory
-from agent.evaluation.plot import episode_causes
+from agent.evaluation.plot import episode_causes, phase_marks
 from agent.evaluation.recording import read_recording
+from analysis.features import extract
+from analysis.robust import median
 from analysis.scenario import load_scenario
 from tests.scenarios.sensitivity.phase_table import rows
 
@@ -33,6 +36,7 @@ VARIANTS, LONG_STOP, PARTITION = "outside_variants.jsonl.gz", "long_stop.jsonl.g
 MORE, NETWORK, PAUSE = "outside_more.jsonl.gz", "outside_network.jsonl.gz", "pause.jsonl.gz"
 ISSUE, LOW_RATE, LONG_WINDOWS = "issue_example.jsonl.gz", "low_rate.jsonl.gz", "long_windows.jsonl.gz"
 BACK_TO_BACK, BACK_TO_BACK_2 = "back_to_back.jsonl.gz", "back_to_back_2.jsonl.gz"
+BUSY_STEPS, LOAD_DOUBLED = "busy_steps.jsonl.gz", "load_doubled.jsonl.gz"
 BACK_TO_BACK_PHASES = {2: ("gc", 1), 3: ("lock", 2), 5: ("network", 1), 6: ("blocked", 5)}
 # recording -> fault phase (1-based) -> (top cause, windows from the phase's start to the opening); None: missed.
 AS_RECORDED = {
@@ -112,7 +116,8 @@ def test_the_variant_scenarios_load_and_stay_out_of_the_suite():
     assert names == {"outside faults, other forms", "server stopped for 30 s", "server port cut off for 60 s",
                      "outside faults, more forms", "outside network faults, more forms", "server paused for 20 s",
                      "the issue's example: gc and an outside hog at 4 req/s", "1 req/s", "10 s windows",
-                     "faults back to back"}
+                     "faults back to back", "busy load steps: +50% and -50% at 5 req/s",
+                     "load doubled at 5 req/s"}
     assert not {p.name for p in HERE.glob("*.toml")} & {p.name for p in HERE.parent.glob("*.toml")}
 
 
@@ -129,6 +134,38 @@ def test_no_variant_recording_opens_an_episode_outside_its_fault_phases(name):
     # server to one CPU, which this server at 2 req/s does not feel, and is labelled normal.
     (run,) = replay([RECORDED / name], default_detector_factory())
     assert run.score.episodes and [e.id for e in run.score.episodes if e.phase is None] == []
+
+
+@pytest.mark.parametrize(("name", "up", "down"), [(BUSY_STEPS, 1.3, 0.6), (LOAD_DOUBLED, 1.8, None)])
+def test_load_steps_on_a_busier_server_open_nothing(name, up, down):
+    # 5 req/s, then more load (7.5 and then 2.5 req/s; or 10 req/s): the expectation follows the load, and every
+    # scored window stays healthy although the step up raised mean latency by 15 % (x1.5) and 35 % (x2).
+    (run,) = replay([RECORDED / name], default_detector_factory())
+    assert run.score.fault_phases == [] and run.score.windows_scored >= 70
+    assert run.score.episodes == []
+    by_phase: dict[int, list] = {}
+    for item in read_recording(RECORDED / name).windows:
+        f = extract(item.window)
+        if f.request_rate and f.mean_seconds:
+            by_phase.setdefault(item.phase, []).append((f.request_rate, f.mean_seconds))
+    rate = {p: median(r for r, _ in xs) for p, xs in by_phase.items()}
+    mean = {p: median(m for _, m in xs) for p, xs in by_phase.items()}
+    assert rate[1] > up * rate[0]  # the steps happened
+    assert down is None or rate[3] < down * rate[0]
+    assert mean[1] > 1.1 * mean[0]  # and the step up cost latency: a step the detector had to allow for
+
+
+@pytest.mark.parametrize(("name", "texts", "faults"), [
+    (BUSY_STEPS, ["7.5 req/s", "5 req/s", "2.5 req/s", "5 req/s"], []),
+    (ISSUE, ["gc", "6 req/s", "cpu_contention, 4 req/s"], ["gc", "cpu_contention"]),
+])
+def test_the_plot_names_each_fault_and_each_load_step(name, texts, faults):
+    # A latency that follows a load step reads as load only where the plot shows the step; only faults are shaded.
+    (run,) = replay([RECORDED / name], default_detector_factory())
+    marks = phase_marks(run)
+    assert [text for _, _, text, _ in marks] == texts
+    assert [fault for _, _, _, fault in marks if fault] == faults
+    assert all(0 < start < end for start, end, _, _ in marks)
 
 
 @pytest.mark.parametrize(("name", "marks"), [
