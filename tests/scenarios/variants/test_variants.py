@@ -1,6 +1,7 @@
 """Outside faults in forms the suite does not use (`outside_variants.toml`, `long_stop.toml`, `partition.toml`,
 `outside_more.toml`, `outside_network.toml`, `pause.toml`) and at loads and windows the suite does not use
-(`issue_example.toml` at 4-6 req/s, `low_rate.toml` at 1 req/s, `long_windows.toml` with 10 s windows, load steps
+(`issue_example.toml` at 4-6 req/s, `low_rate.toml` at 1 req/s, `long_windows.toml` with 10 s windows,
+`short_windows.toml` with 2 s windows, load steps
 at 5 req/s in `busy_steps.toml` and `load_doubled.toml`), run live after the detector was tuned and never tuned on:
 each phase is found and named for what it is, with no false alarm (and an outside change that costs nothing, or
 more load, opens nothing). `back_to_back.toml` runs faults one after another with no
@@ -37,6 +38,7 @@ MORE, NETWORK, PAUSE = "outside_more.jsonl.gz", "outside_network.jsonl.gz", "pau
 ISSUE, LOW_RATE, LONG_WINDOWS = "issue_example.jsonl.gz", "low_rate.jsonl.gz", "long_windows.jsonl.gz"
 BACK_TO_BACK, BACK_TO_BACK_2 = "back_to_back.jsonl.gz", "back_to_back_2.jsonl.gz"
 BUSY_STEPS, LOAD_DOUBLED = "busy_steps.jsonl.gz", "load_doubled.jsonl.gz"
+SHORT_WINDOWS = "short_windows.jsonl.gz"
 BACK_TO_BACK_PHASES = {2: ("gc", 1), 3: ("lock", 2), 5: ("network", 1), 6: ("blocked", 5)}
 # recording -> fault phase (1-based) -> (top cause, windows from the phase's start to the opening); None: missed.
 AS_RECORDED = {
@@ -55,6 +57,8 @@ AS_RECORDED = {
     LOW_RATE: {2: ("cpu_contention", 4), 4: ("syscalls", 1), 6: ("blocked", 5)},
     # 10 s windows: the lock switch, 30 % of packets dropped by nftables, 1 s stops every 4 s.
     LONG_WINDOWS: {2: ("lock", 1), 4: ("network", 1), 6: ("blocked", 2)},
+    # 2 s windows at 2 req/s: the gc switch, 150 ms stops every 500 ms, 10 % of packets dropped by nftables.
+    SHORT_WINDOWS: {2: ("gc", 1), 4: ("blocked", 1), 6: ("network", 3)},
     # gc then the lock switch with no calm between; after 90 s of calm, 30 % packet loss then 1 s stops every 4 s.
     # The stops wait for the retransmits that outlast the loss to leave the causes' medians.
     BACK_TO_BACK: BACK_TO_BACK_PHASES,
@@ -117,7 +121,7 @@ def test_the_variant_scenarios_load_and_stay_out_of_the_suite():
                      "outside faults, more forms", "outside network faults, more forms", "server paused for 20 s",
                      "the issue's example: gc and an outside hog at 4 req/s", "1 req/s", "10 s windows",
                      "faults back to back", "busy load steps: +50% and -50% at 5 req/s",
-                     "load doubled at 5 req/s"}
+                     "load doubled at 5 req/s", "2 s windows"}
     assert not {p.name for p in HERE.glob("*.toml")} & {p.name for p in HERE.parent.glob("*.toml")}
 
 
