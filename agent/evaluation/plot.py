@@ -52,16 +52,16 @@ def phase_marks(run: Any) -> list[tuple[float, float, str, str | None]]:
     if not outcomes:
         return []
     t0 = outcomes[0].start
-    rates = [run.scenario.rate_of(phase) for phase in run.scenario.phases]
+    # The load before each phase: the scenario's default before the first.
+    rates = [run.scenario.rate, *(run.scenario.rate_of(phase) for phase in run.scenario.phases)]
     marks = []
     for p in run.score.phases:
-        rate = rates[p.index]
-        moved = p.index > 0 and rate != rates[p.index - 1]
-        load = f"{rate:g} req/s" if moved or (p.index == 0 and rate != run.scenario.rate) else None
-        if not (p.is_fault or load):
-            continue
-        text = ", ".join(t for t in (p.label if p.is_fault else None, load) if t)
-        marks.append((outcomes[p.first].start - t0, outcomes[p.last].end - t0, text, p.label if p.is_fault else None))
+        before, rate = rates[p.index], rates[p.index + 1]
+        load = f"{rate:g} req/s" if rate != before else None
+        fault = p.label if p.is_fault else None
+        if fault or load:
+            text = ", ".join(t for t in (fault, load) if t)
+            marks.append((outcomes[p.first].start - t0, outcomes[p.last].end - t0, text, fault))
     return marks
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from agent.evaluation.command import replay
 from agent.evaluation.detection import default_detector_factory
 from agent.evaluation.recording import read_recording
-from analysis.features import extract
+from analysis.features import Features, extract
 from analysis.robust import median
 from analysis.signals import read_all
 
@@ -22,12 +22,17 @@ def _medians(features: list, name: str) -> float | None:
     return median(xs) if xs else None
 
 
-def rows(path: Path) -> list[dict]:
-    rec = read_recording(path)
-    by_phase: dict[int, list] = {}
-    for item in rec.windows:
+def features_by_phase(path: Path) -> dict[int, list[Features]]:
+    """A recording's windows as features, by the index of the scenario phase they fell in."""
+    by_phase: dict[int, list[Features]] = {}
+    for item in read_recording(path).windows:
         if item.phase is not None:
             by_phase.setdefault(item.phase, []).append(extract(item.window))
+    return by_phase
+
+
+def rows(path: Path) -> list[dict]:
+    by_phase = features_by_phase(path)
     (run,) = replay([path], default_detector_factory())
     out, before = [], None
     for p in run.score.phases:

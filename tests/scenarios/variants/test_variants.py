@@ -26,10 +26,9 @@ from agent.evaluation.command import replay
 from agent.evaluation.detection import default_detector_factory
 from agent.evaluation.plot import episode_causes, phase_marks
 from agent.evaluation.recording import read_recording
-from analysis.features import extract
 from analysis.robust import median
 from analysis.scenario import load_scenario
-from tests.scenarios.sensitivity.phase_table import rows
+from tests.scenarios.sensitivity.phase_table import features_by_phase, rows
 
 HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "recorded"
@@ -147,13 +146,9 @@ def test_load_steps_on_a_busier_server_open_nothing(name, up, down):
     (run,) = replay([RECORDED / name], default_detector_factory())
     assert run.score.fault_phases == [] and run.score.windows_scored >= 70
     assert run.score.episodes == []
-    by_phase: dict[int, list] = {}
-    for item in read_recording(RECORDED / name).windows:
-        f = extract(item.window)
-        if f.request_rate and f.mean_seconds:
-            by_phase.setdefault(item.phase, []).append((f.request_rate, f.mean_seconds))
-    rate = {p: median(r for r, _ in xs) for p, xs in by_phase.items()}
-    mean = {p: median(m for _, m in xs) for p, xs in by_phase.items()}
+    by_phase = features_by_phase(RECORDED / name)
+    rate = {p: median(f.request_rate for f in fs if f.request_rate is not None) for p, fs in by_phase.items()}
+    mean = {p: median(f.mean_seconds for f in fs if f.mean_seconds is not None) for p, fs in by_phase.items()}
     assert rate[1] > up * rate[0]  # the steps happened
     assert down is None or rate[3] < down * rate[0]
     assert mean[1] > 1.1 * mean[0]  # and the step up cost latency: a step the detector had to allow for
