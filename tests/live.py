@@ -43,10 +43,10 @@ def drop_table_exists(port: int) -> bool:
                           capture_output=True).returncode == 0
 
 
-def start_port_drop(port: int, seconds: float, percent: int = 100, action: str = "drop",
+def start_port_drop(port: int, seconds: float, percent: int = 100, action: str = "drop", direction: str = "both",
                     timeout: float = 10.0) -> subprocess.Popen:
     """nftdrop.py dropping (or resetting) `percent` of the packets to `port`, once its table is in place (root)."""
-    drop = subprocess.Popen([sys.executable, str(NFTDROP), str(port), str(seconds), str(percent), action],
+    drop = subprocess.Popen([sys.executable, str(NFTDROP), str(port), str(seconds), str(percent), action, direction],
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout
     while not drop_table_exists(port):
