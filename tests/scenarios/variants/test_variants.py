@@ -38,7 +38,8 @@ MORE, NETWORK, PAUSE = "outside_more.jsonl.gz", "outside_network.jsonl.gz", "pau
 ISSUE, LOW_RATE, LONG_WINDOWS = "issue_example.jsonl.gz", "low_rate.jsonl.gz", "long_windows.jsonl.gz"
 BACK_TO_BACK, BACK_TO_BACK_2 = "back_to_back.jsonl.gz", "back_to_back_2.jsonl.gz"
 BUSY_STEPS, LOAD_DOUBLED = "busy_steps.jsonl.gz", "load_doubled.jsonl.gz"
-SHORT_WINDOWS, ONE_WAY, OUTSIDE_BUSY = "short_windows.jsonl.gz", "one_way_drop.jsonl.gz", "outside_busy.jsonl.gz"
+SHORT_WINDOWS, ONE_WAY = "short_windows.jsonl.gz", "one_way_drop.jsonl.gz"
+OUTSIDE_BUSY, OUTSIDE_BUSY_2 = "outside_busy.jsonl.gz", "outside_busy_2.jsonl.gz"
 BACK_TO_BACK_PHASES = {2: ("gc", 1), 3: ("lock", 2), 5: ("network", 1), 6: ("blocked", 5)}
 # recording -> fault phase (1-based) -> (top cause, windows from the phase's start to the opening); None: missed.
 AS_RECORDED = {
@@ -65,6 +66,8 @@ AS_RECORDED = {
     # outside.toml's hog, stops and drop at 4 req/s of 32 tokens: the hog tripled the server's run-queue wait per
     # CPU second but cost its mean latency only x1.14, and waited for the sustained test.
     OUTSIDE_BUSY: {2: ("cpu_contention", 11), 4: ("blocked", 1), 6: ("network", 1)},
+    # The same scenario again, an hour later: the hog cost x1.19 and opened sooner.
+    OUTSIDE_BUSY_2: {2: ("cpu_contention", 4), 4: ("blocked", 1), 6: ("network", 1)},
     # gc then the lock switch with no calm between; after 90 s of calm, 30 % packet loss then 1 s stops every 4 s.
     # The stops wait for the retransmits that outlast the loss to leave the causes' medians.
     BACK_TO_BACK: BACK_TO_BACK_PHASES,
