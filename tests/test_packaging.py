@@ -4,6 +4,7 @@ only the editable install the tests use) must give a working status page; and se
 "package is absent from the packages configuration" warnings, which announce that data folders are about to be
 dropped from wheels."""
 
+import functools
 import shutil
 import subprocess
 import sys
@@ -12,13 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_layers import OURS
+
 REPO = Path(__file__).resolve().parent.parent
 # Folders whose every tracked file an installed agent reads at run time.
 DATA = ("dashboards/templates", "dashboards/static", "dashboards/grafana", "dashboards/prometheus", "agent/service")
 
 
-def tracked() -> list[str]:
-    return subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+@functools.cache
+def tracked() -> tuple[str, ...]:
+    return tuple(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.split())
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +52,7 @@ def test_the_wheel_carries_every_data_file_the_agent_reads(wheel):
 
 def test_the_wheel_carries_every_module_and_no_test(wheel):
     names, _ = wheel
-    modules = {name for name in tracked() if name.endswith(".py") and name.split("/")[0] in
-               {"agent", "analysis", "probes", "workload", "dashboards", "benchmarks"}}
+    modules = {name for name in tracked() if name.endswith(".py") and name.split("/")[0] in OURS}
     assert modules - names == set()
     assert not any(name.startswith("tests/") for name in names)
 

@@ -7,6 +7,7 @@ detector said. The medians are over the phase's windows; the ratios are phase / 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.evaluation.command import replay
@@ -17,9 +18,19 @@ from analysis.robust import median
 from analysis.signals import read_all
 
 
-def _medians(features: list, name: str) -> float | None:
-    xs = [v for f in features if (v := (f.mean_seconds if name == "latency" else read_all(f)[name])) is not None]
+def median_of(features: list[Features], read: Callable[[Features], float | None]) -> float | None:
+    """The median of one reading over windows, those without it left out; None when none has it."""
+    xs = [v for f in features if (v := read(f)) is not None]
     return median(xs) if xs else None
+
+
+def phase_medians(by_phase: dict[int, list[Features]], read: Callable[[Features], float | None]) -> dict[int, float | None]:
+    """median_of each phase's windows (features_by_phase's result)."""
+    return {phase: median_of(features, read) for phase, features in by_phase.items()}
+
+
+def _medians(features: list[Features], name: str) -> float | None:
+    return median_of(features, (lambda f: f.mean_seconds) if name == "latency" else (lambda f: read_all(f)[name]))
 
 
 def features_by_phase(path: Path) -> dict[int, list[Features]]:

@@ -27,9 +27,8 @@ from agent.evaluation.command import replay
 from agent.evaluation.detection import default_detector_factory
 from agent.evaluation.plot import episode_causes, phase_marks
 from agent.evaluation.recording import read_recording
-from analysis.robust import median
 from analysis.scenario import load_scenario
-from tests.scenarios.sensitivity.phase_table import features_by_phase, rows
+from tests.scenarios.sensitivity.phase_table import features_by_phase, phase_medians, rows
 
 HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "recorded"
@@ -158,8 +157,8 @@ def test_load_steps_on_a_busier_server_open_nothing(name, up, down):
     assert run.score.fault_phases == [] and run.score.windows_scored >= 70
     assert run.score.episodes == []
     by_phase = features_by_phase(RECORDED / name)
-    rate = {p: median(f.request_rate for f in fs if f.request_rate is not None) for p, fs in by_phase.items()}
-    mean = {p: median(f.mean_seconds for f in fs if f.mean_seconds is not None) for p, fs in by_phase.items()}
+    rate = phase_medians(by_phase, lambda f: f.request_rate)
+    mean = phase_medians(by_phase, lambda f: f.mean_seconds)
     assert rate[1] > up * rate[0]  # the steps happened
     assert down is None or rate[3] < down * rate[0]
     assert mean[1] > 1.1 * mean[0]  # and the step up cost latency: a step the detector had to allow for
@@ -171,9 +170,8 @@ def test_loss_one_way_is_found_from_the_retransmits_not_the_servers_latency():
     # normal phase before while its retransmits rose from none; the regression is the retransmits' lower-bound
     # cost to the clients (LatencyDetector._retransmit_cost), held for a few windows (the sustained test).
     by_phase = features_by_phase(RECORDED / ONE_WAY)
-    mean = {p: median(f.mean_seconds for f in fs if f.mean_seconds is not None) for p, fs in by_phase.items()}
-    retransmits = {p: median(f.retransmits_per_second for f in fs if f.retransmits_per_second is not None)
-                   for p, fs in by_phase.items()}
+    mean = phase_medians(by_phase, lambda f: f.mean_seconds)
+    retransmits = phase_medians(by_phase, lambda f: f.retransmits_per_second)
     for fault, before in ((1, 0), (3, 2)):
         assert abs(mean[fault] / mean[before] - 1) < 0.1
         assert retransmits[before] == 0 and retransmits[fault] >= 0.2
