@@ -99,6 +99,8 @@ def test_resolve_waits_for_its_firing_through_500s(receivers, service_for, make_
     assert statuses(r) == [("reg-3", "firing"), ("reg-3", "resolved")]
     firing_keys = {a.headers["Idempotency-Key"] for a in r.arrivals if a.doc["status"] == "firing"}
     assert len(firing_keys) == 1 and len(r.arrivals) == 5
+    # The receiver counts a delivery when it answers; the sender records it sent once the answer is back.
+    wait_for(lambda: svc.summaries()[0].counts["sent"] == 2, what="both recorded as sent")
     (s,) = svc.summaries()
     assert s.counts["sent"] == 2 and s.counts["pending"] == 0 and "HTTP 500" in s.last_error
 
