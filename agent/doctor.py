@@ -176,7 +176,10 @@ def check_probes(host: Host, factories: dict[str, Callable[[], Any]] | None = No
     from analysis.errors import ProbeError
 
     if factories is None:
-        from agent.collectors import PROBE_FACTORIES as factories
+        from agent.collectors import PROBE_FACTORIES
+        from probes.exits import ExitsProbe
+
+        factories = {**PROBE_FACTORIES, "exits": ExitsProbe}
     if host.euid() != 0:
         return [CheckResult(f"probe {name}", FAIL, "skipped: not root", "run as root") for name in factories]
     results = []

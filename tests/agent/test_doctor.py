@@ -45,7 +45,7 @@ def test_real_host_json_lists_every_check(require_bpf):
     assert {"root", "kernel", "tracefs", "btf", "uprobes", "kprobes", "kernel headers", "bcc",
             "bpf program", "py-spy", "torch"} <= names
     probes = {c["name"]: c for c in report["checks"] if c["name"].startswith("probe ")}
-    assert set(probes) == {"probe syscalls", "probe offcpu", "probe gc", "probe tcp", "probe runqueue"}
+    assert set(probes) == {"probe syscalls", "probe offcpu", "probe gc", "probe tcp", "probe runqueue", "probe exits"}
     assert all(c["status"] == "ok" for c in probes.values()), probes
 
 
