@@ -72,9 +72,12 @@ class ProbesConfig:
     gc: bool = True
     tcp: bool = True
     runqueue: bool = True
+    # Not a Window field: how a target's process ended (signal and sender, exit status), for its `down` episode.
+    exits: bool = True
 
     def enabled(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name)]
+        """The probes that fill Window fields (every key but `exits`)."""
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) and f.name != "exits"]
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,8 @@ class Agent:
             sink=self._sink,
             interval=config.interval_seconds,
             on_forget=self._forget,
+            exits=_exits_probe() if config.probes.exits else None,
+            on_down=self._down,
         )
         self.stop_event = threading.Event()
 
@@ -163,6 +165,15 @@ class Agent:
         except Exception:  # a detector fault must not cost the window, already stored; counted and shown
             self.state.count_error("detector")
             log.exception("detector failed on the window of %s", window.target)
+
+    def _down(self, target: str, pid: int, at: float, reason: str) -> None:
+        if self.detection is None:
+            return
+        try:
+            self.detection.target_down(target, pid, at, reason)
+        except Exception:  # a store failure here must not stop collection; counted and shown
+            self.state.count_error("detector")
+            log.exception("detector could not record that %s is down", target)
 
     def _forget(self, target: str) -> None:
         if self.burst is not None:
@@ -218,6 +229,12 @@ class Agent:
         self.store.close()
         self.lock.release()
         log.info("stopped")
+
+
+def _exits_probe():
+    from probes.exits import ExitsProbe  # BCC: imported only when the probe is on
+
+    return ExitsProbe()
 
 
 def _latency_detector(warmup_windows: int):

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from analysis.regression import Regression
+from analysis.regression import Cause, Regression
 from analysis.window import Window
 
 log = logging.getLogger("infersight.detection")
@@ -18,6 +18,7 @@ log = logging.getLogger("infersight.detection")
 
 class Detector(Protocol):
     def update(self, window: Window) -> Any: ...
+    def interrupt(self, at: float) -> Regression | None: ...
     def get_state(self) -> dict: ...
     def set_state(self, state: dict) -> None: ...
     def reset(self) -> None: ...
@@ -37,6 +38,8 @@ class FindingsStore(Protocol):
     def delete_detector_state(self, target: str) -> None: ...
     def save_regression(self, regression: Regression) -> None: ...
     def take_baseline_resets(self) -> list[str]: ...
+    def regressions(self, target: str | None = None, *, open_only: bool = False, since: float | None = None,
+                    limit: int = 100) -> list[Regression]: ...
 
 
 @dataclass(frozen=True)
@@ -44,11 +47,12 @@ class TargetFinding:
     """The detector's latest word on one target, for /metrics, the page and `status`."""
 
     target: str
-    state: str  # warmup | healthy | regression
+    state: str  # warmup | healthy | regression | down
     score: float | None
     expected: dict[str, float]
     regression: Regression | None
     window_end: float
+    armed: bool = True  # the baseline is learned (also while the target is down)
 
 
 @dataclass
@@ -84,6 +88,13 @@ class Detection:
         self._findings: dict[str, TargetFinding] = {}
         self._opened: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
+        # Targets whose process ended (or stopped answering): their open `down` episode, kept until they answer
+        # again. Restored from the store, so an agent restarted during an outage still reports it.
+        self._down: dict[str, Regression] = {}
+        for r in store.regressions(open_only=True, limit=1000):
+            if r.top_cause == "down":
+                self._down[r.target] = r
+                self._findings[r.target] = _down_finding(r, armed=False)
 
     def add_listener(self, listener: RegressionListener) -> None:
         self._listeners.append(listener)
@@ -92,6 +103,10 @@ class Detection:
         """Feed one stored window to its target's detector; returns the detector's verdict."""
         for target in self._store.take_baseline_resets():
             self._reset(target)
+        if window.target in self._down:
+            if not _answers(window):
+                return None  # a process that is not serving yet says nothing about the server's latency
+            self._back(window)
         tracked = self._tracked_for(window.target)
         verdict = tracked.detector.update(window)
         for regression in (verdict.opened, verdict.regression, verdict.closed):
@@ -107,7 +122,7 @@ class Detection:
                 self._opened[(window.target, verdict.opened.top_cause)] += 1
             self._findings[window.target] = TargetFinding(
                 target=window.target, state=verdict.state, score=verdict.score, expected=dict(verdict.expected),
-                regression=verdict.regression, window_end=window.end)
+                regression=verdict.regression, window_end=window.end, armed=verdict.state != "warmup")
         self._notify(verdict)
         return verdict
 
@@ -147,6 +162,39 @@ class Detection:
         self._tracked[target] = tracked = _Tracked(detector=detector, identity=identity)
         return tracked
 
+    def target_down(self, target: str, pid: int, at: float, reason: str) -> Regression | None:
+        """The target's process ended (`reason` says how) or stopped answering: an incident of its own, not a
+        disappearance. Its open latency episode ends here (its windows are over), a `down` episode opens, critical,
+        and is passed on like any other; the baseline stays, so the server that comes back is judged against what
+        it was. Returns the new episode, or None when one is already open."""
+        if target in self._down:
+            return None
+        tracked = self._tracked.get(target)
+        if tracked is not None and (ended := tracked.detector.interrupt(at)) is not None:
+            self._close(ended)
+        down = Regression(id=f"{target}-down-{at:.3f}", target=target, pid=pid, opened_at=at, severity="critical",
+                          score=0.0, causes=[Cause("down", 0.0, f"pid {pid} {reason}")])
+        self._store.save_regression(down)
+        if tracked is not None:
+            self._save(target, tracked)
+        with self._lock:
+            self._down[target] = down
+            self._opened[(target, "down")] += 1
+            armed = self._findings[target].armed if target in self._findings else False
+            self._findings[target] = _down_finding(down, armed)
+        for listener in self._listeners:
+            listener.regression_opened(down)
+        return down
+
+    def is_down(self, target: str) -> bool:
+        return target in self._down
+
+    def _back(self, window: Window) -> None:
+        with self._lock:
+            down = self._down.pop(window.target)
+        self._close(dataclasses.replace(down, closed_at=window.start))
+        log.info("target %s is back (pid %d): its down episode %s closed", window.target, window.pid, down.id)
+
     def forget(self, target: str) -> None:
         """The loop stopped watching `target` (its process exited, or a regex target was renamed as its number
         of matches changed): its detector leaves memory and its series leave /metrics.
@@ -158,9 +206,11 @@ class Detection:
         """
         with self._lock:
             tracked = self._tracked.pop(target, None)
-            finding = self._findings.pop(target, None)
-            for key in [k for k in self._opened if k[0] == target]:
-                del self._opened[key]
+            # A target that is down stays on /metrics and the page with its open `down` episode.
+            finding = self._findings.get(target) if target in self._down else self._findings.pop(target, None)
+            if target not in self._down:
+                for key in [k for k in self._opened if k[0] == target]:
+                    del self._opened[key]
         if "#" not in target:
             if tracked is not None and tracked.unsaved:
                 self._save(target, tracked)
@@ -179,6 +229,8 @@ class Detection:
         if tracked is not None:
             tracked.detector.reset()
             log.info("target %s: baseline reset on request", target)
+        if target in self._down:
+            return  # forgetting a baseline does not bring the server back: its down episode stays open
         with self._lock:
             finding = self._findings.pop(target, None)
         # The episode was measured against the baseline just forgotten: it ends with it.
@@ -188,3 +240,13 @@ class Detection:
     def snapshot(self) -> DetectionSnapshot:
         with self._lock:
             return DetectionSnapshot(findings=dict(self._findings), opened=dict(self._opened))
+
+
+def _answers(window: Window) -> bool:
+    """The target serves again: its latency endpoint answered this window (or it has none configured)."""
+    return window.latency is not None or "latency" not in window.errors
+
+
+def _down_finding(down: Regression, armed: bool) -> TargetFinding:
+    return TargetFinding(target=down.target, state="down", score=None, expected={}, regression=down,
+                         window_end=down.opened_at, armed=armed)

@@ -14,9 +14,11 @@ from agent.collectors import Collected, Collectors
 from agent.state import AgentState
 from agent.targets import Target, diff_targets, discover
 from analysis.errors import ProbeError
+from analysis.health import Health
 from analysis.redact import redact_text
 from analysis.snapshot import TargetStatus
 from analysis.window import Window
+from probes.exits import ProcessExit
 
 log = logging.getLogger("infersight.loop")
 
@@ -43,6 +45,20 @@ class WindowSink(Protocol):
     def __call__(self, window: Window) -> None: ...
 
 
+class ExitWatcher(Protocol):
+    """Says how a watched process ended (probes/exits.py); the loop asks once a target's process is gone."""
+
+    def start(self, targets: Iterable[int]) -> None: ...
+    def set_targets(self, targets: Iterable[int]) -> None: ...
+    def exit_of(self, pid: int) -> ProcessExit | None: ...
+    def health(self) -> Health: ...
+    def stop(self) -> None: ...
+
+
+class DownListener(Protocol):
+    def __call__(self, target: str, pid: int, at: float, reason: str) -> None: ...
+
+
 @dataclass
 class Watched:
     target: Target
@@ -62,9 +78,12 @@ class CollectionLoop:
     def __init__(self, specs: Iterable, collectors: Collectors, state: AgentState, sink: WindowSink,
                  interval: float = 5.0, discover_fn: Callable[[list, dict[str, str]], list[Target]] | None = None,
                  wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
-                 on_forget: Callable[[str], None] | None = None) -> None:
+                 on_forget: Callable[[str], None] | None = None, exits: ExitWatcher | None = None,
+                 on_down: DownListener | None = None) -> None:
         """`on_forget(name)` is called when a target name stops being watched (exited, or renamed), so what
-        else keeps per-target state (the detector) drops it too."""
+        else keeps per-target state (the detector) drops it too. `on_down(name, pid, at, reason)` is called first
+        when the process of a named target (not a per-process `name#pid` one) ended: the server is down, an
+        incident. `exits` says how a process ended (killed by which signal from whom, its exit status)."""
         self._specs = list(specs)
         self._collectors = collectors
         self._state = state
@@ -74,6 +93,9 @@ class CollectionLoop:
         self._wall = wall
         self._monotonic = monotonic
         self._on_forget = on_forget or (lambda name: None)
+        self._on_down = on_down or (lambda name, pid, at, reason: None)
+        self._exits = exits
+        self._exits_error: str | None = None
         self._watched: dict[tuple[int, int], Watched] = {}
         self._gone: set[str] = set()
         self._started = False
@@ -88,6 +110,7 @@ class CollectionLoop:
         for t in targets:
             self._watch(t, now)
         self._collectors.start(targets)
+        self._start_exits(targets)
         # Compiling the probes takes seconds, and each counted from its own attach: read once and drop
         # it, so every source's first window starts at the same moment.
         attached = self._wall()
@@ -96,6 +119,27 @@ class CollectionLoop:
             watched.window_start = attached
         self._publish_health()
         self._started = True
+
+    def _start_exits(self, targets: list[Target]) -> None:
+        if self._exits is None:
+            return
+        try:
+            self._exits.start([t.pid for t in targets])
+        except (ProbeError, OSError, ValueError) as exc:
+            # Exits are then told without how (status, signal): said so in the reason and the probe's health.
+            self._exits_error = str(exc)
+            log.warning("exit probe unavailable: %s", exc)
+            self._exits = None
+
+    def _exit_reason(self, pid: int) -> str:
+        """How `pid` ended, as one line: the exit probe's record, else why that is not known."""
+        if self._exits is None:
+            return ("exited (how is not measured: " + (self._exits_error or "the exits probe is off") + ")")
+        try:
+            found = self._exits.exit_of(pid)
+        except (ProbeError, OSError, ValueError) as exc:
+            return f"exited (how could not be read: {exc})"
+        return found.describe() if found is not None else "exited; how was not seen by the exits probe"
 
     def _find(self) -> list[Target]:
         problems: dict[str, str] = {}
@@ -108,7 +152,7 @@ class CollectionLoop:
         watched_names = {t.name for t in found}
         now = self._wall()
         for name, why in problems.items():
-            # A spec that finds nothing is shown with its reason; a target that was watched stays "gone".
+            # A spec that finds nothing is shown with its reason; a target that was watched stays "down".
             if name not in watched_names and name not in self._gone:
                 self._state.set_target(TargetStatus(name=name, pid=None, state="waiting", since=now, detail=why))
         return found
@@ -176,21 +220,40 @@ class CollectionLoop:
             self._watched[t.key].target = t
         for t in diff.removed:
             self._watched.pop(t.key)
-            self._gone.add(t.name)
-            self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="gone", since=now,
-                                                detail="process exited"))
-            self._state.forget_target(t.name)
-            self._on_forget(t.name)
+            reason = self._exit_reason(t.pid)
+            if "#" in t.name:
+                # One of several processes a regex matched: it leaves with its process, no incident of its own.
+                self._state.forget_target(t.name)
+                self._on_forget(t.name)
+                log.info("target %s pid %d %s", t.name, t.pid, reason)
+            else:
+                # The server named in the config is down: it stays on the page and /metrics (up 0) with how it
+                # ended, its counters kept, until a process of it is back.
+                self._gone.add(t.name)
+                self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="down", since=now,
+                                                    detail=f"pid {t.pid} {reason}"))
+                self._state.mark_down(t.name)
+                self._on_down(t.name, t.pid, now, reason)
+                self._on_forget(t.name)
+                log.warning("target %s is down: pid %d %s", t.name, t.pid, reason)
             report.gone.append(t.name)
-            log.info("target %s pid %d is gone", t.name, t.pid)
         for t in diff.added:
             self._watch(t, now)
             report.added.append(t.name)
         self._collectors.set_targets(self.watched)
+        if self._exits is not None:
+            try:
+                self._exits.set_targets([t.pid for t in self.watched])
+            except (ProbeError, OSError, ValueError) as exc:
+                log.warning("exit probe could not change targets: %s", exc)
 
     def _publish_health(self) -> None:
         for name, health in self._collectors.health().items():
             self._state.set_health(name, health)
+        if self._exits is not None:
+            self._state.set_health("exits", self._exits.health())
+        elif self._exits_error is not None:
+            self._state.set_health("exits", Health(name="exits", state="failed", reason=self._exits_error))
 
     def run(self, stop: threading.Event) -> None:
         """Tick every `interval` seconds on a fixed schedule until `stop` is set; a late tick is counted."""
@@ -218,3 +281,5 @@ class CollectionLoop:
     def close(self) -> None:
         self._watched.clear()
         self._collectors.stop()
+        if self._exits is not None:
+            self._exits.stop()

@@ -92,6 +92,14 @@ class TargetCollector(Collector):
         yield from (syscalls, offcpu, gc_count, gc_pause, runq, retrans, cpu, requests, rss, threads, latency,
                     rate, pid)
 
+        up = GaugeMetricFamily("infersight_target_up",
+                               "1 while a process of the target is watched; 0 while it is down (its process ended) "
+                               "or not found yet: the reason is on the status page and in /api/status.",
+                               labels=["target"])
+        for name, status in sorted(snap.targets.items()):
+            up.add_metric([name], 1.0 if status.state == "watching" else 0.0)
+        yield up
+
         matched = GaugeMetricFamily("infersight_target_processes_matched",
                                     "Processes a target's process_regex matched at the last discovery.",
                                     labels=["target"])

@@ -64,6 +64,14 @@ class AgentState:
             if "#" in name:
                 self._targets.pop(name, None)
 
+    def mark_down(self, name: str) -> None:
+        """A named target's process ended: its gauges (the last window, its sources' health) go, since they
+        describe a process that is no more; its counters stay, as a counter does when its process restarts."""
+        with self._lock:
+            self._latest.pop(name, None)
+            for source in [s for s in self._health if s.endswith(f":{name}")]:
+                del self._health[source]
+
     def set_health(self, source: str, health: Health) -> None:
         with self._lock:
             self._health[source] = health.copy()

@@ -218,6 +218,23 @@ class LatencyDetector:
         self.recent_.extend(state.get("recent", []))
         self.pending_.extend((BaselineRow.from_dict(p["row"]), p.get("leaves")) for p in state.get("pending", []))
 
+    def interrupt(self, at: float) -> Regression | None:
+        """The target stopped being there (its process ended): the open episode, if any, ends at `at` and is
+        returned; the windows of the run before it are forgotten, since the next ones come from another process
+        and must not join them in a k-of-m run, a sustained shift or the pending healthy windows. The baseline
+        stays: a server that restarts as it was is judged against what it was."""
+        closed = dataclasses.replace(self.episode_, closed_at=at) if self.episode_ is not None else None
+        self.episode_ = None
+        self.history_.clear()
+        self.run_.clear()
+        self.recent_.clear()
+        self.pending_.clear()
+        self.episode_values_.clear()
+        self.episode_leaves_ = {}
+        self.calm_ = 0
+        self._forget_move()
+        return closed
+
     # -- the per-window step -----------------------------------------------------------------------
 
     def update(self, window: Window) -> Verdict:

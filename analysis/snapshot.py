@@ -52,7 +52,7 @@ class TargetTotals:
 class TargetStatus:
     name: str
     pid: int | None
-    state: str  # watching | gone | waiting
+    state: str  # watching | waiting (never seen yet) | down (its process ended; `detail` says how)
     since: float
     detail: str = ""
 

@@ -73,6 +73,8 @@ def expected_ms() -> dict[str, dict[str, float]]:
 
 def target_state(t: dict[str, Any], latest: dict[str, Any] | None, open_targets: set[str],
                  sources: list[dict[str, Any]], detector: dict[str, str]) -> str:
+    if t["state"] == "down":
+        return "down"
     if t["name"] in open_targets:
         return "regression open"
     if t["state"] != "watching":

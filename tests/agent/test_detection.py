@@ -60,6 +60,12 @@ class ScriptedDetector:
                        expected={} if state == "warmup" else {"p50": 0.1, "p99": 0.4},
                        regression=self.open, opened=opened, closed=closed)
 
+    def interrupt(self, at: float) -> Regression | None:
+        closed = Regression(**{**self.open.__dict__, "closed_at": at}) if self.open else None
+        self.open = None
+        self.log.append("interrupted")
+        return closed
+
     def get_state(self) -> dict:
         return {"learned": self.learned, "open": self.open.id if self.open else None}
 
@@ -292,3 +298,70 @@ def test_forgetting_a_plain_target_saves_its_baseline_for_its_return(store):
     assert store.regressions(open_only=True) and ("closed", "server-1015") not in rec.events
     detection.observe(window(4))  # a restarted server resumes, as after an agent restart
     assert made[-1].log == ["restored"] and made[-1].learned == 5
+
+
+def silent(i: int, target: str = "server") -> Window:
+    """A window of a process that does not answer its latency endpoint (starting up, or stuck)."""
+    return Window(target=target, pid=43, start=1000.0 + 5 * i, end=1005.0 + 5 * i,
+                  errors={"latency": "latency endpoint http://127.0.0.1:8000/metrics unreachable: refused"})
+
+
+def test_a_server_that_dies_is_an_incident_closed_when_it_answers_again_on_the_same_baseline(store):
+    made: list[ScriptedDetector] = []
+    rec = Recorder()
+    detection = Detection(store, make_detector=lambda: made.append(ScriptedDetector(close_at=99)) or made[-1],
+                          listeners=[rec])
+    for i in range(4):
+        detection.observe(window(i))
+    assert rec.events[-1] == ("updated", "server-1015")
+
+    down = detection.target_down("server", 42, 1021.0, "killed by SIGKILL (signal 9) from pid 77 (bash)")
+    assert down is not None and detection.target_down("server", 42, 1022.0, "again") is None, "one episode per outage"
+    # The latency episode under way ends where the process did; the outage is its own incident, told after.
+    assert rec.events[-2:] == [("closed", "server-1015"), ("opened", down.id)]
+    assert store.regression("server-1015").closed_at == 1021.0
+    assert (down.severity, down.top_cause, down.closed_at) == ("critical", "down", None)
+    assert down.causes[0].evidence == "pid 42 killed by SIGKILL (signal 9) from pid 77 (bash)"
+    detection.forget("server")  # the loop drops the process's detector from memory; the finding stays
+    finding = detection.snapshot().findings["server"]
+    assert finding.state == "down" and finding.regression == down and finding.armed
+    text = generate_latest(_registry(detection)).decode()
+    assert 'infersight_regression_active{target="server"} 1.0' in text
+    assert 'infersight_regressions_total{cause="down",target="server"} 1.0' in text
+    assert 'infersight_detector_armed{target="server"} 1.0' in text
+
+    # A new process that does not serve yet: still down, and its silence teaches the detector nothing.
+    detection.observe(silent(5))
+    assert detection.snapshot().findings["server"].state == "down" and len(made) == 1
+    detection.observe(window(6))
+    assert rec.events[-1] == ("closed", down.id)
+    assert store.regression(down.id).closed_at == window(6).start
+    assert detection.snapshot().findings["server"].state == "healthy"
+    # The baseline came back from the store: no second warm-up.
+    assert made[-1].log == ["restored"] and made[-1].learned == 5
+
+
+def test_an_agent_restarted_during_an_outage_still_reports_it(tmp_path: Path):
+    path = tmp_path / "store"
+    with Store.open(path) as store:
+        detection = Detection(store, make_detector=ScriptedDetector)
+        detection.observe(window(0))
+        detection.target_down("server", 42, 1010.0, "exited with status 1")
+    with Store.open(path) as store:
+        detection = Detection(store, make_detector=ScriptedDetector)
+        finding = detection.snapshot().findings["server"]
+        assert finding.state == "down" and finding.regression.causes[0].evidence == "pid 42 exited with status 1"
+        detection.observe(window(3))
+        assert store.regressions(open_only=True) == []
+
+
+def test_a_baseline_reset_during_an_outage_leaves_the_outage_open(tmp_path: Path):
+    path = tmp_path / "store"
+    with Store.open(path) as store:
+        detection = Detection(store, make_detector=ScriptedDetector)
+        detection.observe(window(0))
+        detection.target_down("server", 42, 1010.0, "exited with status 1")
+        store.request_baseline_reset("server")
+        detection.observe(silent(3))
+        assert [r.top_cause for r in store.regressions(open_only=True)] == ["down"]
+        assert detection.snapshot().findings["server"].state == "down"

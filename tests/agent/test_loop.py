@@ -308,3 +308,43 @@ def test_a_port_cut_off_by_nftables_is_marked_unreachable_and_a_silent_one_only_
     assert by_target["silent"].unanswered == ["latency"] and by_target["silent"].unreachable == []
     assert by_target["cut"].unanswered == ["latency"] and by_target["cut"].unreachable == ["latency"]
     assert "unreachable" in by_target["cut"].errors["latency"]
+
+
+@pytest.mark.bpf
+def test_a_named_target_whose_process_ends_is_down_with_how_it_ended(require_bpf):
+    from prometheus_client import generate_latest
+
+    from agent.metrics import build_registry
+    from probes.exits import ExitsProbe
+
+    marker = f"down-{uuid.uuid4().hex}"
+    child = spawn(marker)
+    downs, forgotten = [], []
+    specs = [TargetSpec(name="server", process_regex=marker)]
+    config = Config(interval_seconds=1.0, targets=tuple(specs), stacks=StacksConfig(enabled=False))
+    state = AgentState()
+    collectors = Collectors(["syscalls"], make_sources=lambda t: source_factories(t, config))
+    loop = CollectionLoop(specs=specs, collectors=collectors, state=state, sink=lambda w: None, interval=1.0,
+                          exits=ExitsProbe(), on_forget=forgotten.append,
+                          on_down=lambda *args: downs.append(args))
+    try:
+        loop.start()
+        time.sleep(0.5)
+        loop.tick()
+        subprocess.run(["kill", "-KILL", str(child.pid)], check=True)
+        child.wait()
+        report = loop.tick()
+    finally:
+        loop.close()
+    assert report.gone == ["server"] and loop.watched == []
+    [(name, pid, at, reason)] = downs
+    assert (name, pid) == ("server", child.pid) and forgotten == ["server"]
+    assert reason.startswith("killed by SIGKILL (signal 9) from pid ") and reason.endswith("(kill)")
+    snap = state.snapshot()
+    assert snap.targets["server"].state == "down" and snap.targets["server"].detail == f"pid {child.pid} {reason}"
+    assert "server" not in snap.latest, "the gauges of a process that is no more go"
+    assert snap.totals["server"].syscalls, "its counters stay"
+    assert snap.health["exits"].state == "running"
+    text = generate_latest(build_registry(state)).decode()
+    assert 'infersight_target_up{target="server"} 0.0' in text
+    assert 'infersight_syscalls_total{syscall=' in text and 'target="server"' in text

@@ -117,8 +117,9 @@ def test_a_signal_without_a_baseline_or_value_is_not_a_cause():
 
 
 def test_every_signal_has_a_known_label_and_positive_floors():
-    from analysis.regression import CAUSE_LABELS
-    assert {s.label for s in SIGNALS} == set(CAUSE_LABELS) - {"unknown"}
+    from analysis.regression import DETECTOR_CAUSES
+    # `down` (AGENT_CAUSES) is a fact the agent states, not a signal the detector ranks.
+    assert {s.label for s in SIGNALS} == set(DETECTOR_CAUSES) - {"unknown"}
     assert all(s.floor > 0 and s.min_change > 0 for s in SIGNALS)
     assert BY_NAME["gc_pause"].unit == "ms/s"
 

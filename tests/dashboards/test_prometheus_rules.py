@@ -71,7 +71,8 @@ def test_grafana_dashboard_has_variables_annotations_and_only_known_series():
     exprs = grafana_expressions()
     assert len(exprs) >= 30 and all("$" not in e.promql for e in exprs), [e for e in exprs if "$" in e.promql]
     rules = rule_expressions()
-    assert {e.where for e in rules} >= {"alert InfersightRegressionOpen", "alert InfersightProbeFailing",
+    assert {e.where for e in rules} >= {"alert InfersightRegressionOpen", "alert InfersightTargetDown",
+                                        "alert InfersightProbeFailing",
                                         "alert InfersightAgentDown", "alert InfersightAgentLate",
                                         "alert InfersightAgentDroppingWindows"}
     # Each expression parses: promtool's rule checker is Prometheus's own PromQL parser.

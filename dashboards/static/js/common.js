@@ -80,6 +80,13 @@ const IS = (() => {
     const grew = fns.length ? el("p", {}, "functions that grew: ", fns.map((f, i) => [
       el("code", {}, f.function), " (" + (f.baseline_share * 100).toFixed(0) + "% → " +
       (f.current_share * 100).toFixed(0) + "%)", i < fns.length - 1 ? ", " : ""])) : null;
+    if (r.top_cause === "down") {
+      return el("div", {class: "banner severity-" + r.severity + " down", "data-regression": r.id},
+        el("strong", {}, r.target + " is down"), " since ", el("time", {datetime: r.opened_at}, fmtTime(r.opened_at)),
+        ", " + r.open_seconds + " s: " + ((r.causes[0] || {}).evidence || "its process ended") + ".",
+        el("p", {}, "It closes when a process of " + r.target + " answers again; ",
+          el("a", {href: "/regressions/" + encodeURIComponent(r.id)}, "details")));
+    }
     return el("div", {class: "banner severity-" + r.severity, "data-regression": r.id},
       el("strong", {}, "Latency regression on " + r.target), " (" + r.severity + ") since ",
       el("time", {datetime: r.opened_at}, fmtTime(r.opened_at)), ", " + r.open_seconds + " s: likely ",
