@@ -43,7 +43,7 @@ debs:
 
 # Headers for the running kernel when Debian has them; otherwise the distribution's
 # nearest tree, linked with a warning. Safe for us: probes use tracepoints and uprobes
-# only and never dereference kernel structs (DESIGN.md, "Kernel rules").
+# only and never dereference kernel structs (docs/kernel.md, "Rules every probe keeps").
 headers: debs
 	@if [ -e $(MODDIR)/build/include ]; then exit 0; fi; \
 	if apt-cache show linux-headers-$(KERNEL) >/dev/null 2>&1; then \

@@ -82,7 +82,7 @@ MADV_DONTNEED = 4
 def release_compiler_memory(smaps: Path = Path("/proc/self/smaps")) -> int:
     """Give back what compiling left resident; returns the bytes of compiler code dropped.
 
-    LLVM's freed heap goes back with malloc_trim (~150 MB -> ~110 MB after five programs, KERNEL_NOTES.md). The
+    LLVM's freed heap goes back with malloc_trim (~150 MB -> ~110 MB after five programs, docs/kernel.md). The
     compiler's code pages (~70 MiB of libLLVM and libclang-cpp text) are file-backed and unmodified:
     MADV_DONTNEED drops them from this process, they stay in the page cache (shared, reclaimable), and the next
     compile faults back what it runs (measured: 0.16 s for a small program, as before). A code mapping with

@@ -14,7 +14,7 @@ events, and every point where the socket's total_retrans moved by more than the 
 saw it: retransmits for which no program ran.
 
 The diagnostic dereferences kernel structs (sk_buff, tcp_sock) at offsets it takes from this
-kernel's BTF through bpftool. The probe itself never does (DESIGN.md's kernel rules); this
+kernel's BTF through bpftool. The probe itself never does (docs/kernel.md's rules); this
 script is an instrument for checking it, not a part of it.
 """
 
