@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 WAIT_KINDS = ("futex", "poll", "sleep", "blockio", "stopped", "preempted", "other")
+# What the page calls each kind.
+WAIT_LABELS = {"futex": "lock (futex)", "poll": "poll / socket / pipe", "sleep": "sleep", "blockio": "disk I/O",
+               "stopped": "stopped (SIGSTOP, freezer, ptrace)", "preempted": "preempted", "other": "other"}
 
 # Checked in this order against every frame of a stack, leaf first: the first kind with a matching
 # frame wins. A stopped process shows do_signal_stop on top of whatever it was doing, so it comes first.

@@ -9,7 +9,8 @@ from typing import Any
 from flask import Blueprint, abort, current_app, jsonify, request
 
 from analysis.flamegraph.profile import DEFAULT_LIMITS
-from dashboards import findings, offcpu_kinds, view
+from analysis.waits import WAIT_KINDS, WAIT_LABELS, by_kind
+from dashboards import findings, view
 from dashboards.limits import Busy, busy, gated, read_deadline
 from dashboards.query import unix_seconds_arg
 from dashboards.series import MAX_POINTS, SERIES, Rollup, series
@@ -196,7 +197,8 @@ def offcpu():
         abort(400, description="off-CPU by wait kind is read from stored kernel stacks: at most 24 hours at a time")
     interval = float(current_app.config.get("INTERVAL_SECONDS") or 5.0)
     step = max((until - since) / int(raw), interval)
-    t, kinds = [], {name: [] for name in offcpu_kinds.NAMES}
+    t: list[float] = []
+    kinds: dict[str, list[float]] = {name: [] for name in WAIT_KINDS}
     start = since
     deadline = read_deadline()
     truncated = None
@@ -210,15 +212,16 @@ def offcpu():
         if read is None or read.cut is not None:
             truncated = f"the time limit was hit: buckets from {start!r} on were not read"
             break
-        split = offcpu_kinds.by_kind(read.stacks)
-        if read.dropped_samples:
-            split[offcpu_kinds.OTHER] = split.get(offcpu_kinds.OTHER, 0) + read.dropped_samples
+        # The detector's own classifier (analysis.waits): the page charts the kinds the causes are named from.
+        split = by_kind(read.stacks)
+        split["other"] += read.dropped_samples
         t.append(start)
         for name in kinds:
-            kinds[name].append(float(f"{split[name] / 1e6 / step:.4g}") if name in split else None)
+            kinds[name].append(float(f"{split[name] / 1e6 / step:.4g}"))
         start += step
+    shown = {k: v for k, v in kinds.items() if any(v)}
     return jsonify({"target": target, "from": since, "to": until, "step": step, "t": t, "truncated": truncated,
-                    "kinds": {k: v for k, v in kinds.items() if any(x is not None for x in v)}})
+                    "kinds": shown, "labels": {k: WAIT_LABELS[k] for k in shown}})
 
 
 @bp.errorhandler(400)

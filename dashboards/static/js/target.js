@@ -67,7 +67,8 @@
       replace(box);
       kindChart = new uPlot({
         title: "Off-CPU by wait kind (s/s)", width: charts.length ? charts[0].width : 500, height: 220,
-        series: [{}, ...names.map((n, i) => ({label: n, stroke: KIND_COLORS[i % KIND_COLORS.length], width: 1.5}))],
+        series: [{}, ...names.map((n, i) => ({label: (data.labels || {})[n] || n, stroke: KIND_COLORS[i % KIND_COLORS.length],
+                                               width: 1.5}))],
         cursor: {sync: {key: "infersight-" + target}, drag: {x: true, y: false}},
         scales: {x: {time: true}},
         hooks: {drawClear: [shade], setScale: [(u, key) => { if (key === "x") syncZoom(u); }],
