@@ -26,6 +26,7 @@ is the same as snapshot-then-clear but exact.
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,11 +153,16 @@ def render(config: SyscallsConfig) -> str:
 # 6.11+): in a target it is caused by infersight's own GC probe (uretprobe on gc_collect_main).
 NEWER_SYSCALL_NAMES: dict[int, str] = {335: "uretprobe"}
 
+# Syscall numbers differ per architecture (aarch64's read is 63, x86-64's 0): a table is only ever applied to its
+# own machine. Elsewhere syscalls are shown by number, and the probe's health says why.
+SYSCALL_TABLES: dict[str, dict[int, str]] = {"x86_64": {**SYSCALL_NAMES, **NEWER_SYSCALL_NAMES}}
 
-def syscall_name(nr: int) -> str:
+
+def syscall_name(nr: int, machine: str = platform.machine()) -> str:
     if nr == OTHER_ID:
         return "syscall_other"
-    return SYSCALL_NAMES.get(nr) or NEWER_SYSCALL_NAMES.get(nr) or f"syscall_{nr}"
+    table = SYSCALL_TABLES.get(machine, {})
+    return table.get(nr) or f"syscall_{nr}"
 
 
 def _percpu_sum(values: Any) -> int:
@@ -169,10 +175,15 @@ class SyscallsProbe(SlottedProbe):
     name = "syscalls"
     tracepoints = TRACEPOINTS
 
-    def __init__(self, config: SyscallsConfig | None = None, proc_root: Path = Path("/proc")) -> None:
+    def __init__(self, config: SyscallsConfig | None = None, proc_root: Path = Path("/proc"),
+                 machine: str = platform.machine()) -> None:
         super().__init__(config or SyscallsConfig(), proc_root)
         self._counts_seen: list[int] = [0] * (self.config.max_targets * SYSCALL_SLOTS)
         self._latency_seen: dict[tuple[int, int], int] = {}
+        self.machine = machine
+        self._health.detail["syscall_names"] = (
+            machine if machine in SYSCALL_TABLES else
+            f"no syscall table shipped for {machine}: syscalls are shown by number (syscall_<nr>)")
 
     def _render(self) -> str:
         return render(self.config)
@@ -223,7 +234,7 @@ class SyscallsProbe(SlottedProbe):
         for nr in range(SYSCALL_SLOTS):
             delta = counts[base + nr] - self._counts_seen[base + nr]
             if delta:
-                by_name[syscall_name(nr)] = delta
+                by_name[syscall_name(nr, self.machine)] = delta
         reading = SyscallReading(counts=by_name)
         if not self.config.latency:
             return reading
@@ -233,7 +244,7 @@ class SyscallsProbe(SlottedProbe):
                 continue
             delta = value - self._latency_seen.get((idx, bucket), 0)
             if delta:
-                buckets.setdefault(syscall_name(idx % SYSCALL_SLOTS), {})[bucket] = delta
+                buckets.setdefault(syscall_name(idx % SYSCALL_SLOTS, self.machine), {})[bucket] = delta
         top = sorted(by_name, key=lambda n: by_name[n], reverse=True)[: self.config.top_n]
         reading.latency = {n: Log2Histogram.from_slots(buckets[n], unit="ns") for n in top if n in buckets}
         return reading

@@ -212,6 +212,15 @@ def test_names_unknown_numbers_and_the_overflow_slot():
     assert syscall_name(unnamed) == f"syscall_{unnamed}"
 
 
+def test_the_x86_64_table_is_never_applied_to_another_architecture():
+    # aarch64's 63 is read and 172 getpid; x86-64's 0 is read: a wrong table would name every syscall wrongly.
+    assert syscall_name(0, "x86_64") == "read" and syscall_name(0, "aarch64") == "syscall_0"
+    assert syscall_name(63, "aarch64") == "syscall_63" and syscall_name(OTHER_ID, "aarch64") == "syscall_other"
+    assert SyscallsProbe(machine="x86_64").health().detail["syscall_names"] == "x86_64"
+    why = SyscallsProbe(machine="aarch64").health().detail["syscall_names"]
+    assert why == "no syscall table shipped for aarch64: syscalls are shown by number (syscall_<nr>)"
+
+
 def test_name_table_matches_the_uapi_header():
     if not UNISTD.exists():
         pytest.skip(f"{UNISTD} is absent (linux-libc-dev not installed): nothing to compare with")
