@@ -69,15 +69,23 @@ class TargetCollector(Collector):
         pid = GaugeMetricFamily("infersight_target_pid", "Pid of the watched target process.", labels=["target"])
 
         for name, t in sorted(totals.items()):
+            # A counter appears once its source measured this target; a source that never did (a non-Python
+            # target's gc, tcp switched off) exports no series at all: not measured is never 0.
             for syscall, n in sorted(t.syscalls.items()):
                 syscalls.add_metric([name, syscall], n)
-            offcpu.add_metric([name], t.offcpu_seconds)
-            gc_count.add_metric([name], t.gc_collections)
-            gc_pause.add_metric([name], log2_buckets(t.gc_pause_histogram), t.gc_pause_seconds)
-            runq.add_metric([name], log2_buckets(t.runqueue_histogram), t.runqueue_seconds)
-            retrans.add_metric([name], t.tcp_retransmits)
-            cpu.add_metric([name], t.cpu_seconds)
-            requests.add_metric([name], t.requests)
+            if "offcpu" in t.measured:
+                offcpu.add_metric([name], t.offcpu_seconds)
+            if "gc" in t.measured:
+                gc_count.add_metric([name], t.gc_collections)
+                gc_pause.add_metric([name], log2_buckets(t.gc_pause_histogram), t.gc_pause_seconds)
+            if "runqueue" in t.measured:
+                runq.add_metric([name], log2_buckets(t.runqueue_histogram), t.runqueue_seconds)
+            if "tcp" in t.measured:
+                retrans.add_metric([name], t.tcp_retransmits)
+            if "process" in t.measured:
+                cpu.add_metric([name], t.cpu_seconds)
+            if "latency" in t.measured:
+                requests.add_metric([name], t.requests)
             pid.add_metric([name], t.pid)
             w = latest.get(name)
             if w and w.process:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import dataclass, field
 
 from analysis.health import Health
-from analysis.window import Log2Histogram, Window
+from analysis.window import READINGS, Log2Histogram, Window
 
 
 @dataclass
@@ -25,10 +26,14 @@ class TargetTotals:
     cpu_seconds: float = 0.0
     requests: float = 0.0
     windows: int = 0
+    # The Window fields that gave at least one reading: a counter of a source that never measured this target
+    # (no libpython, `tcp = false`) is not exported at all, never as 0.
+    measured: set[str] = field(default_factory=set)
 
     def add(self, w: Window) -> None:
         self.pid = w.pid
         self.windows += 1
+        self.measured.update(name for name in READINGS if getattr(w, name) is not None)
         if w.syscalls:
             self.syscalls.update(w.syscalls.counts)
         if w.offcpu:
@@ -103,10 +108,4 @@ class Snapshot:
 
 
 def copy_totals(t: TargetTotals) -> TargetTotals:
-    return TargetTotals(
-        pid=t.pid, syscalls=Counter(t.syscalls), offcpu_seconds=t.offcpu_seconds,
-        gc_collections=t.gc_collections, gc_pause_seconds=t.gc_pause_seconds,
-        gc_pause_histogram=Log2Histogram(unit=t.gc_pause_histogram.unit, counts=list(t.gc_pause_histogram.counts)),
-        runqueue_histogram=Log2Histogram(unit=t.runqueue_histogram.unit, counts=list(t.runqueue_histogram.counts)),
-        runqueue_seconds=t.runqueue_seconds, tcp_retransmits=t.tcp_retransmits, cpu_seconds=t.cpu_seconds,
-        requests=t.requests, windows=t.windows)
+    return copy.deepcopy(t)

@@ -348,3 +348,43 @@ def test_a_named_target_whose_process_ends_is_down_with_how_it_ended(require_bpf
     text = generate_latest(build_registry(state)).decode()
     assert 'infersight_target_up{target="server"} 0.0' in text
     assert 'infersight_syscalls_total{syscall=' in text and 'target="server"' in text
+
+
+@pytest.mark.bpf
+def test_a_non_python_target_with_tcp_off_exports_no_gc_and_no_tcp_series(require_bpf, tmp_path):
+    """Live: the real agent, its real probes and /metrics; 'not measured' is never a 0 there nor on the page."""
+    import socket
+    import urllib.request
+
+    from agent.config import DetectorConfig, ProbesConfig
+    from agent.daemon import Agent
+
+    marker = f"native-{uuid.uuid4().hex}"
+    native = spawn_execd(["sh", "-c", "while :; do sleep 0.05; done", marker])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = Config(store_dir=tmp_path / "store", listen=f"127.0.0.1:{port}", interval_seconds=1.0,
+                    stacks=StacksConfig(enabled=False), probes=ProbesConfig(tcp=False, offcpu=False),
+                    detector=DetectorConfig(enabled=False), targets=(TargetSpec(name="native", process_regex=marker),))
+    agent = Agent(config)
+    try:
+        agent.web.start()
+        agent.loop.start()
+        time.sleep(1.0)
+        agent.loop.tick()
+        with urllib.request.urlopen(f"{agent.web.url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        with urllib.request.urlopen(f"{agent.web.url}/", timeout=10) as resp:
+            page = resp.read().decode()
+    finally:
+        agent.close()
+        stop(native)
+    mine = [line for line in text.splitlines() if 'target="native"' in line and not line.startswith("#")]
+    assert any(line.startswith("infersight_syscalls_total{") for line in mine), mine
+    assert any(line.startswith("infersight_runqueue_latency_seconds_count{") for line in mine), mine
+    unmeasured = ("infersight_gc_", "infersight_tcp_retransmits_total", "infersight_offcpu_seconds_total")
+    assert [line for line in mine if line.startswith(unmeasured)] == []
+    section = page[page.index("<h3>native"):]
+    assert "<dt>GC</dt><dd><span class=\"meta not-measured\">not measured</span>" in section
+    assert "<dt>TCP retransmits</dt><dd><span class=\"meta not-measured\">not measured</span>" in section

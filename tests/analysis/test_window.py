@@ -65,3 +65,13 @@ def test_bad_input_is_one_value_error_naming_the_field(data, says):
     with pytest.raises(ValueError, match=says) as info:
         Window.from_dict(data)
     assert "\n" not in str(info.value)
+
+
+def test_readings_are_exactly_the_optional_reading_fields_of_window():
+    from dataclasses import fields
+
+    from analysis.window import READINGS
+
+    about = {"target", "pid", "start", "end", "errors", "unanswered", "unreachable"}
+    assert READINGS == tuple(f.name for f in fields(Window) if f.name not in about)
+    assert "unanswered" not in READINGS and "unreachable" not in READINGS

@@ -35,6 +35,18 @@ def make_window(target="server", pid=4242, start=1000.0, end=1005.0) -> Window:
     )
 
 
+def make_bare_window(target="native", pid=5151, start=1000.0, end=1005.0) -> Window:
+    """A non-Python target on a host with `tcp = false`: syscalls, off-CPU and the process only; the rest was not
+    measured, each with its reason."""
+    return Window(
+        target=target, pid=pid, start=start, end=end,
+        syscalls=SyscallReading(counts={"read": 7}), offcpu=OffCpuReading(seconds=0.5),
+        process=ProcessReading(cpu_seconds=0.1, rss_bytes=2**20, threads=1),
+        errors={"gc": "unsupported: pid 5151 (/usr/bin/sleep) is not a Python interpreter",
+                "runqueue": "failed: BPF program failed to load", "stacks": "unsupported: not a Python process"},
+    )
+
+
 @pytest.fixture
 def state():
     s = AgentState(clock=lambda: 2000.0)
@@ -43,6 +55,15 @@ def state():
     s.set_health("gc", Health(name="gc", state="unsupported", reason="no gc_collect_main in /usr/bin/python3"))
     s.record_window(make_window())
     return s
+
+
+@pytest.fixture
+def bare_client():
+    """The page and /metrics over a state whose one window lacks most readings (make_bare_window)."""
+    s = AgentState(clock=lambda: 2000.0)
+    s.set_target(TargetStatus(name="native", pid=5151, state="watching", since=1000.0))
+    s.record_window(make_bare_window())
+    return create_app({"STATE": s, "REGISTRY": build_registry(s), "TESTING": True}).test_client()
 
 
 @pytest.fixture

@@ -44,3 +44,16 @@ def test_agent_errors_count_its_own_failures_and_missing_readings_are_apart(clie
     assert s[("infersight_agent_errors_total", (("component", "store"),))] == 0  # exists before the first failure
     state.count_error("store")
     assert _samples(client)[("infersight_agent_errors_total", (("component", "store"),))] == 1
+
+
+def test_a_source_that_never_measured_a_target_exports_no_series_for_it_never_a_zero(bare_client):
+    """`native` has no gc (not Python), no tcp (switched off), no run-queue (failed), no latency source."""
+    s = _samples(bare_client)
+    native = {(name, labels) for name, labels in s if ("target", "native") in labels}
+    assert ("infersight_syscalls_total", (("syscall", "read"), ("target", "native"))) in native
+    assert ("infersight_offcpu_seconds_total", (("target", "native"),)) in native
+    assert ("infersight_process_cpu_seconds_total", (("target", "native"),)) in native
+    absent = ("infersight_gc_collections_total", "infersight_gc_pause_seconds_count", "infersight_tcp_retransmits_total",
+              "infersight_runqueue_latency_seconds_count", "infersight_requests_total",
+              "infersight_request_latency_seconds", "infersight_request_rate_per_second")
+    assert [(n, labels) for n, labels in native if n in absent] == []

@@ -85,3 +85,16 @@ def test_the_syscall_our_gc_probe_causes_is_named_as_ours(state, client):
     w.syscalls = SyscallReading(counts={"uretprobe": 900, "futex": 10})
     state.record_window(w)
     assert "uretprobe (infersight&#39;s GC probe) 900" in client.get("/").get_data(as_text=True)
+
+
+def test_readings_a_window_lacks_say_not_measured_never_zero(bare_client):
+    import re
+
+    page = bare_client.get("/").get_data(as_text=True)
+    native = page[page.index("<h3>native"):]
+    native = native[:native.index("</section>")]
+    for label in ("GC", "TCP retransmits", "run-queue p99", "latency p50 / p99", "requests", "Python samples"):
+        row = re.search(rf"<dt>{re.escape(label)}</dt><dd>(.*?)</dd>", native, re.S)
+        assert row and "not measured" in row.group(1) and not re.search(r"\b0\b", row.group(1)), (label, row)
+    assert "7" in re.search(r"<dt>syscalls</dt><dd>(.*?)</dd>", native, re.S).group(1)
+    assert "not a Python interpreter" in native, "the reason is shown beside it"
