@@ -133,29 +133,32 @@ class Alerter:
         event = AlertEvent(fingerprint=fp, status=status, labels=labels,
                            annotations=payloads.alert_annotations(reg, self.external_url, now),
                            starts_at=reg.opened_at, ends_at=reg.closed_at if status == "resolved" else None,
-                           generator_url=payloads.regression_url(reg, self.external_url))
+                           generator_url=payloads.regression_url(reg, self.external_url),
+                           causes=tuple(reg.causes), functions=tuple(reg.functions))
         woken = set()
         for r in self.receivers:
             if not r.wants(severity, target):
                 continue
-            enqueue(conn, alert_id=alert_id, receiver=r.name, status=status, body=self.body(r, event, now),
+            enqueue(conn, alert_id=alert_id, receiver=r.name, status=status, body=self.body(r, [event], now),
                     now=now, owner=self._owner)
             woken.add(r.name)
         return woken
 
-    def body(self, receiver: ReceiverConfig, event: AlertEvent, now: float) -> bytes:
-        data = self._render(receiver, event, now)
+    def body(self, receiver: ReceiverConfig, events: list[AlertEvent], now: float) -> bytes:
+        """One notification's body for this receiver: the alert, then (at an escalation) the alert it ends."""
+        data = self._render(receiver, events, now)
         if len(data) > receiver.max_body_bytes:
             # The description is the only unbounded part (evidence text from the detector): cut it to fit.
-            short = event.annotations["description"][:500] + " … (truncated)"
-            data = self._render(receiver, dataclasses.replace(
-                event, annotations={**event.annotations, "description": short}), now)
+            events = [dataclasses.replace(e, annotations={
+                **e.annotations, "description": e.annotations["description"][:500] + " … (truncated)"})
+                for e in events]
+            data = self._render(receiver, events, now)
         return data
 
-    def _render(self, receiver: ReceiverConfig, event: AlertEvent, now: float) -> bytes:
+    def _render(self, receiver: ReceiverConfig, events: list[AlertEvent], now: float) -> bytes:
         if receiver.kind == "slack":
-            return payloads.encode(payloads.slack(event))
+            return payloads.encode(payloads.slack(events[0]))
         if receiver.kind == "alertmanager":
             return payloads.encode(payloads.alertmanager_v2(
-                event, firing_ends_at=now + self.config.repeat_interval_seconds + ALERTMANAGER_GRACE_SECONDS))
-        return payloads.encode(payloads.webhook_v4(event, receiver.name, self.external_url))
+                events, firing_ends_at=now + self.config.repeat_interval_seconds + ALERTMANAGER_GRACE_SECONDS))
+        return payloads.encode(payloads.webhook_v4(events, receiver.name, self.external_url))
