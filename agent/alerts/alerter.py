@@ -1,4 +1,4 @@
-"""From detector findings to queued notifications: group wait, frozen labels, repeats, resolves."""
+"""From detector findings to queued notifications: group wait, frozen labels, escalations, repeats, resolves."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from agent.alerts import payloads
-from agent.alerts.config import AlertsConfig, ReceiverConfig
+from agent.alerts.config import SEVERITY_ORDER, AlertsConfig, ReceiverConfig
 from agent.alerts.outbox import AGENT_OWNER, enqueue
 from agent.alerts.payloads import AlertEvent
 from agent.store import Store
@@ -18,6 +19,19 @@ from analysis.regression import Regression, regression_from_dict, regression_to_
 
 # A firing alert posted to Alertmanager stays active this long past the next repeat before it lapses.
 ALERTMANAGER_GRACE_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """The alert an escalation ends: its labels (at the old severity) and Alertmanager fingerprint."""
+
+    severity: str
+    labels: dict[str, str]
+    fingerprint: str
+
+
+def more_severe(a: str, b: str) -> bool:
+    return SEVERITY_ORDER.index(a) > SEVERITY_ORDER.index(b)
 
 
 def regression_to_json(reg: Regression) -> str:
@@ -58,20 +72,27 @@ class Alerter:
                 "regression = excluded.regression WHERE alerts.state != 'resolved'",
                 (reg.id, reg.target, reg.severity, reg.opened_at, now + self.config.group_wait_seconds,
                  regression_to_json(reg)))
+            woken = self._raise_severity(conn, reg, now)
+        self._wake_all(woken)
         if reg.closed_at is not None:
             self.regression_closed(reg)
         else:
             self.tick()
 
     def regression_updated(self, reg: Regression) -> None:
-        """Re-ranked causes or a new score: kept for the next notification; no notification of its own."""
+        """Re-ranked causes or a new score: kept for the next notification. A higher severity than the alert's
+        is notified at once (an escalation); a lower one changes nothing (the alert keeps the highest)."""
+        now = self._clock()
         with self._lock, self.store.transaction() as conn:
             conn.execute("UPDATE alerts SET regression = ? WHERE regression_id = ? AND state != 'resolved'",
                          (regression_to_json(reg), reg.id))
+            woken = self._raise_severity(conn, reg, now)
+        self._wake_all(woken)
         self.tick()
 
     def regression_closed(self, reg: Regression) -> None:
-        """The episode is over: a firing notification first if none went out yet, then the resolve."""
+        """The episode is over: a firing notification first if none went out yet (or an escalation if it ended
+        more severe than notified), then the resolve."""
         now = self._clock()
         woken: set[str] = set()
         with self._lock, self.store.transaction() as conn:
@@ -81,14 +102,14 @@ class Alerter:
             closed = reg if reg.closed_at is not None else dataclasses.replace(reg, closed_at=now)
             conn.execute("UPDATE alerts SET regression = ?, closed_at = ? WHERE id = ?",
                          (regression_to_json(closed), closed.closed_at, row[0]))
+            woken |= self._raise_severity(conn, closed, now)
             if row[1] == "waiting":
                 # Closed inside group_wait: the receivers still hear it began, then that it ended.
                 woken |= self._fire(conn, row[0], now)
             if self.config.resolve:
                 woken |= self._queue(conn, row[0], "resolved", now)
             conn.execute("UPDATE alerts SET state = 'resolved' WHERE id = ?", (row[0],))
-        for name in woken:
-            self._wake(name)
+        self._wake_all(woken)
 
     # ---- time-driven --------------------------------------------------------------------------------------
 
@@ -109,53 +130,92 @@ class Alerter:
                                        (due_before,)).fetchall():
                 woken |= self._queue(conn, aid, "firing", now)
                 conn.execute("UPDATE alerts SET last_fired_at = ? WHERE id = ?", (now, aid))
-        for name in woken:
+        self._wake_all(woken)
+
+    def _wake_all(self, receivers: set[str]) -> None:
+        for name in receivers:
             self._wake(name)
 
     # ---- inside a transaction -------------------------------------------------------------------------------
 
+    def _raise_severity(self, conn: sqlite3.Connection, reg: Regression, now: float) -> set[str]:
+        """Keep the alert's severity the highest the regression reached. Before the first notification that is
+        all; after it, an escalation: the alert at the new severity fires now (severity is a label, so it is a
+        new alert to Alertmanager) and, in the same notification, the one it replaces is resolved."""
+        row = conn.execute("SELECT id, state, severity, labels, fingerprint FROM alerts WHERE regression_id = ? "
+                           "AND state != 'resolved'", (reg.id,)).fetchone()
+        if row is None or not more_severe(reg.severity, row[2]):
+            return set()
+        alert_id, state, severity, labels_text, fp = row
+        if state == "waiting":
+            conn.execute("UPDATE alerts SET severity = ? WHERE id = ?", (reg.severity, alert_id))
+            return set()
+        old = json.loads(labels_text)
+        # Only the severity changes: the other labels (the cause among them) stay as first sent, so routes,
+        # silences and inhibit rules that match on them keep matching the escalated alert.
+        labels = {**old, "severity": reg.severity}
+        conn.execute("UPDATE alerts SET severity = ?, labels = ?, fingerprint = ?, last_fired_at = ? WHERE id = ?",
+                     (reg.severity, json.dumps(labels), payloads.fingerprint(labels), now, alert_id))
+        return self._queue(conn, alert_id, "firing", now, replaced=Replaced(severity, old, fp))
+
     def _fire(self, conn: sqlite3.Connection, alert_id: int, now: float) -> set[str]:
         """Freeze the labels (the cause label is the top cause now), then queue the first firing."""
-        (text,) = conn.execute("SELECT regression FROM alerts WHERE id = ?", (alert_id,)).fetchone()
+        text, severity = conn.execute("SELECT regression, severity FROM alerts WHERE id = ?", (alert_id,)).fetchone()
         reg = regression_from_json(text)
-        labels = payloads.alert_labels(reg, self.host)
+        # The highest severity seen while waiting, even if the latest window was milder.
+        if more_severe(reg.severity, severity):
+            severity = reg.severity
+        labels = payloads.alert_labels(dataclasses.replace(reg, severity=severity), self.host)
         conn.execute("UPDATE alerts SET state = 'firing', labels = ?, fingerprint = ?, severity = ?, "
                      "last_fired_at = ? WHERE id = ?",
-                     (json.dumps(labels), payloads.fingerprint(labels), reg.severity, now, alert_id))
+                     (json.dumps(labels), payloads.fingerprint(labels), severity, now, alert_id))
         return self._queue(conn, alert_id, "firing", now)
 
-    def _queue(self, conn: sqlite3.Connection, alert_id: int, status: str, now: float) -> set[str]:
+    def _queue(self, conn: sqlite3.Connection, alert_id: int, status: str, now: float,
+               replaced: Replaced | None = None) -> set[str]:
         text, labels_text, fp, severity, target = conn.execute(
             "SELECT regression, labels, fingerprint, severity, target FROM alerts WHERE id = ?",
             (alert_id,)).fetchone()
-        reg = regression_from_json(text)
-        labels = json.loads(labels_text)
-        event = AlertEvent(fingerprint=fp, status=status, labels=labels,
-                           annotations=payloads.alert_annotations(reg, self.external_url, now),
+        # The alert's severity, not the latest window's: a regression that eased keeps its alert as sent.
+        reg = dataclasses.replace(regression_from_json(text), severity=severity)
+        annotations = payloads.alert_annotations(reg, self.external_url, now)
+        generator_url = payloads.regression_url(reg, self.external_url)
+        event = AlertEvent(fingerprint=fp, status=status, labels=json.loads(labels_text), annotations=annotations,
                            starts_at=reg.opened_at, ends_at=reg.closed_at if status == "resolved" else None,
-                           generator_url=payloads.regression_url(reg, self.external_url))
+                           generator_url=generator_url, causes=tuple(reg.causes), functions=tuple(reg.functions),
+                           escalated_from=replaced.severity if replaced else None)
+        ended = None
+        if replaced is not None and self.config.resolve:
+            ended = AlertEvent(fingerprint=replaced.fingerprint, status="resolved", labels=replaced.labels,
+                               annotations=annotations, starts_at=reg.opened_at, ends_at=now,
+                               generator_url=generator_url, causes=tuple(reg.causes),
+                               functions=tuple(reg.functions))
         woken = set()
         for r in self.receivers:
             if not r.wants(severity, target):
                 continue
-            enqueue(conn, alert_id=alert_id, receiver=r.name, status=status, body=self.body(r, event, now),
+            # The replaced alert's end goes to those that were told it began.
+            events = [event] + ([ended] if ended is not None and r.wants(ended.labels["severity"], target) else [])
+            enqueue(conn, alert_id=alert_id, receiver=r.name, status=status, body=self.body(r, events, now),
                     now=now, owner=self._owner)
             woken.add(r.name)
         return woken
 
-    def body(self, receiver: ReceiverConfig, event: AlertEvent, now: float) -> bytes:
-        data = self._render(receiver, event, now)
+    def body(self, receiver: ReceiverConfig, events: list[AlertEvent], now: float) -> bytes:
+        """One notification's body for this receiver: the alert, then (at an escalation) the alert it ends."""
+        data = self._render(receiver, events, now)
         if len(data) > receiver.max_body_bytes:
             # The description is the only unbounded part (evidence text from the detector): cut it to fit.
-            short = event.annotations["description"][:500] + " … (truncated)"
-            data = self._render(receiver, dataclasses.replace(
-                event, annotations={**event.annotations, "description": short}), now)
+            events = [dataclasses.replace(e, annotations={
+                **e.annotations, "description": e.annotations["description"][:500] + " … (truncated)"})
+                for e in events]
+            data = self._render(receiver, events, now)
         return data
 
-    def _render(self, receiver: ReceiverConfig, event: AlertEvent, now: float) -> bytes:
+    def _render(self, receiver: ReceiverConfig, events: list[AlertEvent], now: float) -> bytes:
         if receiver.kind == "slack":
-            return payloads.encode(payloads.slack(event))
+            return payloads.encode(payloads.slack(events[0]))
         if receiver.kind == "alertmanager":
             return payloads.encode(payloads.alertmanager_v2(
-                event, firing_ends_at=now + self.config.repeat_interval_seconds + ALERTMANAGER_GRACE_SECONDS))
-        return payloads.encode(payloads.webhook_v4(event, receiver.name, self.external_url))
+                events, firing_ends_at=now + self.config.repeat_interval_seconds + ALERTMANAGER_GRACE_SECONDS))
+        return payloads.encode(payloads.webhook_v4(events, receiver.name, self.external_url))

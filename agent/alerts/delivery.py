@@ -126,7 +126,7 @@ class ReceiverWorker:
     def attempt(self, n: Notification) -> PostResult:
         headers = {**self.receiver.headers, "Idempotency-Key": n.idempotency_key}
         if self._secret is not None:
-            headers.update(sign_headers(self._secret.reveal(), n.body, self._clock()))
+            headers.update(sign_headers(self._secret.reveal(), n.idempotency_key, n.body, self._clock()))
         result = post(endpoint(self.receiver), n.body, headers, timeout=self.receiver.timeout_seconds,
                       safe_url=self.receiver.safe_url)
         now = self._clock()

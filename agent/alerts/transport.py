@@ -82,7 +82,8 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float,
     if 300 <= resp.status < 400:
         return PostResult(resp.status, f"HTTP {resp.status} redirect from {shown} not followed", data, elapsed)
     if not 200 <= resp.status < 300:
-        excerpt = data[:200].decode("utf-8", "replace").replace("\n", " ").strip()
+        # Shown by `infersight alerts`, in logs and on the page: one line, no terminal escapes from the receiver.
+        excerpt = "".join(c if c.isprintable() else " " for c in data[:200].decode("utf-8", "replace")).strip()
         return PostResult(resp.status, f"HTTP {resp.status} from {shown}" + (f": {excerpt}" if excerpt else ""),
                           data, elapsed)
     return PostResult(resp.status, None, data, elapsed)

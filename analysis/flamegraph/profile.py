@@ -58,8 +58,10 @@ class Truncation:
 
 
 # ';' and line breaks cannot travel in folded text (C1 controls and U+2028/9 break lines for
-# readers using Unicode line rules, e.g. Python's splitlines); the rest are not legal XML 1.0.
-_UNSAFE = re.compile(r"[;\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]")
+# readers using Unicode line rules, e.g. Python's splitlines); surrogates and U+FFFE/F are not legal XML 1.0;
+# bidi controls (U+061C, 200E/F, 202A-E, 2066-9) reorder the text a name is shown in, so a target could make
+# a frame, or the counts beside it, read as something else.
+_UNSAFE = re.compile(r"[;\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
 
 
 # flamegraph.pl reads a trailing " <number>" before the count as a differential column.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import zlib
 from collections.abc import Callable
@@ -12,12 +13,19 @@ from .profile import TRUNCATED, UNKNOWN, Profile
 from .svg_script import SCRIPT
 
 _XML_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})
+# What XML 1.0 forbids (no escape makes it legal) and what reorders text (bidi controls): shown as \xNN / \uNNNN
+# text instead. Frame names arrive already clean (profile.clean_frame); titles and panel lines may not.
+_XML_UNSAFE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+                         r"\ud800-\udfff\ufffe\uffff]")
 
 PALETTES = ("hot", "mem", "io")
 
 
 def xml_escape(text: str) -> str:
-    """Escape for XML/HTML text and quoted attributes; names are already free of control characters."""
+    """Escape for XML/HTML text and quoted attributes; any str gives well-formed XML."""
+    if _XML_UNSAFE.search(text):
+        text = _XML_UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                               else f"\\u{ord(m.group()):04x}", text)
     return text.translate(_XML_ESCAPES)
 
 

@@ -1,8 +1,11 @@
 """The report: JSON round trip, clear errors for non-reports, the HTML with every chart drawn (also in Chromium)."""
 
+import base64
 import json
 import re
 import shlex
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -236,3 +239,50 @@ def test_target_names_resolve_through_the_config(tmp_path, capsys):
     assert main(["loadtest", "--url", "http://127.0.0.1:1", "--config", str(config), "--target", "srv"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "target 'srv' is not running" in err[0]
+
+
+HOSTILE_TEXT = ['<script>alert(1)</script>', '"><img src=x onerror=alert(2)>', "' onmouseover='alert(3)",
+                "</title><svg onload=alert(4)>", "&amp;&lt;", "a\u202eb"]
+
+
+def test_hostile_strings_stay_text_in_the_html_report():
+    """What the server under test answers (error kinds, unmeasured reasons), its frame names, and the operator's
+    label and URL are escaped wherever they are written: the parsed page has only the report's own tags and no
+    event-handler attribute, and each hostile string reads back as text."""
+    hostile = "|".join(HOSTILE_TEXT)
+    steps = [figures(0, 2, 0.2, errors={hostile: 1}, offcpu_by_kind={hostile: 3.0}),
+             figures(1, 4, 0.3, unmeasured={"gc_pause_share": hostile}, gc_pause_share=None),
+             figures(2, 8, 1.8, errors={"500": 2})]
+    stacks = {f"main;{name} (srv.py:1)": 10 + i for i, name in enumerate(HOSTILE_TEXT)}
+    rep = LoadTestReport(url=f"http://127.0.0.1:8000/{hostile}", pid=1, slo=Slo(1.0), schedule=hostile,
+                         started=1_790_000_000.0, finished=1_790_000_040.0, steps=steps, label=hostile,
+                         collection_problems={hostile: hostile}, flame_good=stacks,
+                         flame_bad={**stacks, "main;gc (srv.py:2)": 90})
+    page = html.render(rep)
+
+    class Tags(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tags: set[str] = set()
+            self.handlers: list[tuple[str, str]] = []
+            self.text: list[str] = []
+
+        def handle_starttag(self, tag, attrs) -> None:
+            self.tags.add(tag)
+            self.handlers += [(tag, k) for k, _ in attrs if k.startswith("on")]
+
+        def handle_data(self, data) -> None:
+            self.text.append(data)
+
+    parsed = Tags()
+    parsed.feed(page)
+    assert parsed.handlers == []
+    assert parsed.tags <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "table", "tr",
+                           "th", "td", "span", "div", "img", "ul", "li", "svg", "rect", "text", "line", "g",
+                           "polyline", "circle", "br"}
+    text = "".join(parsed.text)
+    assert text.count(hostile) >= 4  # title, heading, schedule, problems (and the error kinds)
+    # The flame graphs ride in <img> (where SVG scripts never run), and their frame names are text there too.
+    for src in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', page):
+        svg = ET.fromstring(base64.b64decode(src))
+        assert len(svg.findall(".//{http://www.w3.org/2000/svg}script")) == 1

@@ -75,6 +75,9 @@ def test_clean_frame_escapes_what_folded_text_and_xml_cannot_carry():
     assert clean_frame("nel\x85 ls\u2028")[0] == "nel\\x85 ls\\u2028"
     assert clean_frame("lone \ud800 surrogate")[0] == "lone \\ud800 surrogate"
     assert clean_frame("")[0] == UNKNOWN
+    # Bidi controls would reorder the name, or the counts printed after it, where it is shown.
+    assert clean_frame("evil\u202egnp.exe")[0] == "evil\\u202egnp.exe"
+    assert clean_frame("\u2066a\u2069\u200f\u061c")[0] == "\\u2066a\\u2069\\u200f\\u061c"
     # flamegraph.pl would read a trailing " 12" as a second count column.
     assert clean_frame("worker 12")[0] == "worker\\x2012"
     # Left alone: what py-spy and the kernel actually produce.

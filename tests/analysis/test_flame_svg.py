@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from analysis.flamegraph.export import export_diff
 from analysis.flamegraph.folded import parse_folded
 from analysis.flamegraph.profile import Profile, clean_frame
 from analysis.flamegraph.svg import Style, palette_color, render_svg, xml_escape
@@ -112,6 +113,33 @@ def test_hostile_frame_names_are_escaped_and_come_back_as_text():
     assert {"new\\x0aline", "&amp\\x3b", "<script>alert(1)</script>"} <= expected
     assert expected <= names
     assert root.find(f".//{SVG_NS}text[@id='title']").text == "<script>alert('t')</script>"
+
+
+def test_bidi_controls_in_frame_names_cannot_reorder_the_graph_or_its_counts():
+    """A target naming a function 'forward\u202e' would show its sample count and share reversed in the
+    details line ("(120 samples, 60.00%)" read right to left) and in the diff's panel."""
+    bidi = ["forward\u202e", "\u2067tokenize\u2069", "x\u200fy", "a\u061cb", "\u202dltr\u202c"]
+    prof = Profile()
+    for i, name in enumerate(bidi):
+        prof.add(["main", name], 10 + i)
+    svg = render_svg(prof, title="t")
+    ET.fromstring(svg.encode("utf-8"))
+    assert not re.search("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]", svg)
+    names = {f["name"] for f in _frames(svg)}
+    assert {"forward\\u202e", "\\u2067tokenize\\u2069", "x\\u200fy"} <= names
+    diff = export_diff(prof, Profile({("main", bidi[0]): 50}), "svg").data.decode()
+    assert not re.search("[\u202a-\u202e\u2066-\u2069]", diff)
+
+
+def test_any_title_subtitle_or_panel_line_gives_well_formed_xml():
+    """xml_escape is total: what XML 1.0 cannot carry at all (NUL, C0 controls, lone surrogates, U+FFFE) is
+    shown as an escape, never written, so a title from anywhere cannot make the browser refuse the file."""
+    nasty = "t\x00i\x01t\x1bl\ud800e\ufffe \u202e<b>&"
+    svg = render_svg(Profile({("main", "f"): 3}), title=nasty, subtitle=nasty)
+    root = ET.fromstring(svg.encode("utf-8"))
+    title = root.find(f".//{SVG_NS}text[@id='title']").text
+    assert title == "t\\x00i\\x01t\\x1bl\\ud800e\\ufffe \\u202e<b>&"
+    assert xml_escape("tab\tnew\nline") == "tab\tnew\nline"
 
 
 def test_xml_escape_covers_both_quote_kinds():

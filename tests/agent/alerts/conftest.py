@@ -8,9 +8,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
+from agent.alerts.service import AlertService
+from agent.config import config_from_dict
+from agent.store import Store
 from analysis.regression import Cause, FunctionShift, Regression
 
 
@@ -116,3 +120,33 @@ def make_regression(rid: str = "r1", target: str = "workload", severity: str = "
 @pytest.fixture
 def make_reg():
     return make_regression
+
+
+def wait_for(pred, timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def service_for(tmp_path: Path):
+    made: list[tuple[AlertService, Store]] = []
+
+    def build(receivers: list[dict], **alerts) -> AlertService:
+        conf = config_from_dict({"store_dir": str(tmp_path / "store"), "receivers": receivers,
+                                 "alerts": {"group_wait_seconds": 0, "backoff_initial_seconds": 0.1,
+                                            "backoff_max_seconds": 0.5, "host": "h1",
+                                            "external_url": "http://infersight.test:9464", **alerts}})
+        store = Store.open(conf.store_dir)
+        svc = AlertService(conf, store)
+        svc.start()
+        made.append((svc, store))
+        return svc
+
+    yield build
+    for svc, store in made:
+        svc.stop()
+        store.close()

@@ -20,7 +20,8 @@ def event(make_reg, status: str = "firing", description: str | None = None) -> A
     if description is not None:
         ann["description"] = description
     return AlertEvent(fingerprint=payloads.fingerprint(labels), status=status, labels=labels, annotations=ann,
-                      starts_at=reg.opened_at, ends_at=reg.closed_at, generator_url="http://gpu-7:9464/")
+                      starts_at=reg.opened_at, ends_at=reg.closed_at, generator_url="http://gpu-7:9464/",
+                      causes=tuple(reg.causes), functions=tuple(reg.functions))
 
 
 def test_fingerprint_and_times() -> None:
@@ -49,8 +50,8 @@ def test_slack_blocks(make_reg) -> None:
 
 
 def test_alertmanager_v2_ends(make_reg) -> None:
-    (firing,) = payloads.alertmanager_v2(event(make_reg), firing_ends_at=1_764_576_000.0)
-    (resolved,) = payloads.alertmanager_v2(event(make_reg, "resolved"), firing_ends_at=0)
+    (firing,) = payloads.alertmanager_v2([event(make_reg)], firing_ends_at=1_764_576_000.0)
+    (resolved,) = payloads.alertmanager_v2([event(make_reg, "resolved")], firing_ends_at=0)
     assert firing["endsAt"] == "2025-12-01T08:00:00Z" and resolved["endsAt"] == "2025-12-01T07:01:00Z"
     assert set(firing) == {"labels", "annotations", "startsAt", "endsAt", "generatorURL"}
 
@@ -62,7 +63,7 @@ def test_huge_evidence_is_cut_to_the_receivers_body_limit(tmp_path: Path, make_r
         alerter = Alerter(AlertsConfig(), receivers, store, host="h", external_url="http://x")
         big = event(make_reg, description="x" * 100_000)
         for r in receivers:
-            body = alerter.body(r, big, now=1.0)
+            body = alerter.body(r, [big], now=1.0)
             assert len(body) <= 4096, r.kind
             # Slack caps its own section at 3000 characters (Slack's limit), so it fits without the cut.
             assert ("(truncated)" in body.decode()) == (r.kind != "slack")

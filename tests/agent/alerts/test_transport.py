@@ -131,3 +131,18 @@ def test_silent_server_times_out(raw_server) -> None:
     result = post(raw_server(handle), b"{}", {}, timeout=0.5, safe_url="http://127.0.0.1/hook")
     assert time.monotonic() - started < 2
     assert result.status is None and result.error == "timed out after 0.5 s talking to http://127.0.0.1/hook"
+
+
+def test_a_refusals_body_is_shown_as_one_printable_line(raw_server) -> None:
+    """The excerpt of a refusal goes to `infersight alerts`, logs and the page: a receiver's answer cannot
+    move the terminal's cursor, clear it, or start a new log line."""
+    def handle(conn: socket.socket) -> None:
+        conn.recv(65536)
+        body = b"no\x1b[2J\x1b]0;owned\x07 way\r\nfake: log line" + "\u202e".encode()
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        conn.close()
+
+    result = post(raw_server(handle), b"{}", {}, timeout=5)
+    assert result.status == 400
+    assert result.error.startswith("HTTP 400 from http://127.0.0.1:")
+    assert result.error.isprintable() and "way  fake: log line" in result.error
