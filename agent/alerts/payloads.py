@@ -12,6 +12,8 @@ from urllib.parse import quote, urlencode
 from analysis.regression import Cause, FunctionShift, Regression
 
 ALERTNAME = "InferenceLatencyRegression"
+# A watched server whose process ended (cause `down`): a fact, not a latency call, routed under its own name.
+DOWN_ALERTNAME = "InferenceServerDown"
 # Go's zero time, which Alertmanager writes as endsAt of an alert that has not ended.
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"
 MAX_DESCRIPTION_CHARS = 4000
@@ -92,7 +94,8 @@ def function_name(shift: FunctionShift) -> str:
 
 
 def alert_labels(reg: Regression, host: str) -> dict[str, str]:
-    return {"alertname": ALERTNAME, "target": reg.target, "host": host, "cause": reg.top_cause,
+    name = DOWN_ALERTNAME if reg.top_cause == "down" else ALERTNAME
+    return {"alertname": name, "target": reg.target, "host": host, "cause": reg.top_cause,
             "severity": reg.severity, "regression": reg.id}
 
 
@@ -111,6 +114,11 @@ def flamegraph_url(reg: Regression, external_url: str, now: float) -> str:
 
 def alert_annotations(reg: Regression, external_url: str, now: float) -> dict[str, str]:
     state = "resolved" if reg.closed_at is not None else "open"
+    if reg.top_cause == "down":
+        how = shorten(printable(reg.causes[0].evidence), MAX_EVIDENCE_CHARS)
+        return {"summary": f"{reg.target} is down, {reg.severity}, {state}: {how}", "description": how,
+                "regression_url": regression_url(reg, external_url),
+                "flamegraph_url": flamegraph_url(reg, external_url, now)}
     summary = (f"Latency regression on {reg.target} (pid {reg.pid}), {reg.severity}, {state}: "
                f"top cause {reg.top_cause}, score {reg.score:.2f}")
     lines = [cause_line(i, c) for i, c in enumerate(reg.causes[:MAX_CAUSES], 1)]
@@ -215,7 +223,8 @@ def slack(event: AlertEvent) -> dict[str, Any]:
     a, lab = event.annotations, event.labels
     icon = ":white_check_mark:" if resolved else (":rotating_light:" if lab["severity"] == "critical" else ":warning:")
     verb = "Resolved" if resolved else f"Escalated to {lab['severity']}" if event.escalated_from else "Firing"
-    title = f"{verb}: latency regression on {printable(lab['target'])}"
+    title = (f"{verb}: {printable(lab['target'])} is down" if lab["cause"] == "down"
+             else f"{verb}: latency regression on {printable(lab['target'])}")
     severity = lab["severity"] + (f" (was {event.escalated_from})" if event.escalated_from else "")
     causes = [mrkdwn(cause_line(i, c)) for i, c in enumerate(event.causes[:MAX_CAUSES], 1)] or ["no cause ranked yet"]
     if event.functions:

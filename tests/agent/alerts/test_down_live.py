@@ -141,6 +141,7 @@ def test_kill_9_of_the_server_is_an_incident_and_its_restart_closes_it(require_b
         sent = wait_until("the receiver heard it", 15, lambda: [
             a.doc for a in hook.accepted() if a.doc["alerts"][0]["labels"]["cause"] == "down"])[0]
         assert sent["status"] == "firing" and sent["alerts"][0]["labels"]["severity"] == "critical"
+        assert sent["alerts"][0]["labels"]["alertname"] == "InferenceServerDown"
         assert "killed by SIGKILL" in sent["alerts"][0]["annotations"]["description"]
         alert = wait_until("InfersightTargetDown firing", 30, lambda: firing(prom_url, "InfersightTargetDown"))
         assert alert[0]["metric"]["target"] == "workload"
@@ -165,3 +166,17 @@ def test_kill_9_of_the_server_is_an_incident_and_its_restart_closes_it(require_b
         for proc in (prom, agent, load, server, again):
             terminate(proc)
         log.close()
+
+
+def test_a_down_regression_is_its_own_alert_with_how_it_ended_in_every_format(make_reg):
+    from agent.alerts.payloads import DOWN_ALERTNAME, alert_annotations, alert_labels
+    from analysis.regression import Cause
+
+    reg = make_reg(rid="workload-down-1000.000", severity="critical")
+    reg.causes = [Cause("down", 0.0, "pid 4242 killed by SIGKILL (signal 9) from pid 77 (kill)")]
+    labels = alert_labels(reg, "gpu-7")
+    assert labels["alertname"] == DOWN_ALERTNAME and labels["cause"] == "down"
+    notes = alert_annotations(reg, "http://gpu-7:9464", 2000.0)
+    assert notes["summary"] == ("workload is down, critical, open: "
+                                "pid 4242 killed by SIGKILL (signal 9) from pid 77 (kill)")
+    assert notes["description"] == "pid 4242 killed by SIGKILL (signal 9) from pid 77 (kill)"
