@@ -13,8 +13,8 @@ from agent import logs
 from agent.collectors import Collectors
 from agent.config import Config, ProbesConfig, StacksConfig, TargetSpec
 from agent.loop import CollectionLoop
-from agent.signals import set_on_signal
 from agent.state import AgentState
+from agent.stop_signals import set_on_signal
 from agent.target_sources import source_factories
 from analysis.summary import summary_line, window_summary
 from analysis.window import Window

@@ -23,8 +23,8 @@ from agent.detection_metrics import DetectionCollector
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
 from agent.pidlock import PidLock
-from agent.signals import set_on_signal
 from agent.state import AgentState
+from agent.stop_signals import set_on_signal
 from agent.store import Store
 from agent.target_policy import make_discover
 from agent.target_sources import source_factories

@@ -21,7 +21,7 @@ from agent.daemon import Agent, ListenError
 from agent.demo_guard import PIDS_FILE, die_with_parent, port_in_use, record_children, stop_stale
 from agent.pidlock import AlreadyRunning
 from agent.secretfile import write_secret
-from agent.signals import set_on_signal
+from agent.stop_signals import set_on_signal
 from agent.store import StoreError
 
 log = logging.getLogger("infersight.demo")

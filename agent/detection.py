@@ -8,20 +8,13 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from analysis.regression import Cause, Regression
+from analysis.verdict import Detector, Verdict
 from analysis.window import Window
 
 log = logging.getLogger("infersight.detection")
-
-
-class Detector(Protocol):
-    def update(self, window: Window) -> Any: ...
-    def interrupt(self, at: float) -> Regression | None: ...
-    def get_state(self) -> dict: ...
-    def set_state(self, state: dict) -> None: ...
-    def reset(self) -> None: ...
 
 
 class RegressionListener(Protocol):
@@ -99,7 +92,7 @@ class Detection:
     def add_listener(self, listener: RegressionListener) -> None:
         self._listeners.append(listener)
 
-    def observe(self, window: Window) -> Any:
+    def observe(self, window: Window) -> Verdict | None:
         """Feed one stored window to its target's detector; returns the detector's verdict."""
         for target in self._store.take_baseline_resets():
             self._reset(target)
@@ -136,7 +129,7 @@ class Detection:
             if tracked.unsaved:
                 self._save(target, tracked)
 
-    def _notify(self, verdict: Any) -> None:
+    def _notify(self, verdict: Verdict) -> None:
         for listener in self._listeners:
             # A window may end one regression and begin the next (its cause gave way to another): the end first.
             if verdict.closed is not None:

@@ -6,9 +6,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from analysis.cause_signals import SIGNALS, Signal
 from analysis.regression import Cause
 from analysis.robust import median, robust_z
-from analysis.signals import SIGNALS, Signal
 
 
 @dataclass(frozen=True)

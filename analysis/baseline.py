@@ -7,11 +7,11 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from analysis.attribution import SignalStats
+from analysis.cause_signals import read_all
 from analysis.features import Features
 from analysis.latency_model import Row
 from analysis.profile import jensen_shannon, merge
 from analysis.robust import finite, mad_sigma, median, quantile
-from analysis.signals import read_all
 
 
 @dataclass(frozen=True)

@@ -5,44 +5,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
-from dataclasses import dataclass
-from typing import Protocol
 
 from analysis.attribution import Attributor
 from analysis.baseline import Baseline, BaselineRow, cpu_wait
+from analysis.cause_signals import SIGNALS, read_all
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
 from analysis.profile import leaf_counts, merge, top_shifts
 from analysis.regression import Cause, FunctionShift, Regression
 from analysis.robust import median
-from analysis.signals import SIGNALS, read_all
+from analysis.verdict import Verdict
 from analysis.window import Window
 
 STATE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """The detector's answer for one window."""
-
-    state: str  # "warmup" | "healthy" | "regression"
-    score: float | None
-    expected: dict[str, float]
-    regression: Regression | None
-    opened: Regression | None
-    closed: Regression | None
-
-
-class Detector(Protocol):
-    """What the agent needs of a detector: one per target, windows in time order, state that survives a restart."""
-
-    def update(self, window: Window) -> Verdict: ...
-
-    def get_state(self) -> dict: ...
-
-    def set_state(self, state: dict) -> None: ...
-
-    def reset(self) -> None: ...
 
 
 class LatencyDetector:

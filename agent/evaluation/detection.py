@@ -3,25 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from agent.evaluation.recording import LabelledWindow
 from analysis.scoring import Outcome
-from analysis.window import Window
-
-
-class Verdict(Protocol):
-    state: str
-    score: float | None
-    expected: dict[str, float]
-    regression: Any
-    opened: Any
-    closed: Any
-
-
-class Detector(Protocol):
-    def update(self, window: Window) -> Verdict: ...
-
+from analysis.verdict import Detector, Verdict
 
 DetectorFactory = Callable[[], Detector]
 

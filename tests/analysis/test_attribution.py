@@ -5,7 +5,7 @@ import math
 import pytest
 
 from analysis.attribution import Attributor, SignalStats
-from analysis.signals import BY_NAME, SIGNALS
+from analysis.cause_signals import BY_NAME, SIGNALS
 
 # A quiet baseline for every signal: values at these medians move nothing.
 QUIET = {"gc_pause": 0.0008, "app_wait": 0.1, "futex": 30.0, "blocked": 0.001, "syscalls": 400.0,
@@ -182,8 +182,8 @@ def test_persistence_needs_the_high_quantile_of_the_baseline():
 
 
 def test_involuntary_switches_are_read_per_cpu_second_so_more_load_is_not_contention():
+    from analysis.cause_signals import read_all
     from analysis.features import Features
-    from analysis.signals import read_all
 
     def involuntary(cpu: float, switches: float) -> float | None:
         return read_all(Features(duration=5.0, cpu_per_second=cpu, involuntary_switches_per_second=switches))["involuntary"]

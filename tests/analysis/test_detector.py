@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from analysis.cause_signals import read_all
 from analysis.detector import LatencyDetector, Verdict
 from analysis.features import extract
-from analysis.signals import read_all
 from tests.analysis import synth
 from tests.analysis.synth import Load
 

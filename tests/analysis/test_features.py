@@ -108,6 +108,6 @@ def test_real_lock_fault_window_has_more_threads_waiting_in_own_code_than_a_norm
 
 
 def test_a_signal_that_is_not_a_finite_number_is_unmeasured():
-    from analysis.signals import read_all
+    from analysis.cause_signals import read_all
     f = extract(replace(synth.window(0), gc=replace(synth.window(0).gc, pause_seconds=float("nan"))))
     assert read_all(f)["gc_pause"] is None and read_all(f)["syscalls"] is not None

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.evaluation.recording import read_recording
+from analysis.cause_signals import BY_NAME
 from analysis.detector import LatencyDetector
 from analysis.robust import median, robust_z
-from analysis.signals import BY_NAME
 
 HOG_FILE, HOG_LABEL = "outside.jsonl.gz", "cpu_contention"
 

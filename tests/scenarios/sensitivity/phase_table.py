@@ -13,9 +13,9 @@ from pathlib import Path
 from agent.evaluation.command import replay
 from agent.evaluation.detection import default_detector_factory
 from agent.evaluation.recording import read_recording
+from analysis.cause_signals import read_all
 from analysis.features import Features, extract
 from analysis.robust import median
-from analysis.signals import read_all
 
 
 def median_of(features: list[Features], read: Callable[[Features], float | None]) -> float | None:

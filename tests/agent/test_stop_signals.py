@@ -6,7 +6,7 @@ import os
 import signal
 import threading
 
-from agent.signals import set_on_signal
+from agent.stop_signals import set_on_signal
 
 
 def test_the_event_is_set_even_when_the_handler_runs_while_its_lock_is_held() -> None:
