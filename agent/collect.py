@@ -10,12 +10,9 @@ import threading
 import time
 
 from agent import logs
-from agent.collectors import Collectors
-from agent.config import Config, ProbesConfig, StacksConfig, TargetSpec
-from agent.loop import CollectionLoop
-from agent.state import AgentState
+from agent.config import Config, StacksConfig, TargetSpec
+from agent.single_target import probes_config, watch_one
 from agent.stop_signals import set_on_signal
-from agent.target_sources import source_factories
 from analysis.summary import summary_line, window_summary
 from analysis.window import Window
 
@@ -26,9 +23,8 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
          stacks: bool = True, stacks_rate_hz: int = 49) -> int:
     logs.setup("warning")
     spec = TargetSpec(name=f"pid{pid}", pid=pid)
-    enabled = {name: name in probes for name in ProbesConfig().enabled()}
     # One py-spy segment per window at the asked rate: `collect` is a short look, not the always-on agent.
-    config = Config(interval_seconds=max(interval, 1.0), probes=ProbesConfig(**enabled), targets=(spec,),
+    config = Config(interval_seconds=max(interval, 1.0), probes=probes_config(probes), targets=(spec,),
                     stacks=StacksConfig(enabled=stacks, rate_hz=stacks_rate_hz,
                                         segment_seconds=max(1, min(60, int(interval)))))
 
@@ -43,18 +39,14 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             stop.set()
 
-    state = AgentState()
-    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config))
-    loop = CollectionLoop(specs=[spec], collectors=collectors, state=state, sink=emit, interval=interval)
-    loop.start()
+    watch = watch_one(config, sink=emit, interval=interval)
+    loop = watch.loop
     if not loop.watched:
         loop.close()
         print(f"infersight: no process with pid {pid}", file=sys.stderr)
         return 1
-    for name, health in state.snapshot().health.items():
-        # No GPU is a normal host, not something to warn about; each window still says so.
-        if not health.up and not name.startswith("gpu:"):
-            print(f"infersight: {name}: {health.state}: {health.reason}", file=sys.stderr)
+    for name, problem in watch.problems().items():
+        print(f"infersight: {name}: {problem}", file=sys.stderr)
 
     signal.signal(signal.SIGTERM, set_on_signal(stop))
     deadline = time.monotonic() + duration if duration else None
@@ -65,7 +57,7 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
                 break
             report = loop.tick()
             if report.gone:
-                print(f"infersight: pid {pid} exited", file=sys.stderr)
+                print(f"infersight: {watch.target_detail() or f'pid {pid} exited'}", file=sys.stderr)
                 break
             if deadline is not None and time.monotonic() >= deadline - 1e-3:
                 break

@@ -28,30 +28,20 @@ def open_collection(pid: int, probes: list[str], pyspy: bool, pyspy_rate: int) -
     Builds a loop for this one pid, starts its probes and sources, and hands back a cut function
     that runs one tick and returns that tick's window of the target.
     """
-    from agent.collectors import Collectors
-    from agent.config import Config, ProbesConfig, StacksConfig, TargetSpec
-    from agent.loop import CollectionLoop
-    from agent.state import AgentState
-    from agent.target_sources import source_factories
+    from agent.config import Config, StacksConfig, TargetSpec
+    from agent.single_target import probes_config, watch_one
 
     spec = TargetSpec(name=f"pid{pid}", pid=pid)
-    enabled = {name: name in probes for name in ProbesConfig().enabled()}
     # 1 s py-spy segments: a step's stacks must be cut at its end, and a step may be shorter than the daemon's
     # 5 s segment.
-    config = Config(interval_seconds=5.0, probes=ProbesConfig(**enabled), targets=(spec,),
-                    stacks=StacksConfig(enabled=pyspy, rate_hz=pyspy_rate, segment_seconds=1))
-    state = AgentState()
-    collectors = Collectors(probes, make_sources=lambda t: source_factories(t, config))
-    loop = CollectionLoop(specs=[spec], collectors=collectors, state=state, sink=lambda w: None, interval=5.0)
-    loop.start()
-    problems = {name: f"{h.state}: {h.reason}" for name, h in state.snapshot().health.items()
-                if not h.up and not name.startswith("gpu:")}
+    watch = watch_one(Config(interval_seconds=5.0, probes=probes_config(probes), targets=(spec,),
+                             stacks=StacksConfig(enabled=pyspy, rate_hz=pyspy_rate, segment_seconds=1)))
 
     def cut() -> Window | None:
-        report = loop.tick()
+        report = watch.tick()
         return next((w for w in report.windows if w.pid == pid), None)
 
-    return Collection(cut=cut, close=loop.close, problems=problems)
+    return Collection(cut=cut, close=watch.close, problems=watch.problems())
 
 
 def thread_cpu(pid: int) -> dict[int, float]:

@@ -101,3 +101,21 @@ def test_stored_flamegraph_into_head_exits_cleanly(tmp_path):
                            cwd=REPO)
     assert shell.stdout.splitlines()[-1] == "rc=0", shell.stdout[-300:] + shell.stderr
     assert shell.stderr == "", shell.stderr
+
+
+@pytest.mark.bpf
+def test_collect_says_how_its_target_ended(require_bpf):
+    victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
+    proc = subprocess.Popen(_collect(victim.pid), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    try:
+        assert proc.stdout.readline()  # probes loaded, one window out
+        subprocess.run(["kill", "-KILL", str(victim.pid)], check=True)
+        victim.wait()
+        rc = proc.wait(timeout=30)
+    finally:
+        for p in (proc, victim):
+            p.kill()
+            p.wait()
+    err = proc.stderr.read()
+    assert rc == 0 and f"infersight: pid {victim.pid} killed by SIGKILL (signal 9) from pid " in err, err
