@@ -149,8 +149,10 @@ class Collectors:
                 log.info("probe %s cannot trace a new target: %s", name, exc)
             except COLLECTOR_ERRORS as exc:
                 log.warning("probe %s could not change targets: %s", name, exc)
-                self._read_errors[name] = self._read_errors.get(name, 0) + 1
+                self._count_error(name)
                 self._target_errors[name] = f"changing its targets failed: {exc}"
+            except Exception as exc:  # one probe's surprise must not stop the others: logged, counted, shown
+                self._target_errors[name] = self._unexpected(name, "changing its targets", exc)
         for name in sorted(self._retry):
             self._retry.discard(name)
             del self._failed[name]
@@ -172,9 +174,12 @@ class Collectors:
     def health(self) -> dict[str, Health]:
         """Probes by name; sources by `name:target` (one instance per target)."""
         out = {name: h.copy() for name, h in self._failed.items()}
+        for name, h in out.items():
+            h.errors += self._read_errors.get(name, 0)
         for name, probe in self._running.items():
             h = probe.health()
             h.errors += self._read_errors.get(name, 0)
+            h.reason = h.reason or self._target_errors.get(name)
             out[name] = h
         for key, entry in self._sources.items():
             target = self._targets[key].name
@@ -204,6 +209,10 @@ class Collectors:
             except COLLECTOR_ERRORS as exc:
                 log.warning("source %s for %s unavailable: %s", name, target.name, exc)
                 entry.broken[name] = Health(name=name, state="failed", reason=str(exc), errors=1)
+            except Exception as exc:  # one source's surprise must not stop the others: logged, counted, shown
+                log.error("source %s for %s: starting raised unexpectedly", name, target.name, exc_info=exc)
+                entry.broken[name] = Health(name=name, state="failed", reason=_unexpected_reason("starting", exc),
+                                            errors=1)
         self._targets[target.key] = target
         self._sources[target.key] = entry
 
@@ -234,8 +243,29 @@ class Collectors:
             self._failed[name] = Health(name=name, state="failed", reason=str(exc))
             if probe is not None:
                 _stop_quietly(name, probe)
+        except Exception as exc:  # one probe's surprise must not stop the others: logged, counted, shown
+            why = self._unexpected(name, "starting", exc)
+            if probe is not None and probe.health().state == "running":
+                # It traces the targets it could take; the one that raised is in its health.
+                self._running[name] = probe
+                self._target_errors[name] = why
+                return
+            self._failed[name] = Health(name=name, state="failed", reason=why)
+            if probe is not None:
+                _stop_quietly(name, probe)
+            # The target that raised may go; the probe is tried again when the targets change.
+            self._retry.add(name)
         else:
             self._running[name] = probe
+
+    def _count_error(self, name: str) -> None:
+        self._read_errors[name] = self._read_errors.get(name, 0) + 1
+
+    def _unexpected(self, name: str, doing: str, exc: Exception) -> str:
+        """An exception no domain error covers: logged with its traceback, counted in the probe's health."""
+        log.error("probe %s: %s raised unexpectedly", name, doing, exc_info=exc)
+        self._count_error(name)
+        return _unexpected_reason(doing, exc)
 
     def _read_probes(self) -> tuple[dict[str, dict[int, Any]], dict[str, str]]:
         readings: dict[str, dict[int, Any]] = {}
@@ -247,8 +277,11 @@ class Collectors:
             try:
                 readings[name] = probe.read()
             except COLLECTOR_ERRORS as exc:
-                self._read_errors[name] = self._read_errors.get(name, 0) + 1
+                self._count_error(name)
                 errors[name] = f"failed: {exc}"
+                continue
+            except Exception as exc:  # one probe's surprise must not stop the others: logged, counted, shown
+                errors[name] = f"failed: {self._unexpected(name, 'reading', exc)}"
                 continue
             if (host := probe.host()) is not None:
                 self.host[name] = host
@@ -295,6 +328,12 @@ class Collectors:
                         out.unreachable.add(name)
         for name, health in entry.broken.items():
             out.missing[name] = f"failed: {health.reason}"
+
+
+def _unexpected_reason(doing: str, exc: Exception) -> str:
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return f"{doing} failed unexpectedly: {name}: {exc} (its traceback is in the agent's log)"
 
 
 def _stop_quietly(name: str, probe: Probe) -> None:

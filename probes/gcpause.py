@@ -7,7 +7,10 @@ Python is linked statically; found through /proc/PID/maps by probes.libpython):
 - a uprobe + uretprobe on the function each collection runs exactly once (gc_collect_main on
   3.10-3.13, collect and its compiler clones before).
 The entry records the time per thread; the return adds one collection, its pause, a per-window
-maximum and a log2 histogram in microseconds. Targets without either raise Unsupported.
+maximum and a log2 histogram in microseconds. Targets without either raise Unsupported, and so
+does a target whose image is not a well-formed ELF file: the file is the target's to craft
+(docs/security.md, rule 9). Every uprobe goes at a file offset probes.libpython found, through
+the path it opened (/proc/PID/map_files/...): bcc never opens or parses the target's file.
 
 Overhead: a uprobe costs a trap (~1-3 us here) per hit and collections are rare (about one per
 700 net allocations of container objects in generation 0), so it is small next to the pause.
@@ -20,6 +23,8 @@ Collections run during interpreter shutdown are counted too (they call the same 
 from __future__ import annotations
 
 import ctypes
+import errno
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,10 +133,11 @@ class _Attachment:
 
     image: PythonImage
     method: str                 # "usdt" | "uprobe"
-    # bcc's uprobe event names: detaching by name needs no symbol lookup in a file that may be gone.
-    events: list[bytes]
-    # USDT sites attached here rather than through bcc: (event name, perf event fd).
-    usdt_events: list[tuple[bytes, int]]
+    # Each uprobe as (event name, perf event fd). They are attached at the file offsets
+    # probes.libpython found, through libbcc's bpf_attach_uprobe: the kernel resolves the path to an
+    # inode without opening it, and bcc's own symbol lookup, which opens and parses the file the
+    # target controls (a FIFO put there blocks it), is never asked.
+    events: list[tuple[bytes, int]]
 
 
 class GcPauseProbe:
@@ -184,6 +190,7 @@ class GcPauseProbe:
         self.unsupported.update({t: f"gc traces at most {self.config.max_targets} targets (max_targets)"
                                  for t in asked - wanted})
         failures = []
+        unexpected: Exception | None = None
         for tgid in sorted(wanted - set(self._attached) - set(self.unsupported)):
             try:
                 self._attach(tgid)
@@ -192,7 +199,14 @@ class GcPauseProbe:
                 failures.append(str(exc))
             except TargetGone:
                 continue  # exited before we got to it: nothing to trace, not an error
+            except Exception as exc:  # a bug one target's files reach: it costs that target, raised below
+                kind = type(exc)
+                name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+                self.unsupported[tgid] = f"attaching failed unexpectedly: {name}: {exc}"
+                unexpected = unexpected or exc
         self._reason = "; ".join(f"unsupported: {r}" for r in self.unsupported.values()) or None
+        if unexpected is not None:
+            raise unexpected
         if failures:
             raise Unsupported("; ".join(failures))
 
@@ -261,25 +275,21 @@ class GcPauseProbe:
         image = self._locate(tgid, self._proc)
         targets = self._bpf[b"targets"]
         targets[targets.Key(tgid)] = targets.Leaf(1)
-        before = set(self._bpf.uprobe_fds)
-        usdt_events: list[tuple[bytes, int]] = []
+        events: list[tuple[bytes, int]] = []
         try:
             if image.has_gc_usdt:
                 method = "usdt"
-                self._attach_usdt(image, usdt_events)
+                self._attach_usdt(image, events)
             else:
                 method = "uprobe"
-                self._attach_uprobes(image)
+                self._attach_uprobes(image, events)
         except Exception as exc:  # bcc raises bare Exception when an attach fails
-            for event in set(self._bpf.uprobe_fds) - before:
-                self._bpf.detach_uprobe_event(event)
-            _detach_usdt(usdt_events)
+            _detach_events(events)
             del targets[targets.Key(tgid)]
             if not (self._proc / str(tgid)).exists():
                 raise TargetGone(f"process {tgid} exited while attaching") from exc
             raise Unsupported(f"pid {tgid}: attaching to {image.path} failed: {exc}") from exc
-        events = sorted(set(self._bpf.uprobe_fds) - before)
-        self._attached[tgid] = _Attachment(image=image, method=method, events=events, usdt_events=usdt_events)
+        self._attached[tgid] = _Attachment(image=image, method=method, events=events)
 
     def _attach_usdt(self, image: PythonImage, events: list[tuple[bytes, int]]) -> None:
         """Plain uprobes at the probe sites, with the kernel raising each site's semaphore.
@@ -293,27 +303,25 @@ class GcPauseProbe:
         for probe in image.usdt_probes:
             fn = self._bpf.load_func(functions[probe.name], bcc.BPF.KPROBE)
             event = f"infersight_gc_{image.pid}_{probe.pc_offset:x}".encode()
-            fd = attach(fn.fd, 0, event, str(image.host_path).encode(), probe.pc_offset, image.pid,
-                        probe.semaphore_offset)
-            if fd < 0:
-                raise Unsupported(f"pid {image.pid}: uprobe at USDT {USDT_PROVIDER}:{probe.name} "
-                                  f"({image.path}+{probe.pc_offset:#x}) failed: error {fd}")
+            fd = _open_uprobe(attach, fn.fd, _UPROBE_ENTRY, event, image, probe.pc_offset, probe.semaphore_offset,
+                              f"USDT {USDT_PROVIDER}:{probe.name}")
             events.append((event, fd))
 
-    def _attach_uprobes(self, image: PythonImage) -> None:
-        path = str(image.host_path).encode()
-        for sym in image.gc_symbols:
-            self._bpf.attach_uprobe(name=path, sym=sym.encode(), fn_name=b"gc_start", pid=image.pid)
-            self._bpf.attach_uretprobe(name=path, sym=sym.encode(), fn_name=b"gc_done", pid=image.pid)
+    def _attach_uprobes(self, image: PythonImage, events: list[tuple[bytes, int]]) -> None:
+        bcc = import_bcc()
+        attach = _attach_uprobe_with_ref_ctr(bcc)
+        entry, done = (self._bpf.load_func(fn, bcc.BPF.KPROBE) for fn in (b"gc_start", b"gc_done"))
+        for sym, offset in zip(image.gc_symbols, image.gc_offsets, strict=True):
+            for kind, fn, tag in ((_UPROBE_ENTRY, entry, "start"), (_UPROBE_RETURN, done, "done")):
+                event = f"infersight_gc_{image.pid}_{offset:x}_{tag}".encode()
+                events.append((event, _open_uprobe(attach, fn.fd, kind, event, image, offset, 0, sym)))
 
     def _detach(self, tgid: int) -> None:
         attachment = self._attached.pop(tgid)
         targets = self._bpf[b"targets"]
         if targets.Key(tgid) in targets:
             del targets[targets.Key(tgid)]
-        for event in attachment.events:
-            self._bpf.detach_uprobe_event(event)
-        _detach_usdt(attachment.usdt_events)
+        _detach_events(attachment.events)
         self._seen_totals.pop(tgid, None)
         self._seen_hist = {k: v for k, v in self._seen_hist.items() if k[0] != tgid}
         for name in (b"totals", b"hist", b"maxima"):
@@ -322,18 +330,40 @@ class GcPauseProbe:
                 del table[key]
 
 
+# libbcc's bpf_probe_attach_type.
+_UPROBE_ENTRY, _UPROBE_RETURN = 0, 1
+
+
 def _attach_uprobe_with_ref_ctr(bcc: Any) -> Callable[..., int]:
     """libbcc's bpf_attach_uprobe with its last argument, ref_ctr_offset, which bcc's Python
-    binding leaves out: the kernel then raises the USDT semaphore in the target (Linux >= 4.20)."""
+    binding leaves out: the kernel then raises the USDT semaphore in the target (Linux >= 4.20).
+    Left out, libbcc reads whatever the stack holds there (6, here), and the kernel refuses any
+    other uprobe at the same place whose ref_ctr_offset differs ("ref_ctr_offset mismatch")."""
     proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
-                             ctypes.c_ulonglong, ctypes.c_int, ctypes.c_uint32)
+                             ctypes.c_ulonglong, ctypes.c_int, ctypes.c_uint32, use_errno=True)
     return proto(("bpf_attach_uprobe", bcc.libbcc.lib))
 
 
-def _detach_usdt(events: list[tuple[bytes, int]]) -> None:
+def _open_uprobe(attach: Callable[..., int], fn_fd: int, kind: int, event: bytes, image: PythonImage, offset: int,
+                 ref_ctr_offset: int, site: str) -> int:
+    """One uprobe's perf event fd; Unsupported naming the site when the kernel refuses it."""
+    fd = attach(fn_fd, kind, event, str(image.host_path).encode(), offset, image.pid, ref_ctr_offset)
+    if fd < 0:
+        err = ctypes.get_errno()
+        # libbcc's fallback through tracefs leaves the event it wrote there when the attach fails.
+        _detach_events([(event, -1)])
+        why = os.strerror(err) if err else f"error {fd}"
+        if err == errno.EINVAL:
+            why += " (another tracer may hold a uprobe there with another ref_ctr_offset: see dmesg)"
+        raise Unsupported(f"pid {image.pid}: uprobe at {site} ({image.path}+{offset:#x}) failed: {why}")
+    return fd
+
+
+def _detach_events(events: list[tuple[bytes, int]]) -> None:
     from bcc.libbcc import lib
 
     for event, fd in events:
-        lib.bpf_close_perf_event_fd(fd)
+        if fd >= 0:
+            lib.bpf_close_perf_event_fd(fd)
         lib.bpf_detach_uprobe(event)
     events.clear()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -82,6 +83,9 @@ def test_finds_this_venvs_shared_libpython_and_its_gc_symbol(python_exe) -> None
     child = _spawn_gc_child(python_exe)
     try:
         image = find_python_image(child.pid)
+        # As root, through map_files: exactly the file the process maps, whatever its path names by now.
+        assert image.host_path.parent == Path(f"/proc/{child.pid}/map_files")
+        assert os.stat(image.host_path).st_ino == os.stat(image.path).st_ino
     finally:
         _finish(child)
     assert image.shared
@@ -89,7 +93,6 @@ def test_finds_this_venvs_shared_libpython_and_its_gc_symbol(python_exe) -> None
     assert image.path.endswith("/libpython3.11.so.1.0")
     assert image.gc_symbols == ("gc_collect_main",)
     assert not image.has_gc_usdt
-    assert image.host_path == Path(f"/proc/{child.pid}/root{image.path}")
 
 
 def test_reads_usdt_notes_and_semaphores_of_debians_static_python() -> None:
@@ -260,6 +263,36 @@ def test_targets_added_and_removed_without_reload(require_bpf, python_exe) -> No
             _finish(child)
     assert probe.health().state == "stopped"
     probe.stop()  # idempotent
+
+
+@pytest.mark.bpf
+def test_an_unexpected_error_locating_one_target_costs_only_that_target(require_bpf, python_exe) -> None:
+    """A surprise from one target's lookup (a parser bug its file reaches) is raised only after every other target
+    is attached, and leaves that target unsupported with the reason."""
+    bad, good = _spawn_gc_child(python_exe), _spawn_gc_child(python_exe)
+
+    def locate(pid: int, proc: Path):
+        if pid == bad.pid:
+            raise struct.error("unpack_from requires a buffer of at least 64 bytes")
+        return find_python_image(pid, proc)
+
+    probe = GcPauseProbe(locate=locate)
+    try:
+        with pytest.raises(struct.error):
+            probe.start([bad.pid, good.pid])
+        health = probe.health()
+        probe.read()
+        count, _ = _round(good)
+        _round(bad)
+        readings = probe.read()
+    finally:
+        probe.stop()
+        _finish(bad)
+        _finish(good)
+    assert health.state == "running" and health.targets == 1
+    assert health.unsupported == {bad.pid: "attaching failed unexpectedly: struct.error: unpack_from requires a "
+                                           "buffer of at least 64 bytes"}
+    assert set(readings) == {good.pid} and readings[good.pid].collections == count
 
 
 def test_no_root_needed_to_locate(python_exe) -> None:
