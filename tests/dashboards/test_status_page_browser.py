@@ -61,12 +61,14 @@ class _Rendered(HTMLParser):
             self._in_sources = attr.get("id") == "sources"
         elif tag == "tr" and self._in_sources:
             self.rows.append((attr.get("class") or "", []))
-        self._tag = tag
+        if not (tag == "span" and self._tag == "dd"):  # a figure's own markup ("not measured") is its text
+            self._tag = tag
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "table":
             self._in_sources = False
-        self._tag = None
+        if tag != "span":
+            self._tag = None
 
     def handle_data(self, data: str) -> None:
         text = " ".join(data.split())
@@ -90,8 +92,9 @@ def test_chromium_shows_states_reasons_and_null_readings(served, tmp_path):
     rows = {cells[0]: (cls, cells) for cls, cells in page.rows if cells}
     assert rows["gc"][0] == "state-unsupported" and rows["gc"][1][1] == "unsupported"
     assert rows["syscalls"][0] == "state-running" and rows["syscalls"][1][1] == "running"
-    # Readings the window lacks show a dash, never a zero; the ones it has show their value.
-    assert page.figures["Python samples"] == "–" and page.figures["GPU"] == "–"
+    # Readings the window lacks say "not measured" (the GPU line its own reason, or a dash), never a zero; the
+    # ones it has show their value.
+    assert page.figures["Python samples"] == "not measured" and page.figures["GPU"] == "–"
     assert page.figures["TCP retransmits"] == "2" and page.figures["GC"].startswith("3 collections")
     # The server renders the window's errors; the overview script may add the same line again before the dump.
     assert set(page.errors) == {"stacks: py-spy exited: boom"}
