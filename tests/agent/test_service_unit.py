@@ -151,20 +151,24 @@ def foreign_target(sandbox_tools):
                    capture_output=True, timeout=30)
     user = pwd.getpwnam(name)
     home = Path(tempfile.mkdtemp(prefix="infersight-unit-"))  # in /tmp itself: the user must reach it
-    shutil.copy(DEBIAN_PYTHON, home / "python3.11")
-    (home / "target.py").write_text(TARGET)
-    for path in (home, home / "python3.11", home / "target.py"):
-        os.chown(path, user.pw_uid, user.pw_gid)
-    home.chmod(0o700)
-    proc = subprocess.Popen([str(home / "python3.11"), str(home / "target.py")], user=user.pw_uid,
-                            group=user.pw_gid, extra_groups=[], cwd="/", start_new_session=True)
-    time.sleep(1.0)
-    assert proc.poll() is None
-    yield proc.pid
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    shutil.rmtree(home)
-    subprocess.run(["userdel", name], check=True, capture_output=True, timeout=30)
+    proc = None
+    try:
+        shutil.copy(DEBIAN_PYTHON, home / "python3.11")
+        (home / "target.py").write_text(TARGET)
+        for path in (home, home / "python3.11", home / "target.py"):
+            os.chown(path, user.pw_uid, user.pw_gid)
+        home.chmod(0o700)
+        proc = subprocess.Popen([str(home / "python3.11"), str(home / "target.py")], user=user.pw_uid,
+                                group=user.pw_gid, extra_groups=[], cwd="/", start_new_session=True)
+        time.sleep(1.0)
+        assert proc.poll() is None
+        yield proc.pid
+    finally:
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        shutil.rmtree(home)
+        subprocess.run(["userdel", name], check=True, capture_output=True, timeout=30)
 
 
 def _collect(pid: int, spec_dir: Path, capabilities: list[str] | None = None) -> tuple[list[dict], dict, str]:
