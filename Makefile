@@ -15,9 +15,10 @@ PYTEST_ARGS ?=
 
 # Debian packages every feature needs: BCC and its tools (also the benchmark baseline),
 # headers for BCC's compiler, nftables/iproute2 for real packet loss in network namespaces,
-# a C compiler for the micro-workloads, bpftool for the tcpretrans gap diagnostic's BTF offsets.
+# a C compiler for the micro-workloads, bpftool for the tcpretrans gap diagnostic's BTF offsets,
+# systemd-analyze and libseccomp's Python binding to score and apply the systemd unit in tests.
 DEB_PACKAGES := python3-bpfcc bpfcc-tools libbpfcc nftables iproute2 gcc libc6-dev procps \
-	prometheus prometheus-alertmanager chromium chromium-driver golang-go bpftool
+	prometheus prometheus-alertmanager chromium chromium-driver golang-go bpftool systemd python3-seccomp
 
 .PHONY: setup debs headers tracefs venv bcc-link test demo doctor lint clean help
 
