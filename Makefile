@@ -20,12 +20,13 @@ PYTEST_ARGS ?=
 DEB_PACKAGES := python3-bpfcc bpfcc-tools libbpfcc nftables iproute2 gcc libc6-dev procps \
 	prometheus prometheus-alertmanager chromium chromium-driver golang-go bpftool systemd python3-seccomp
 
-.PHONY: setup debs headers tracefs venv bcc-link test demo doctor lint clean help
+.PHONY: setup debs headers tracefs venv bcc-link test check demo doctor lint clean help
 
 help:
 	@echo "make setup   install everything (root, Debian 12); idempotent"
 	@echo "make demo    workload + load + agent with its status page"
-	@echo "make test    setup, then the whole pytest suite"
+	@echo "make test    setup, then the whole pytest suite (what CI runs, ~20 min)"
+	@echo "make check   lint + the tests that need no BPF, browser, network namespace, live server or replay (< 3 min)"
 	@echo "make doctor  check this host's requirements"
 
 setup: debs headers tracefs venv bcc-link
@@ -87,6 +88,14 @@ bcc-link: venv
 test: setup
 	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS) || { rc=$$?; \
 		[ $$rc -ne 5 ] || echo "make test: pytest collected no tests: failing" >&2; exit $$rc; }
+
+# The developer's loop: lint, then every test that needs no BPF program, browser, network namespace, live
+# workload or replay of the recorded suites, and takes no more than a few seconds. `make test` runs them all.
+CHECK_MARKERS := not (bpf or root or slow or workload or netns or browser or replay)
+check: setup
+	$(VENV)/bin/ruff check .
+	@$(VENV)/bin/python -m pytest -q -m "$(CHECK_MARKERS)" $(PYTEST_ARGS) || { rc=$$?; \
+		[ $$rc -ne 5 ] || echo "make check: pytest collected no tests: failing" >&2; exit $$rc; }
 
 doctor: setup
 	$(VENV)/bin/infersight doctor

@@ -48,3 +48,14 @@ def cc(tmp_path):
 @pytest.fixture
 def python_exe() -> str:
     return sys.executable
+
+
+SCENARIOS = REPO / "tests" / "scenarios"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/scenarios replays recorded suites (or checks their commands live): marked `replay`,
+    so `make check` can leave those minutes out while `make test` runs them."""
+    for item in items:
+        if SCENARIOS in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.replay)

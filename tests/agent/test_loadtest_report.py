@@ -151,6 +151,7 @@ def _whole_page(browser) -> None:
     browser.set_window_size(1400, min(int(height) + 40, 8000))
 
 
+@pytest.mark.browser
 def test_report_renders_every_chart_and_flame_graph(browser, tmp_path):
     from tests.dashboards.browser import screenshot
 
@@ -186,6 +187,7 @@ def _expected_points(r: LoadTestReport, chart_id: str, spec: list) -> int:
                if (attr(s) if callable(attr) else getattr(s, attr)) is not None)
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("path", RECORDED, ids=[p.name for p in RECORDED])
 def test_a_recorded_report_draws_a_point_for_every_figure_it_measured(browser, tmp_path, path):
     """A "not measured" placeholder counts as drawn only for a figure the recording did not measure."""

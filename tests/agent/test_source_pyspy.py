@@ -93,6 +93,7 @@ def test_find_pyspy_is_the_venv_binary() -> None:
     assert find_pyspy() == str(Path(sys.executable).parent / "py-spy")
 
 
+@pytest.mark.slow
 def test_active_and_idle_stacks_are_kept_apart(require_root, target, sampler_factory) -> None:
     rate = 49
     sampler = sampler_factory(target.pid, rate_hz=rate, segment_seconds=1)
@@ -122,6 +123,7 @@ def test_active_and_idle_stacks_are_kept_apart(require_root, target, sampler_fac
     assert samples_with(again.idle, "wait_on_lock_here") <= 2 * per_segment
 
 
+@pytest.mark.slow
 def test_killed_pyspy_is_restarted_and_counted(require_root, target, sampler_factory) -> None:
     sampler = sampler_factory(target.pid, backoff_initial=0.2, segment_seconds=1)
     wait_for(lambda: sampler.health().detail["segments"] >= 1 and sampler.child_pids(), 30, "a running recorder")
@@ -185,6 +187,7 @@ def test_agent_killed_with_sigkill_takes_pyspy_along(require_root, target, tmp_p
         shutil.rmtree(leftover)
 
 
+@pytest.mark.slow
 def test_vanished_target_raises_target_gone(require_root, target, sampler_factory) -> None:
     sampler = sampler_factory(target.pid, backoff_initial=0.1)
     wait_for(lambda: sampler.child_pids(), 20, "recorders to start")
@@ -220,6 +223,7 @@ def test_missing_pyspy_is_unsupported_not_a_crash(tmp_path: Path) -> None:
         sampler.close()
 
 
+@pytest.mark.slow
 def test_one_long_lived_recorder_at_the_steady_rate_then_a_burst(require_root, target, sampler_factory) -> None:
     wanted = {"burst": False}
     sampler = sampler_factory(target.pid, rate_hz=5, burst_rate_hz=47, segment_seconds=2,

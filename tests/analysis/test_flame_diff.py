@@ -157,6 +157,7 @@ window.addEventListener("load", function () { setTimeout(function () {
 """
 
 
+@pytest.mark.browser
 def test_diff_svg_zooms_within_the_graph_not_the_panel_in_headless_chromium(tmp_path):
     browser = shutil.which("chromium")
     if browser is None:

@@ -226,6 +226,7 @@ window.addEventListener("load", function () { setTimeout(function () {
 """
 
 
+@pytest.mark.browser
 def test_zoom_search_and_details_work_in_headless_chromium(tmp_path):
     browser = shutil.which("chromium")
     if browser is None:

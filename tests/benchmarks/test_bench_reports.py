@@ -93,6 +93,7 @@ def test_unknown_source_is_one_line() -> None:
         agent_config("gpu", Path("/x"), "127.0.0.1:1", 1, "http://h:1")
 
 
+@pytest.mark.browser
 def test_plot_renders_a_png_with_chromium(tmp_path: Path) -> None:
     if shutil.which("chromium") is None:
         pytest.fail("chromium is missing; 'make setup' installs Debian's chromium")

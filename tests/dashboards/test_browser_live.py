@@ -19,6 +19,8 @@ from selenium.webdriver.common.by import By
 from tests.dashboards.browser import chromium, console_errors, screenshot, wait_for
 from tests.live import free_port, start_server, terminate, wait_http
 
+pytestmark = pytest.mark.browser
+
 XSS_ARG = '<script>window.__xss=1</script>"onerror="window.__xss=2'
 XSS_FUNC = '<img src=x onerror="window.__xss=3">'
 XSS_FILE = '"><svg onload="window.__xss=4">.py'

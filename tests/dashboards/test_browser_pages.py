@@ -19,6 +19,8 @@ from dashboards.app import create_app
 from tests.dashboards.browser import chromium, console_errors, screenshot, serve, wait_for
 from tests.dashboards.synthetic import HOSTILE, fill, regression
 
+pytestmark = pytest.mark.browser
+
 # Set when the world is built, not at import: the page's ranges end at the browser's present, and in a full run
 # this module runs many minutes after collection (an import-time NOW left 485 of 720 windows in the last hour).
 NOW = time.time()

@@ -9,6 +9,8 @@ from html.parser import HTMLParser
 import pytest
 from waitress.server import create_server
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 

@@ -47,6 +47,7 @@ def _get(url: str, timeout: float = 30.0) -> tuple[int, bytes]:
         return err.code, err.read()
 
 
+@pytest.mark.slow
 def test_twenty_slow_profiles_leave_metrics_fast(served):
     url, _ = served
     answers: list[int] = []
@@ -72,6 +73,7 @@ def test_twenty_slow_profiles_leave_metrics_fast(served):
     assert answers.count(200) <= 2 and answers.count(429) >= 18, answers
 
 
+@pytest.mark.slow
 def test_abandoned_profile_frees_its_slot(served):
     url, _ = served
     host, port = url.removeprefix("http://").split(":")
@@ -97,6 +99,7 @@ def _fat_window(start: float) -> Window:
                   stacks=StackReading(active=stacks, idle={}, rate_hz=49.0))
 
 
+@pytest.mark.slow
 def test_window_list_is_capped_in_count_and_bytes(tmp_path):
     import tracemalloc
 
@@ -230,6 +233,7 @@ def large_store(tmp_path_factory):
     store.close()
 
 
+@pytest.mark.slow
 def test_eight_flame_trees_over_a_large_store_leave_metrics_fast_and_memory_bounded(large_store):
     import psutil
 
