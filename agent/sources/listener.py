@@ -138,14 +138,37 @@ def socket_inodes(pids: Iterable[int], wanted: set[int], proc_root: Path = Path(
     return found
 
 
+def descendants(pids: Iterable[int], proc_root: Path = Path("/proc")) -> set[int]:
+    """Every process below `pids`, from the kernel's per-thread `children` lists (not the pids themselves)."""
+    found: set[int] = set()
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = list((proc_root / str(pid) / "task").iterdir())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for task in tasks:
+            try:
+                children = (task / "children").read_text().split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # that thread exited
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+    return found
+
+
 class ListenerCheck:
-    """Before each scrape of a loopback URL: every socket that could accept the connection must be one of the
-    target family's (`pids()`, the target process today, its descendants too when targets are families).
+    """Before each scrape of a loopback URL: every socket that could accept the connection must be open in one of
+    `pids()` (the target process today; a target family's processes when targets are families) or their
+    descendants (a launcher whose child server binds the port: TGI's launcher and router).
 
     `check()` returns the health line ("checked: …" or "not checked: …") and raises NotTheTarget when another
     process holds the port. A listening socket once found among the family's fds is remembered with the family:
-    while the port's listening inodes and the family stay the same, no fd is listed again (the inode names that
-    socket for as long as it exists)."""
+    while the port's listening inodes and `pids()` stay the same, no fd is listed again (the inode names that
+    socket for as long as it exists). Descendants are looked at only when `pids()` themselves do not hold it."""
 
     def __init__(self, url: str, pids: Callable[[], Iterable[int]], proc_root: Path = Path("/proc")) -> None:
         parts = urlsplit(url)
@@ -183,6 +206,9 @@ class ListenerCheck:
         if self._verified != (pids, inodes):
             try:
                 foreign = set(inodes) - socket_inodes(sorted(pids), set(inodes), self._proc_root)
+                if foreign:
+                    below = descendants(pids, self._proc_root) - pids
+                    foreign -= socket_inodes(sorted(below), foreign, self._proc_root)
             except PermissionError as exc:
                 # An agent run without root reads only its own user's fds.
                 self.last = f"not checked: cannot list the target's fds ({exc.strerror})"
@@ -191,9 +217,11 @@ class ListenerCheck:
                 holders = sorted({li.uid for li in reaching if li.inode in foreign})
                 self._verified = None
                 self.last = (f"refused: port {self.port} is held by a socket (uid {', '.join(map(str, holders))}) "
-                             f"that the target (pid {', '.join(map(str, sorted(pids)))}) does not have open")
+                             f"that the target (pid {', '.join(map(str, sorted(pids)))}) and its descendants do not "
+                             f"have open")
                 raise NotTheTarget(f"latency endpoint port {self.port} is not the target's: it is held by a socket "
-                                   f"of uid {', '.join(map(str, holders))} that the target does not have open "
+                                   f"of uid {', '.join(map(str, holders))} that neither the target nor its "
+                                   f"descendants have open "
                                    f"(another process bound the port?); its answer is not used")
             self._verified = (pids, inodes)
         self.last = f"checked: port {self.port} is listened on by the target (pid {', '.join(map(str, sorted(pids)))})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -229,7 +230,7 @@ def test_a_port_held_by_another_process_is_refused_and_health_says_so(require_ro
         wait_listening(port, impostor)
         src = LatencySource(url, METRIC, timeout=2.0, owner_pids=lambda: (target.pid,))
         with pytest.raises(NotTheTarget, match=r"port \d+ is not the target's: it is held by a socket of uid 65534 "
-                                               "that the target does not have open"):
+                                               "that neither the target nor its descendants have open"):
             src.read()
         health = src.health()
         assert health.state == "failed" and "not the target's" in health.reason
@@ -262,6 +263,23 @@ def test_the_targets_own_port_is_checked_once_then_remembered(hostile, monkeypat
     src.close()
 
 
+def test_a_port_held_by_the_targets_child_is_the_targets(hostile) -> None:
+    # A launcher whose child serves (TGI's launcher and router): the launcher is the target, the child binds.
+    port = free_port()
+    launcher = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
+                                 "sys.exit(subprocess.call([sys.executable] + sys.argv[1:]))",
+                                 str(HOSTILE), "normal", str(port)], start_new_session=True)
+    try:
+        wait_listening(port, launcher)
+        src = LatencySource(f"http://127.0.0.1:{port}/metrics", METRIC, timeout=2.0, owner_pids=lambda: (launcher.pid,))
+        src.prime()
+        assert src.health().detail["owner"] == f"checked: port {port} is listened on by the target (pid {launcher.pid})"
+        src.close()
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)  # the child server too
+        launcher.wait()
+
+
 def test_a_url_elsewhere_says_its_owner_was_not_checked() -> None:
     assert ListenerCheck("http://10.1.2.3:8000/metrics", lambda: (1,)).check() == \
         "not checked: 10.1.2.3 is not a loopback address"
@@ -281,19 +299,22 @@ def test_every_listener_that_can_take_the_connection_must_be_the_targets() -> No
     check = ListenerCheck(f"http://127.0.0.1:{port}/metrics", lambda: (os.getpid(),))
     try:
         assert check.check().startswith("checked:")
-        child = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\n"
+        # Forked away, so it is no descendant of the target (this process).
+        child = subprocess.Popen([sys.executable, "-c", "import os, socket, sys, time\n"
+                                  "if os.fork(): os._exit(0)\n"
                                   "s = socket.socket(socket.AF_INET6)\n"
                                   "s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)\n"
-                                  f"s.bind(('::', {port})); s.listen(1); print('up', flush=True); time.sleep(60)"],
+                                  f"s.bind(('::', {port})); s.listen(1); print(os.getpid(), flush=True)\n"
+                                  "time.sleep(60)"],
                                  stdout=subprocess.PIPE, text=True)
+        stray = int(child.stdout.readline())
+        child.wait()
         try:
-            assert child.stdout.readline() == "up\n"
-            # V6ONLY is not in /proc: a `::` listener is counted as able to take IPv4 connections.
+            # Its V6ONLY is not shown by the kernel: a `::` listener is counted as able to take IPv4 connections.
             with pytest.raises(NotTheTarget):
                 check.check()
         finally:
-            child.kill()
-            child.wait()
+            os.kill(stray, signal.SIGKILL)
     finally:
         mine.close()
 
