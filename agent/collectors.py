@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.sources.protocol import Source
+from agent.sources.protocol import Begins, Source
 from agent.targets import Target
 from analysis.errors import NoAnswer, ProbeError, Unsupported
 from analysis.health import Health
@@ -162,6 +162,10 @@ class Collectors:
 
     def read(self) -> dict[tuple[int, int], Collected]:
         """Every target's readings and missing reasons; probes first, so their cut is the window's end."""
+        for entry in self._sources.values():
+            for source in entry.sources.values():
+                if isinstance(source, Begins):
+                    source.begin()
         probe_readings, probe_errors = self._read_probes()
         out: dict[tuple[int, int], Collected] = {}
         for key, target in self._targets.items():

@@ -26,6 +26,7 @@ from agent.sources.pyspy import (
     DEFAULT_RATE_HZ,
     DEFAULT_SEGMENT_SECONDS,
 )
+from agent.sources.scrape import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SERIES
 from analysis.redact import redact_url
 
 DEFAULT_STORE_DIR = Path("/var/lib/infersight")
@@ -122,7 +123,11 @@ class LatencySpec:
     kind: LatencyKind = "histogram"
     unit_seconds: float = 1.0
     count_metric: str | None = None
+    # The whole scrape's deadline (connect, headers, body, parse), and what one answer may hold: Prometheus's
+    # scrape_timeout, body_size_limit and sample_limit (docs/config.md gives the reasons for the defaults).
     timeout_seconds: float = 2.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_series: int = DEFAULT_MAX_SERIES
 
     def __post_init__(self) -> None:
         try:
@@ -143,6 +148,8 @@ class LatencySpec:
         if self.kind == "counter" and not self.count_metric:
             raise FieldError("count_metric", f"is required when kind is 'counter', got {self.count_metric!r}")
         _require_range("timeout_seconds", self.timeout_seconds, 0.1, 60)
+        _require_range("max_body_bytes", self.max_body_bytes, 64 << 10, 1 << 30)
+        _require_range("max_series", self.max_series, 100, 1_000_000)
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> LatencySpec:

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from agent.collectors import SourceFactories
-from agent.config import Config
+from agent.config import Config, LatencySpec
 from agent.presets import PRESETS
 from agent.sources.gpu import GpuSource
 from agent.sources.latency import LatencySource
 from agent.sources.process import ProcessSource
 from agent.sources.pyspy import PySpySampler
 from agent.targets import Target
-from analysis.errors import ProbeError
-from analysis.redact import redact_text, redact_url
-
-log = logging.getLogger("infersight.sources")
 
 
 def source_factories(target: Target, config: Config,
@@ -39,17 +34,25 @@ def source_factories(target: Target, config: Config,
             burst_hold_segments=stacks.burst_hold_segments, wants_burst=trigger)
     latency = target.spec.latency
     if latency is not None:
-        factories["latency"] = lambda: _latency_source(latency)
+        factories["latency"] = lambda: _latency_source(latency, target, config.interval_seconds)
     return factories
 
 
-def _latency_source(spec) -> LatencySource:
+def scrape_deadline(timeout_seconds: float, interval_seconds: float) -> float:
+    """A scrape's deadline: its timeout, but never more than half the interval. Each tick waits for every target's
+    scrape at once, up to this; the other half is the rest of the tick's work, so a target that answers slowly
+    costs its own reading and never another target's window."""
+    return min(timeout_seconds, interval_seconds / 2)
+
+
+def _latency_source(spec: LatencySpec, target: Target, interval_seconds: float) -> LatencySource:
     figures = PRESETS[spec.preset].figures if spec.preset else None
-    source = LatencySource(spec.url, spec.metric, timeout=spec.timeout_seconds, kind=spec.kind,
-                           count_metric=spec.count_metric, unit_seconds=spec.unit_seconds, figures=figures)
-    try:
-        source.prime()  # the baseline scrape, so the first window already has a delta
-    except ProbeError as exc:
-        # The log is read by more people than the config: a password in the URL stays out of it.
-        log.warning("latency source %s not answering yet: %s", redact_url(spec.url), redact_text(str(exc)))
+    source = LatencySource(spec.url, spec.metric, timeout=scrape_deadline(spec.timeout_seconds, interval_seconds),
+                           kind=spec.kind, count_metric=spec.count_metric, unit_seconds=spec.unit_seconds,
+                           figures=figures, max_body_bytes=spec.max_body_bytes, max_series=spec.max_series,
+                           # The target is one process today; a family's pids go here when targets are families.
+                           owner_pids=lambda: (target.pid,))
+    # The baseline scrape, so the first window already has a delta; off the collection thread, since the target
+    # may be one that answers slowly (the first read takes it, or says why it failed).
+    source.prime(wait=False)
     return source

@@ -1,16 +1,26 @@
-"""Hide credentials in text that is shown or stored: `scheme://user:pass@host` becomes `scheme://***@host`."""
+"""Hide credentials in text that is shown or stored: `scheme://user:pass@host/p?token=x` becomes `scheme://***@host/p?…`."""
 
 from __future__ import annotations
 
 import re
 
-# userinfo runs from "//" to the last "@" before the path, query or fragment (a password may hold "@").
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]+@")
+# userinfo runs from "//" to the last "@" before the path, query or fragment (a password may hold "@"); the
+# query runs to the first blank, quote or angle bracket, so a URL quoted inside a message keeps its closing quote.
+_URL = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<authority>[^/?#\s]*)(?P<path>[^?#\s\"'<>]*)"
+                  r"(?P<query>\?[^\s\"'<>]*)?")
+
+
+def _hide(match: re.Match[str]) -> str:
+    authority = match["authority"]
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    # Tokens travel in queries (`/metrics?token=…`); which parameter holds one cannot be known, so all go.
+    return f"{match['scheme']}{authority}{match['path']}{'?…' if match['query'] else ''}"
 
 
 def redact_text(text: str) -> str:
-    """`text` with the user-info part of every URL in it replaced by `***`."""
-    return _USERINFO.sub(r"\g<scheme>***@", text)
+    """`text` with the user-info part and the query of every URL in it replaced (`***@`, `?…`)."""
+    return _URL.sub(_hide, text)
 
 
 def redact_url(url: str) -> str:

@@ -20,13 +20,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_execd(argv: list[str], timeout: float = 10.0) -> subprocess.Popen:
+def spawn_execd(argv: list[str], timeout: float = 10.0, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """Popen, then wait until the child's execve has set its command line.
 
     Popen returns while the child may still be inside execve (a vfork spawn's parent runs on first), and until
     argv is set the agent does not watch it (agent/targets.py): a test that discovers it at once would race.
+    `pass_fds`: descriptors the child keeps open (a listening socket, so the child is the one holding its port).
     """
-    child = subprocess.Popen(argv)
+    child = subprocess.Popen(argv, pass_fds=pass_fds)
     deadline = time.monotonic() + timeout
     while read_proc(child.pid).cmdline[-1:] != (argv[-1],):
         if time.monotonic() > deadline:

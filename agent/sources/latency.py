@@ -2,47 +2,50 @@
 
 from __future__ import annotations
 
-import http.client
+import logging
 import math
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.parser import text_fd_to_metric_families, text_string_to_metric_families
 
 from agent.presets import ServerFigures
+from agent.sources.flight import Flight
+from agent.sources.listener import ListenerCheck
+from agent.sources.scrape import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_SERIES,
+    Exchange,
+    Limits,
+    Scraped,
+    deadline_lines,
+    filter_text,
+)
 from analysis.errors import NoAnswer, ReadingError
 from analysis.health import Health
 from analysis.redact import redact_text, redact_url
 from analysis.window import LatencyReading
 
+log = logging.getLogger("infersight.sources")
+
+# An injected fetch (tests, canned answers): url, deadline seconds -> the whole text.
 Fetch = Callable[[str, float], str]
 QUANTILES = (0.5, 0.95, 0.99)
+# The load test reads a whole /metrics: every family, under a larger cap than a watched target's.
+_FETCH_ALL_MAX_BYTES = 64 << 20
 
 
 def http_fetch(url: str, timeout: float) -> str:
-    """GET `url`; every failure becomes a ReadingError naming the url, a NoAnswer when nothing answered."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.read().decode("utf-8", errors="replace")
-    except urllib.error.HTTPError as exc:
-        raise ReadingError(f"latency endpoint {redact_url(url)} answered HTTP {exc.code}") from exc
-    except urllib.error.URLError as exc:
-        # urllib wraps what fails before the request is sent: the connection itself.
-        reason = redact_text(str(exc.reason))
-        if not isinstance(exc.reason, OSError):  # "unknown url type": our configuration, not the server
-            raise ReadingError(f"latency endpoint {redact_url(url)} unusable: {reason}") from exc
-        raise NoAnswer(f"latency endpoint {redact_url(url)} unreachable: {reason}", stage="connect") from exc
-    except OSError as exc:  # after the request went out: no reply in time, or the connection dropped
-        raise NoAnswer(f"latency endpoint {redact_url(url)} did not answer: {redact_text(str(exc)) or type(exc).__name__}",
-                       stage="response") from exc
-    except http.client.HTTPException as exc:  # it answered, but not HTTP: a wrong answer, which must not end the tick
-        raise ReadingError(f"latency endpoint {redact_url(url)} answered something that is not HTTP: "
-                           f"{type(exc).__name__} {redact_text(str(exc))[:80]!r}") from exc
-    except ValueError as exc:  # a URL urllib cannot use: our configuration, not news about the server
-        raise ReadingError(f"latency endpoint {redact_url(url)} unusable: {redact_text(str(exc))}") from exc
+    """GET `url`, all of it, within `timeout` seconds for the whole exchange (agent/sources/scrape.py); every failure
+    is a ReadingError naming the url, a NoAnswer when nothing answered."""
+    return Exchange(url, Limits(timeout, max_body_bytes=_FETCH_ALL_MAX_BYTES), prefixes=None).run().text
+
+
+def _families(text: str, deadline: float | None):
+    if deadline is None:
+        return text_string_to_metric_families(text)
+    return text_fd_to_metric_families(deadline_lines(text, deadline, "latency endpoint"))
 
 
 @dataclass
@@ -54,12 +57,15 @@ class HistogramSnapshot:
     counts: dict[tuple, float] = field(default_factory=dict)
 
 
-def parse_histogram(text: str, metric: str) -> HistogramSnapshot:
-    """Pick `<metric>_bucket/_sum/_count` out of exposition text; ReadingError if absent or malformed."""
+def parse_histogram(text: str, metric: str, exposed: Iterable[str] = (),
+                    deadline: float | None = None) -> HistogramSnapshot:
+    """Pick `<metric>_bucket/_sum/_count` out of exposition text; ReadingError if absent or malformed. `exposed`:
+    family names the endpoint declared beyond those in `text` (a filtered answer), for the "not found" error;
+    `deadline` (monotonic): when parsing must have ended."""
     snap = HistogramSnapshot()
-    names = []
+    names = list(exposed)
     try:
-        for family in text_string_to_metric_families(text):
+        for family in _families(text, deadline):
             names.append(family.name)
             for s in family.samples:
                 labels = {k: v for k, v in s.labels.items() if k != "le"}
@@ -113,12 +119,12 @@ def histogram_delta(prev: HistogramSnapshot | None, cur: HistogramSnapshot) -> t
 Series = dict[tuple, float]
 
 
-def parse_counters(text: str, names: tuple[str, ...]) -> dict[str, Series]:
+def parse_counters(text: str, names: tuple[str, ...], deadline: float | None = None) -> dict[str, Series]:
     """Values of each counter in `names` per label set; ReadingError if one is absent or text is bad."""
     found: dict[str, Series] = {n: {} for n in names}
     seen: set[str] = set()
     try:
-        for family in text_string_to_metric_families(text):
+        for family in _families(text, deadline):
             if family.name in found:
                 seen.add(family.name)  # declared without series yet (no request so far): zero, not missing
             for s in family.samples:
@@ -149,11 +155,11 @@ def counter_delta(prev: Series | None, cur: Series) -> tuple[float, int]:
     return total, resets
 
 
-def parse_samples(text: str, names: set[str]) -> dict[str, Series]:
+def parse_samples(text: str, names: set[str], deadline: float | None = None) -> dict[str, Series]:
     """Values of the exact sample names in `names` per label set; a name the text lacks is absent."""
     found: dict[str, Series] = {}
     try:
-        for family in text_string_to_metric_families(text):
+        for family in _families(text, deadline):
             for s in family.samples:
                 if s.name in names:
                     found.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
@@ -166,17 +172,9 @@ def relevant_text(text: str, prefixes: tuple[str, ...]) -> str:
     """Only the lines of the families whose names start with `prefixes`: their samples and their # HELP/# TYPE.
 
     The parser costs ~12 µs a line; a server's /metrics holds hundreds of lines we never read (the workload's 244
-    took 3 ms per parse, twice per window). Lines are kept whole, so what is parsed means what it meant."""
-    kept = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) > 2 and parts[2].startswith(prefixes):
-                kept.append(line)
-        elif line.startswith(prefixes):
-            kept.append(line)
-    kept.append("")
-    return "\n".join(kept)
+    took 3 ms per parse, twice per window). Lines are kept whole, so what is parsed means what it meant. A scrape
+    filters the same way while the answer streams in (agent/sources/scrape.py)."""
+    return filter_text(text, prefixes, max_series=len(text)).text
 
 
 def figure_names(figures: ServerFigures) -> set[str]:
@@ -249,20 +247,40 @@ def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
     return start + (bounds[b] - start) * (rank - below) / in_bucket
 
 
+@dataclass
+class _Scrape:
+    """What one scrape gave, parsed: the histogram (or counters), the figures, and when it began (source clock)."""
+
+    snap: HistogramSnapshot | dict[str, Series]
+    figures: dict[str, Series]
+    at: float
+    scraped: Scraped
+
+
 class LatencySource:
-    """Scrapes `url` each read() and returns the request latency's delta since the previous read.
+    """Scrapes `url` for each read() and returns the request latency's delta since the previous read.
 
     kind "histogram": `metric` is a histogram family; p50/p95/p99 come from the bucket deltas.
     kind "counter": `metric` is a cumulative request-duration counter and `count_metric` the
     completed-request counter (Triton's shape); only requests, rate and `last_mean_seconds`
     are derivable, so the quantiles stay None. `unit_seconds` converts the metric's unit.
+
+    The scrape runs off the collection thread (agent/sources/flight.py): `begin()` starts it — the Collectors call
+    it for every source at the top of a tick, so every target's scrape runs at once — and read() waits for it no
+    longer than `timeout` after it began; a target still answering then has no reading (NoAnswer), and the others'
+    windows are not held up. At most one scrape per target is in flight: while one past its deadline has not ended
+    yet, the next read says so instead of starting another. `max_body_bytes` and `max_series` bound the answer
+    (agent/sources/scrape.py). With `owner_pids` (the target family's pids), a loopback URL's listening socket must
+    be one of theirs (agent/sources/listener.py), or the answer is not used.
     """
 
     name = "latency"
 
     def __init__(self, url: str, metric: str, timeout: float = 2.0, kind: str = "histogram",
-                 count_metric: str | None = None, unit_seconds: float = 1.0, fetch: Fetch = http_fetch,
-                 clock: Callable[[], float] = time.monotonic, figures: ServerFigures | None = None) -> None:
+                 count_metric: str | None = None, unit_seconds: float = 1.0, fetch: Fetch | None = None,
+                 clock: Callable[[], float] = time.monotonic, figures: ServerFigures | None = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, max_series: int = DEFAULT_MAX_SERIES,
+                 owner_pids: Callable[[], Iterable[int]] | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"latency url must be http(s)://..., got {redact_url(url)!r}")
         if kind not in ("histogram", "counter"):
@@ -277,7 +295,10 @@ class LatencySource:
             raise ValueError(f"unit_seconds must be positive, got {unit_seconds!r}")
         self.url, self.metric, self.timeout, self.kind = url, metric, timeout, kind
         self.count_metric, self.unit_seconds = count_metric, unit_seconds
+        self.limits = Limits(timeout, max_body_bytes=max_body_bytes, max_series=max_series)
+        self._shown = f"latency endpoint {redact_url(url)}"
         self._fetch, self._clock = fetch, clock
+        self._owner = ListenerCheck(url, owner_pids) if owner_pids is not None else None
         # Only the names a preset lists are read: never anything else the server exports.
         self.figures = figures
         self._figure_names = figure_names(figures) if figures else set()
@@ -285,27 +306,139 @@ class LatencySource:
         self._prev_figures: dict[str, Series] = {}
         self._prev: HistogramSnapshot | dict[str, Series] | None = None
         self._prev_at: float | None = None
+        # The scrape for the next read (or, until consumed, the baseline begun by prime(wait=False)).
+        self._flight: Flight[_Scrape] | None = None
+        self._exchange: Exchange | None = None
+        self._baseline: Flight[_Scrape] | None = None
+        self._not_started: str | None = None
+        self._closed = False
         self._errors = 0
         self._last_error: str | None = None
+        self._warned = False
         self._scrapes = 0
         self._resets = 0
+        self._last_bytes: int | None = None
+        self._last_series: int | None = None
         self.last_mean_seconds: float | None = None
 
-    def prime(self) -> None:
-        """Take the baseline scrape now, so the first read() already has a delta."""
-        self._scrape()
+    # -- the scrape, off the collection thread ---------------------------------------------------
+
+    def begin(self) -> None:
+        """Start this read's scrape now, unless one is begun already (idempotent until read() takes it)."""
+        flight = self._flight
+        if self._closed:
+            return
+        if flight is not None and not flight.consumed:
+            if flight is not self._baseline or not flight.done:
+                return
+            self._take_baseline(flight)
+        if flight is not None and not flight.done:
+            return  # past its deadline and not ended yet: never two scrapes of one target at once
+        at = self._clock()
+        exchange = Exchange(self.url, self.limits, self._prefixes) if self._fetch is None else None
+        deadline = exchange.deadline if exchange else time.monotonic() + self.limits.deadline_seconds
+        try:
+            self._flight = Flight(lambda: self._scrape(exchange, at, deadline), name=f"scrape {redact_url(self.url)}",
+                                  deadline=deadline, abort=exchange.abort if exchange else None)
+        except RuntimeError as exc:  # no thread to be had: this read has no scrape
+            self._not_started = f"{self._shown}: could not start the scrape: {exc}"
+            return
+        self._exchange, self._not_started = exchange, None
+
+    def prime(self, wait: bool = True) -> None:
+        """Take the baseline scrape, so the first read() already has a delta: now (raising what it raised), or,
+        with wait=False, off the collection thread, taken by the first read that finds it done."""
+        self.begin()
+        self._baseline = self._flight
+        if not wait or self._flight is None or self._flight.consumed:
+            return
+        self._take_baseline(self._flight, wait=True)
+
+    def _take_baseline(self, flight: Flight[_Scrape], wait: bool = False) -> None:
+        flight.consumed = True
+        self._baseline = None
+        try:
+            result = self._result(flight)
+        except ReadingError:
+            if wait:
+                raise
+            return  # counted and shown in health; the next scrape is the baseline
+        self._apply(result)
+
+    def _result(self, flight: Flight[_Scrape]) -> _Scrape:
+        """The flight's scrape, waited for until its deadline; every failure counted in health."""
+        if not flight.wait():
+            flight.cancel()
+            exchange = self._exchange if flight is self._flight else None
+            if exchange is not None and exchange.stage == "connect":
+                raise self._failed(NoAnswer(f"{self._shown} unreachable: no connection within "
+                                            f"{self.limits.deadline_seconds:g} s", stage="connect"))
+            got = f", {exchange.received} bytes" if exchange is not None else ""
+            raise self._failed(NoAnswer(f"{self._shown} did not answer: timed out{got} in "
+                                        f"{self.limits.deadline_seconds:g} s (the whole answer must arrive "
+                                        f"within the deadline)"))
+        try:
+            return flight.result()
+        except ReadingError as exc:
+            raise self._failed(exc) from None
+
+    def _failed(self, exc: ReadingError) -> ReadingError:
+        self._errors += 1
+        self._last_error = str(exc)
+        if not self._scrapes and not self._warned:
+            self._warned = True
+            # Once, not every window (those say it themselves). The log is read by more people than the config:
+            # the URL's secrets stay out of it.
+            log.warning("%s not answering yet: %s", self._shown, redact_text(str(exc)))
+        return exc
+
+    def _scrape(self, exchange: Exchange | None, at: float, deadline: float) -> _Scrape:
+        """On the flight's thread: the owner check, the exchange and the parse; nothing of the source changes."""
+        if self._owner is not None:
+            self._owner.check()
+        if exchange is not None:
+            scraped = exchange.run()
+        else:
+            assert self._fetch is not None
+            scraped = filter_text(self._fetch(self.url, self.limits.deadline_seconds), self._prefixes,
+                                  self.limits.max_series)
+        snap, figures = self._parse(scraped, deadline)
+        return _Scrape(snap=snap, figures=figures, at=at, scraped=scraped)
+
+    def _apply(self, result: _Scrape) -> None:
+        self._prev, self._prev_at, self._prev_figures = result.snap, result.at, result.figures
+        self._scrapes += 1
+        self._last_error = None
+        self._last_bytes, self._last_series = result.scraped.body_bytes, result.scraped.series
+
+    # -- readings ---------------------------------------------------------------------------------
 
     def read(self) -> LatencyReading:
-        """Delta since the previous successful scrape; the very first call only sets the baseline.
+        """Delta since the previous successful scrape; the very first one only sets the baseline.
 
-        Raises ReadingError (counted in health) when the endpoint or the metric fails; the
-        baseline is kept, so the next good scrape covers the missed interval too.
+        Raises ReadingError (counted in health) when the endpoint or the metric fails, NoAnswer when nothing (or
+        not all of the answer) came by the deadline; the baseline is kept, so the next good scrape covers the
+        missed interval too.
         """
+        if self._closed:
+            raise ReadingError(f"{self._shown}: the source is closed")
+        self.begin()
+        flight = self._flight
+        if self._not_started is not None or flight is None:
+            raise self._failed(ReadingError(self._not_started or f"{self._shown}: no scrape started"))
+        if flight.consumed:
+            raise self._failed(NoAnswer(f"{self._shown} did not answer: the scrape begun "
+                                        f"{time.monotonic() - flight.started:.1f} s ago is still running past "
+                                        f"its deadline; none other is started until it ends"))
+        flight.consumed = True
+        if flight is self._baseline:
+            self._baseline = None
         prev, prev_at, prev_figures = self._prev, self._prev_at, self._prev_figures
-        cur, now = self._scrape()
+        result = self._result(flight)
+        self._apply(result)
         if prev is None or prev_at is None:
             return LatencyReading()
-        elapsed = now - prev_at
+        cur, elapsed = result.snap, result.at - prev_at
         if isinstance(cur, HistogramSnapshot):
             assert isinstance(prev, HistogramSnapshot)
             buckets, total_sum, resets = histogram_delta(prev, cur)
@@ -342,41 +475,33 @@ class LatencySource:
         reading.decode_mean_seconds = self._seconds(_histogram_mean(prev, cur, f.decode))
 
     def close(self) -> None:
+        """Stop a scrape in flight (its socket is shut down) and wait a moment for its thread; it is a daemon
+        thread, so one stuck where nothing can stop it (a name lookup) does not hold up the agent's exit."""
+        self._closed = True
+        if self._flight is not None:
+            self._flight.cancel(join_seconds=0.5)
         self._prev = None
 
     def health(self) -> Health:
         state = "failed" if self._last_error else "running"
-        return Health(name=self.name, state=state, reason=self._last_error, errors=self._errors,
-                      detail={"url": redact_url(self.url), "metric": self.metric, "kind": self.kind,
-                              "scrapes": self._scrapes, "counter_resets": self._resets,
-                              "mean_seconds": self.last_mean_seconds})
+        detail = {"url": redact_url(self.url), "metric": self.metric, "kind": self.kind,
+                  "scrapes": self._scrapes, "counter_resets": self._resets, "mean_seconds": self.last_mean_seconds,
+                  "deadline_seconds": self.limits.deadline_seconds, "max_body_bytes": self.limits.max_body_bytes,
+                  "max_series": self.limits.max_series, "last_body_bytes": self._last_bytes,
+                  "last_series": self._last_series,
+                  "owner": self._owner.last if self._owner is not None else "not checked: no target pids given"}
+        return Health(name=self.name, state=state, reason=self._last_error, errors=self._errors, detail=detail)
 
     def _seconds(self, value: float | None) -> float | None:
         return None if value is None else value * self.unit_seconds
 
-    def _parse(self, text: str) -> tuple[HistogramSnapshot | dict[str, Series], dict[str, Series]]:
+    def _parse(self, scraped: Scraped, deadline: float | None = None,
+               ) -> tuple[HistogramSnapshot | dict[str, Series], dict[str, Series]]:
         snap: HistogramSnapshot | dict[str, Series]
         if self.kind == "histogram":
-            snap = parse_histogram(text, self.metric)
+            snap = parse_histogram(scraped.text, self.metric, exposed=scraped.exposed, deadline=deadline)
         else:
             assert self.count_metric is not None
-            snap = parse_counters(text, (self.metric, self.count_metric))
-        return snap, parse_samples(text, self._figure_names) if self._figure_names else {}
-
-    def _scrape(self) -> tuple[HistogramSnapshot | dict[str, Series], float]:
-        try:
-            text = self._fetch(self.url, self.timeout)
-            try:
-                snap, figures = self._parse(relevant_text(text, self._prefixes))
-            except ReadingError:
-                # The whole text names what is wrong (a malformed line elsewhere, what the endpoint does expose).
-                snap, figures = self._parse(text)
-        except ReadingError as exc:
-            self._errors += 1
-            self._last_error = str(exc)
-            raise
-        now = self._clock()
-        self._prev, self._prev_at, self._prev_figures = snap, now, figures
-        self._scrapes += 1
-        self._last_error = None
-        return snap, now
+            snap = parse_counters(scraped.text, (self.metric, self.count_metric), deadline=deadline)
+        figures = parse_samples(scraped.text, self._figure_names, deadline=deadline) if self._figure_names else {}
+        return snap, figures

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from analysis.health import Health
 
@@ -16,3 +16,11 @@ class Source(Protocol):
     def close(self) -> None: ...
 
     def health(self) -> Health: ...
+
+
+@runtime_checkable
+class Begins(Protocol):
+    """A source whose read() waits on work it starts in begin(): the registry begins every such source of every
+    target before reading any, so their waits overlap instead of adding up (the latency scrape)."""
+
+    def begin(self) -> None: ...

@@ -97,7 +97,7 @@ preset = "tgi"
 [[targets]]
 name = "triton"
 pid = 4242
-latency = { preset = "triton", timeout_seconds = 1.5 }
+latency = { preset = "triton", timeout_seconds = 1.5, max_body_bytes = 1048576, max_series = 200 }
 [[targets]]
 name = "custom"
 pid = 4243
@@ -118,6 +118,8 @@ latency = { url = "https://h/metrics", metric = "my_latency_ms", unit_seconds = 
     assert triton.latency.metric == "nv_inference_request_duration_us"
     assert triton.latency.count_metric == "nv_inference_request_success"
     assert triton.latency.unit_seconds == 1e-6 and triton.latency.timeout_seconds == 1.5
+    assert (triton.latency.max_body_bytes, triton.latency.max_series) == (1 << 20, 200)
+    assert (tgi.latency.max_body_bytes, tgi.latency.max_series) == (16 << 20, 10_000)  # the defaults
     assert custom.latency == LatencySpec(url="https://h/metrics", metric="my_latency_ms", unit_seconds=0.001)
 
 
@@ -195,6 +197,14 @@ def test_example_config_in_docs_loads() -> None:
      "targets[0].latency.count_metric: is required when kind is 'counter', got None"),
     ('[[targets]]\nname = "a"\npid = 1\nlatency = {preset = "vllm", timeout_seconds = 0}',
      "targets[0].latency.timeout_seconds: must be within [0.1, 60], got 0.0"),
+    ('[[targets]]\nname = "a"\npid = 1\nlatency = {preset = "vllm", max_body_bytes = 1000}',
+     "targets[0].latency.max_body_bytes: must be within [65536, 1073741824], got 1000"),
+    ('[[targets]]\nname = "a"\npid = 1\nlatency = {preset = "vllm", max_body_bytes = "16MiB"}',
+     "targets[0].latency.max_body_bytes: expected an integer, got '16MiB' (string)"),
+    ('[[targets]]\nname = "a"\npid = 1\nlatency = {preset = "vllm", max_series = 5_000_000}',
+     "targets[0].latency.max_series: must be within [100, 1000000], got 5000000"),
+    ('[[targets]]\nname = "a"\npid = 1\nlatency = {preset = "vllm", max_series = 1.5}',
+     "targets[0].latency.max_series: expected an integer, got 1.5 (float)"),
     ('[[targets]]\nname = "a"\npid = 1\nlatency = "vllm"',
      "targets[0].latency: expected a table, got 'vllm' (string)"),
     ("interval_seconds = = 1", "TOML syntax error: Invalid value (at line 1, column 20)"),

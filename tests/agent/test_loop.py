@@ -20,9 +20,10 @@ from tests.live import spawn_execd, start_port_drop
 PY_CHILD = "import gc, os, sys, time\nwhile True:\n    gc.collect(); os.getppid(); time.sleep(0.02)\n"
 
 
-def spawn(marker: str, code: str = PY_CHILD) -> subprocess.Popen:
-    # The marker in argv lets a process_regex spec find exactly this test's children.
-    return spawn_execd([sys.executable, "-c", code, marker])
+def spawn(marker: str, code: str = PY_CHILD, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    # The marker in argv lets a process_regex spec find exactly this test's children. A listening socket in
+    # `pass_fds` makes the child a holder of its port, as a server is (the latency scrape checks that).
+    return spawn_execd([sys.executable, "-c", code, marker], pass_fds=pass_fds)
 
 
 def stop(*procs):
@@ -250,7 +251,8 @@ def test_a_latency_endpoint_that_never_answers_is_marked_unanswered_and_a_wrong_
     silent.listen(8)
     answering = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Overloaded)
     threading.Thread(target=answering.serve_forever, daemon=True).start()
-    children = [spawn(f"unanswered-{uuid.uuid4().hex}") for _ in range(2)]
+    children = [spawn(f"unanswered-{uuid.uuid4().hex}", pass_fds=(sock.fileno(),))
+                for sock in (silent, answering.socket)]
     specs = [TargetSpec(name="stopped", pid=children[0].pid,
                         latency=LatencySpec(url=f"http://127.0.0.1:{silent.getsockname()[1]}/metrics", metric="x",
                                             timeout_seconds=0.3)),
@@ -287,7 +289,7 @@ def test_a_port_cut_off_by_nftables_is_marked_unreachable_and_a_silent_one_only_
         s.listen(8)
     cut_port = cut.getsockname()[1]
     drop = start_port_drop(cut_port, 60)
-    children = [spawn(f"unreachable-{uuid.uuid4().hex}") for _ in range(2)]
+    children = [spawn(f"unreachable-{uuid.uuid4().hex}", pass_fds=(sock.fileno(),)) for sock in (silent, cut)]
     specs = [TargetSpec(name=name, pid=child.pid,
                         latency=LatencySpec(url=f"http://127.0.0.1:{port}/metrics", metric="x", timeout_seconds=0.5))
              for name, child, port in (("silent", children[0], silent.getsockname()[1]),

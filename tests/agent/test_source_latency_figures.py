@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from agent.presets import PRESETS, TGI_FIGURES, VLLM_FIGURES
 from agent.sources.latency import LatencySource, bucket_counts, figure_names, relevant_text
+from agent.sources.scrape import filter_text
 
 E2E = "vllm:e2e_request_latency_seconds"
 
@@ -135,5 +136,7 @@ def test_only_the_read_families_are_parsed_and_they_read_the_same() -> None:
     src = LatencySource(preset.url, preset.metric, figures=preset.figures, fetch=lambda url, timeout: text)
     small = relevant_text(text, src._prefixes)
     assert "python_gc" not in small and "# TYPE vllm:e2e_request_latency_seconds histogram" in small
-    assert src._parse(small) == src._parse(text)
-    assert src._parse(small)[1]["vllm:generation_tokens_total"] == {(): 7.0}
+    kept, everything = filter_text(text, src._prefixes), filter_text(text, None)
+    assert kept.text == small and everything.text.strip() == text.strip()
+    assert src._parse(kept) == src._parse(everything)
+    assert src._parse(kept)[1]["vllm:generation_tokens_total"] == {(): 7.0}
