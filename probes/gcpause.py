@@ -15,11 +15,18 @@ Overhead: a uprobe costs a trap (~1-3 us here) per hit and collections are rare 
 Caveats: the pause is the collector's own time; gc.callbacks run outside it. Uprobes are placed
 per target pid, so adding a target attaches the already loaded functions again (no recompile).
 Collections run during interpreter shutdown are counted too (they call the same function).
+
+Pid reuse: each target is held by a pidfd from just before its attach. The kernel binds each uprobe's
+perf event to the task the pid named at attach time (it fires only in that task's mm), and the caller
+(agent.collectors) checks the target is still the discovered process before and after the attach. The
+moment the pidfd reports the exit, a watcher thread takes the tgid out of the `targets` filter; the next
+read() detaches it and reports nothing for it, even when the pid already names another process.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +38,7 @@ from analysis.window import GcReading, Log2Histogram
 from probes import c_helpers
 from probes.base import import_bcc, load_bpf
 from probes.libpython import USDT_PROVIDER, PythonImage, find_python_image
+from probes.pidfd import ExitWatcher, ProcessHandle
 
 BPF_TEXT = r"""
 #include <uapi/linux/ptrace.h>
@@ -132,6 +140,8 @@ class _Attachment:
     events: list[bytes]
     # USDT sites attached here rather than through bcc: (event name, perf event fd).
     usdt_events: list[tuple[bytes, int]]
+    # The process attached to: its exit takes the tgid out of the filter at once (ExitWatcher).
+    handle: ProcessHandle
 
 
 class GcPauseProbe:
@@ -151,6 +161,9 @@ class GcPauseProbe:
         self._seen_hist: dict[tuple[int, int], int] = {}
         self._state = "stopped"
         self._reason: str | None = None
+        # Guards the `targets` map and `_attached` against the exit watcher's thread.
+        self._lock = threading.Lock()
+        self._watcher: ExitWatcher | None = None
 
     def start(self, targets: Iterable[int]) -> None:
         if self._bpf is not None:
@@ -162,6 +175,7 @@ class GcPauseProbe:
             self._state, self._reason = "failed", str(exc)
             raise
         self._state = "running"
+        self._watcher = ExitWatcher(self._exited, name="gc-exits")
         try:
             self.set_targets(wanted)
         except Unsupported as exc:
@@ -202,7 +216,8 @@ class GcPauseProbe:
         closing, self._parity = self._parity, self._parity ^ 1
         window = self._bpf[b"window"]
         window[window.Key(0)] = window.Leaf(self._parity)
-        for tgid in [t for t in self._attached if not (self._proc / str(t)).exists()]:
+        # By the pidfd, not /proc/PID: after an exit the pid may already name another process.
+        for tgid in [t for t, a in self._attached.items() if not a.handle.alive()]:
             self._detach(tgid)
         readings = {tgid: GcReading() for tgid in self._attached}
         for key, value in self._bpf[b"totals"].items():
@@ -235,6 +250,9 @@ class GcPauseProbe:
         return None
 
     def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()  # first: no exit callback runs while the maps go away
+            self._watcher = None
         if self._bpf is not None:
             for tgid in list(self._attached):
                 self._detach(tgid)
@@ -258,9 +276,19 @@ class GcPauseProbe:
         return attachment.method if attachment else None
 
     def _attach(self, tgid: int) -> None:
+        # Held before anything is read or attached by pid: alive afterwards means it all went to this process.
+        handle = ProcessHandle.open(tgid, proc_root=self._proc)
+        try:
+            self._attach_held(tgid, handle)
+        except BaseException:
+            handle.close()
+            raise
+
+    def _attach_held(self, tgid: int, handle: ProcessHandle) -> None:
         image = self._locate(tgid, self._proc)
         targets = self._bpf[b"targets"]
-        targets[targets.Key(tgid)] = targets.Leaf(1)
+        with self._lock:
+            targets[targets.Key(tgid)] = targets.Leaf(1)
         before = set(self._bpf.uprobe_fds)
         usdt_events: list[tuple[bytes, int]] = []
         try:
@@ -270,16 +298,37 @@ class GcPauseProbe:
             else:
                 method = "uprobe"
                 self._attach_uprobes(image)
+            if not handle.alive():
+                raise TargetGone(f"process {tgid} exited while attaching")
         except Exception as exc:  # bcc raises bare Exception when an attach fails
             for event in set(self._bpf.uprobe_fds) - before:
                 self._bpf.detach_uprobe_event(event)
             _detach_usdt(usdt_events)
-            del targets[targets.Key(tgid)]
-            if not (self._proc / str(tgid)).exists():
+            with self._lock:
+                del targets[targets.Key(tgid)]
+            if isinstance(exc, TargetGone):
+                raise
+            if not handle.alive():
                 raise TargetGone(f"process {tgid} exited while attaching") from exc
             raise Unsupported(f"pid {tgid}: attaching to {image.path} failed: {exc}") from exc
         events = sorted(set(self._bpf.uprobe_fds) - before)
-        self._attached[tgid] = _Attachment(image=image, method=method, events=events, usdt_events=usdt_events)
+        with self._lock:
+            self._attached[tgid] = _Attachment(image=image, method=method, events=events,
+                                               usdt_events=usdt_events, handle=handle)
+        assert self._watcher is not None
+        self._watcher.watch(handle)
+
+    def _exited(self, handle: ProcessHandle) -> None:
+        """The exit watcher's callback (its thread): the tgid leaves the in-kernel filter now, not at the next
+        read; the next read() detaches the probes and drops what was counted for it."""
+        with self._lock:
+            attachment = self._attached.get(handle.pid)
+            if self._bpf is None or attachment is None or attachment.handle is not handle:
+                return  # detached (and maybe attached again) since: not ours any more
+            targets = self._bpf[b"targets"]
+            key = targets.Key(handle.pid)
+            if key in targets:
+                del targets[key]
 
     def _attach_usdt(self, image: PythonImage, events: list[tuple[bytes, int]]) -> None:
         """Plain uprobes at the probe sites, with the kernel raising each site's semaphore.
@@ -307,10 +356,14 @@ class GcPauseProbe:
             self._bpf.attach_uretprobe(name=path, sym=sym.encode(), fn_name=b"gc_done", pid=image.pid)
 
     def _detach(self, tgid: int) -> None:
-        attachment = self._attached.pop(tgid)
-        targets = self._bpf[b"targets"]
-        if targets.Key(tgid) in targets:
-            del targets[targets.Key(tgid)]
+        with self._lock:
+            attachment = self._attached.pop(tgid)
+            targets = self._bpf[b"targets"]
+            if targets.Key(tgid) in targets:
+                del targets[targets.Key(tgid)]
+        if self._watcher is not None:
+            self._watcher.unwatch(attachment.handle)
+        attachment.handle.close()
         for event in attachment.events:
             self._bpf.detach_uprobe_event(event)
         _detach_usdt(attachment.usdt_events)
