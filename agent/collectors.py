@@ -13,6 +13,7 @@ from agent.targets import Target
 from analysis.errors import NoAnswer, ProbeError, Unsupported
 from analysis.health import Health
 from probes.base import Probe
+from probes.pidfd import ProcessHandle
 
 log = logging.getLogger("infersight.collectors")
 
@@ -113,6 +114,10 @@ class Collectors:
         self._target_errors: dict[str, str] = {}
         self._targets: dict[tuple[int, int], Target] = {}
         self._sources: dict[tuple[int, int], _TargetSources] = {}
+        # Each target's process, held by a pidfd: probes attach by pid only while it is alive (see _pids).
+        self._handles: dict[tuple[int, int], ProcessHandle] = {}
+        # Pid -> why probes do not attach to it (it exited, or its pid now names another process).
+        self._not_held: dict[int, str] = {}
         # Host-wide readings of the last read, by Window field (tcp: every retransmit on the host).
         self.host: dict[str, Any] = {}
         # Running probe -> the targets it said it cannot measure, as of the last read.
@@ -126,6 +131,7 @@ class Collectors:
         pids = self._pids()
         for name in self._enabled:
             self._start_probe(name, pids)
+        self._drop_exited(pids)
 
     def set_targets(self, targets: Iterable[Target]) -> None:
         """Build sources for new targets, close those of gone ones, and retarget every probe."""
@@ -157,6 +163,7 @@ class Collectors:
             self._retry.discard(name)
             del self._failed[name]
             self._start_probe(name, pids)
+        self._drop_exited(pids)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -203,7 +210,22 @@ class Collectors:
     # -- internals ------------------------------------------------------------------------------
 
     def _pids(self) -> list[int]:
-        return [t.pid for t in self._targets.values()]
+        """The pids probes may attach to: targets whose own process is held and alive now. A pid whose process
+        exited may already name another user's process, which must not be traced."""
+        return [t.pid for key, t in self._targets.items() if (h := self._handles.get(key)) is not None and h.alive()]
+
+    def _drop_exited(self, attached: list[int]) -> None:
+        """After probes attached by pid: a target that exited meanwhile may have left its pid to another process
+        before the attach, so every probe lets go of it now (alive throughout means the attach was its own)."""
+        alive = self._pids()
+        if len(alive) == len(attached):
+            return
+        for name, probe in list(self._running.items()):
+            try:
+                probe.set_targets(alive)
+            except COLLECTOR_ERRORS as exc:
+                log.warning("probe %s could not drop an exited target: %s", name, exc)
+                self._read_errors[name] = self._read_errors.get(name, 0) + 1
 
     def _add(self, target: Target) -> None:
         entry = _TargetSources()
@@ -219,9 +241,16 @@ class Collectors:
                                             errors=1)
         self._targets[target.key] = target
         self._sources[target.key] = entry
+        try:
+            self._handles[target.key] = ProcessHandle.open(target.pid, target.start_time, self._proc_root)
+        except ProbeError as exc:
+            self._not_held[target.pid] = str(exc)
 
     def _remove(self, key: tuple[int, int]) -> None:
         self._targets.pop(key)
+        if (handle := self._handles.pop(key, None)) is not None:
+            handle.close()
+        self._not_held.pop(key[0], None)
         for name, source in self._sources.pop(key).sources.items():
             try:
                 source.close()
@@ -314,7 +343,10 @@ class Collectors:
         out.missing.update(errors)
 
     def _missing_reason(self, name: str, pid: int) -> str:
-        if not (self._proc_root / str(pid)).exists():
+        if why := self._not_held.get(pid):
+            return f"{name} did not attach to pid {pid}: {why}"
+        held = next((h for key, h in self._handles.items() if key[0] == pid), None)
+        if (not held.alive()) if held is not None else not (self._proc_root / str(pid)).exists():
             return f"pid {pid} exited before {name} was read; its last counts are lost"
         why = self._target_errors.get(name)
         return f"{name} does not measure pid {pid}" + (f" ({why})" if why else "")

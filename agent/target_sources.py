@@ -28,10 +28,12 @@ def source_factories(target: Target, config: Config,
         trigger = (lambda: wants_burst(target.name)) if wants_burst is not None else None
         # A segment longer than a window would leave whole windows without stacks.
         segment = min(stacks.segment_seconds, max(1, int(config.interval_seconds)))
+        # py-spy runs as root by pid: only on the process discovery chose, while its users stay allowed.
         factories["stacks"] = lambda: PySpySampler(
             target.pid, rate_hz=stacks.rate_hz, nonblocking=stacks.nonblocking,
             segment_seconds=segment, burst_rate_hz=stacks.burst_rate_hz,
-            burst_hold_segments=stacks.burst_hold_segments, wants_burst=trigger)
+            burst_hold_segments=stacks.burst_hold_segments, wants_burst=trigger,
+            start_time=target.start_time, allowed_uids=config.allowed_uids)
     latency = target.spec.latency
     if latency is not None:
         factories["latency"] = lambda: _latency_source(latency, target, config.interval_seconds)

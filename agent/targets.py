@@ -8,14 +8,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.config import ConfigError, StatFn, TargetSpec, check_trusted_path
-from analysis.errors import AccessDenied, TargetGone
+from analysis.errors import AccessDenied, ProbeError, TargetGone
 from analysis.snapshot import Skipped
+from probes.pidfd import ProcessHandle, read_uids
 
 PROC = Path("/proc")
 _PIDFILE_MAX_BYTES = 64
 # A process sets its own argv (up to ARG_MAX, megabytes): read enough to match and show, no more, or
 # a user's processes with huge command lines would cost the agent that much memory every window.
 CMDLINE_MAX_BYTES = 64 << 10
+# Of another (not allowed) user's process only this much of the command line is read, to count in `skipped` what a
+# regex would have matched: the front of a command line names the server, and the user's argv costs nothing more.
+OTHERS_CMDLINE_BYTES = 256
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 
 
@@ -92,23 +96,6 @@ def _read(path: str, limit: int | None = None) -> bytes:
         os.close(fd)
 
 
-def read_uids(pid: int, proc_root: Path = PROC) -> tuple[int, ...]:
-    """Real, effective, saved and filesystem uid from /proc/PID/status.
-
-    Not the owner of /proc/PID: a process that makes itself non-dumpable shows that directory as root's.
-    """
-    try:
-        text = _read(f"{proc_root}/{pid}/status").decode(errors="replace")
-    except (FileNotFoundError, ProcessLookupError):
-        raise TargetGone(f"process {pid} does not exist (no {proc_root}/{pid}/status)") from None
-    except PermissionError as exc:
-        raise AccessDenied(f"cannot read {proc_root}/{pid}/status: {exc.strerror}") from None
-    for line in text.splitlines():
-        if line.startswith("Uid:"):
-            return tuple(int(v) for v in line.split()[1:])
-    raise TargetGone(f"process {pid}: no Uid line in {proc_root}/{pid}/status")
-
-
 def list_pids(proc_root: Path = PROC) -> list[int]:
     return sorted(int(name) for name in os.listdir(proc_root) if name.isdigit())
 
@@ -142,16 +129,46 @@ def _not_live(info: ProcInfo) -> str | None:
             "looked for again every window")
 
 
-def _scan(proc_root: Path) -> list[ProcInfo]:
-    infos = []
+@dataclass
+class _Scan:
+    """One pass over /proc for the regex specs: the processes that may be watched, read in full, and of the
+    others (a uid outside allowed_uids) only the pid, the first uid not allowed and the front of the command line."""
+
+    allowed: list[ProcInfo]
+    others: list[tuple[int, int, str]]
+
+
+def _scan(proc_root: Path, own: int, allowed: frozenset[int] | None) -> _Scan:
+    out = _Scan(allowed=[], others=[])
     for pid in list_pids(proc_root):
+        if pid == own:
+            continue
         try:
-            infos.append(read_proc(pid, proc_root))
-        except TargetGone:
-            continue  # exited between listing and reading: simply not running any more
-        except AccessDenied:
-            continue  # only without root; such a process could not be traced anyway
-    return infos
+            if allowed is not None and (bad := _first_not_allowed(pid, allowed, proc_root)) is not None:
+                # Never the whole command line of a process that cannot be selected: any user can make theirs
+                # 64 KiB long and start thousands, and the root agent would read and match them every window.
+                front = _read(f"{proc_root}/{pid}/cmdline", OTHERS_CMDLINE_BYTES)
+                out.others.append((pid, bad, " ".join(a.decode(errors="replace") for a in front.split(b"\0") if a)))
+                continue
+            info = read_proc(pid, proc_root)
+        except (TargetGone, AccessDenied, FileNotFoundError, ProcessLookupError, PermissionError):
+            continue  # exited between listing and reading; denied only without root (untraceable anyway)
+        if _not_live(info) is None:
+            out.allowed.append(info)
+    return out
+
+
+def _first_not_allowed(pid: int, allowed: frozenset[int], proc_root: Path) -> int | None:
+    """The first of the process's uids outside `allowed`, or None when all are inside.
+
+    The owner of /proc/PID (its effective uid) turns most away with one stat(). An allowed owner is confirmed
+    by every uid in /proc/PID/status: a process may hold other uids than its effective one, and the files under
+    a non-dumpable process's /proc/PID show root (its directory did not, on 6.18; older kernels differ).
+    """
+    owner = os.stat(f"{proc_root}/{pid}").st_uid
+    if owner not in allowed:
+        return owner
+    return next((u for u in read_uids(pid, proc_root) if u not in allowed), None)
 
 
 def _match(spec: TargetSpec, info: ProcInfo) -> bool:
@@ -163,7 +180,8 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
              problems: dict[str, str] | None = None, stat: StatFn = os.lstat,
              readlink: Callable[[str], str] = os.readlink,
              trusted_uids: frozenset[int] | None = None, allowed_uids: frozenset[int] | None = None,
-             max_targets: int | None = None, skipped: dict[str, Skipped] | None = None) -> list[Target]:
+             max_targets: int | None = None, skipped: dict[str, Skipped] | None = None,
+             hold: bool = True) -> list[Target]:
     """The processes that the specs select right now, in spec order.
 
     A spec that selects nothing leaves one line in `problems[spec.name]` (pidfile missing or untrusted,
@@ -173,12 +191,18 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
 
     With `allowed_uids`, a process any of whose uids is outside that set is never selected: another
     user must not be able to make a root agent trace (and run py-spy as root on) processes it starts.
-    At most `max_targets` are selected in all; `skipped[spec.name]` counts what a spec matched but lost.
+    Its uids are read first and its command line is not (beyond `OTHERS_CMDLINE_BYTES`, matched only to
+    count it in `skipped`). At most `max_targets` are selected in all; `skipped[spec.name]` counts what a
+    spec matched but lost.
+
+    With `hold` (the default), each selected process is checked once more under a pidfd: its pid still
+    names the process that was read (same start time) and its uids are still allowed. `hold=False` is for
+    fixture /proc trees, whose pids are not real processes.
     """
     own = os.getpid() if own_pid is None else own_pid
     found: list[Target] = []
     claimed: dict[int, str] = {}
-    scanned: list[ProcInfo] | None = None
+    scanned: _Scan | None = None
 
     def note(spec: TargetSpec, why: str) -> None:
         if problems is not None:
@@ -187,11 +211,14 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
     for spec in specs:
         left = None if max_targets is None else max(0, max_targets - len(found))
         infos: list[ProcInfo] = []
+        others: list[tuple[int, int]] = []
         if spec.process_regex is not None:
+            assert spec.pattern is not None
             if scanned is None:
-                scanned = [i for i in _scan(proc_root) if _not_live(i) is None and i.pid != own]
-            infos = [i for i in scanned if _match(spec, i)]
-            if not infos:
+                scanned = _scan(proc_root, own, allowed_uids)
+            infos = [i for i in scanned.allowed if _match(spec, i)]
+            others = [(pid, uid) for pid, uid, front in scanned.others if spec.pattern.search(front)]
+            if not infos and not others:
                 note(spec, f"no process matches process_regex {spec.process_regex!r}")
         else:
             try:
@@ -205,24 +232,30 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
                 note(spec, why)
                 continue
             infos = [info]
+            if allowed_uids is not None:
+                refused = _not_allowed(infos, allowed_uids, proc_root)
+                others = list(refused.items())
+                infos = [i for i in infos if i.pid not in refused]
         taken = [i for i in infos if i.pid in claimed]
         infos = [i for i in infos if i.pid not in claimed]
-        if taken and not infos:
+        if taken and not infos and not others:
             note(spec, f"process {taken[0].pid} is already watched as target {claimed[taken[0].pid]!r}")
-        matched = len(infos)
-        if allowed_uids is not None:
-            refused = _not_allowed(infos, allowed_uids, proc_root)
-            infos = [i for i in infos if i.pid not in refused]
-            if refused and not infos:
-                pid, uid = next(iter(refused.items()))
-                note(spec, f"process {pid} runs as uid {uid}, not root or a user in allowed_users; "
-                           f"a root agent traces only processes of users it trusts")
+        matched = len(infos) + len(others)
+        if hold:
+            held = [(i, _held(i, allowed_uids, proc_root)) for i in infos]
+            others += [(i.pid, uid) for i, uid in held if uid is not None and uid >= 0]
+            # uid -1: the process exited or its pid names another process now; simply not running any more.
+            infos = [i for i, uid in held if uid is None]
+        if others and not infos:
+            pid, uid = others[0]
+            note(spec, f"process {pid} runs as uid {uid}, not root or a user in allowed_users; "
+                       f"a root agent traces only processes of users it trusts")
         over = infos[left:] if left is not None else []
         infos = infos[:left] if left is not None else infos
         if over and not infos:
             note(spec, f"max_targets ({max_targets}) reached: process {over[0].pid} is not watched")
         if skipped is not None and spec.process_regex is not None:
-            skipped[spec.name] = Skipped(matched=matched, not_allowed=matched - len(infos) - len(over),
+            skipped[spec.name] = Skipped(matched=matched, not_allowed=len(others),
                                          over_limit=len(over), max_targets=max_targets)
         for info in infos:
             name = spec.name if len(infos) == 1 else f"{spec.name}#{info.pid}"
@@ -230,6 +263,25 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
             found.append(Target(name=name, pid=info.pid, start_time=info.start_time, cmdline=info.cmdline,
                                 spec=spec))
     return found
+
+
+def _held(info: ProcInfo, allowed: frozenset[int] | None, proc_root: Path) -> int | None:
+    """None when the process now holding `info.pid` is the one read (same start time) and, under its pidfd,
+    all its uids are allowed; else the first uid not allowed, or -1 when it exited or the pid names another
+    process. The reads above were not bound to one process: between them the pid could change hands."""
+    try:
+        handle = ProcessHandle.open(info.pid, info.start_time, proc_root)
+    except ProbeError:
+        return -1
+    try:
+        uids = read_uids(info.pid, proc_root) if allowed is not None else ()
+        if not handle.alive():
+            return -1
+        return next((u for u in uids if allowed is not None and u not in allowed), None)
+    except (TargetGone, AccessDenied):
+        return -1
+    finally:
+        handle.close()
 
 
 def _not_allowed(infos: list[ProcInfo], allowed: frozenset[int], proc_root: Path) -> dict[int, int]:

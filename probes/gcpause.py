@@ -18,6 +18,12 @@ Overhead: a uprobe costs a trap (~1-3 us here) per hit and collections are rare 
 Caveats: the pause is the collector's own time; gc.callbacks run outside it. Uprobes are placed
 per target pid, so adding a target attaches the already loaded functions again (no recompile).
 Collections run during interpreter shutdown are counted too (they call the same function).
+
+Pid reuse: each target is held by a pidfd from just before its attach. The kernel binds each uprobe's
+perf event to the task the pid named at attach time (it fires only in that task's mm), and the caller
+(agent.collectors) checks the target is still the discovered process before and after the attach. The
+moment the pidfd reports the exit, a watcher thread takes the tgid out of the `targets` filter; the next
+read() detaches it and reports nothing for it, even when the pid already names another process.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +43,7 @@ from analysis.window import GcReading, Log2Histogram
 from probes import c_helpers
 from probes.base import import_bcc, load_bpf
 from probes.libpython import USDT_PROVIDER, PythonImage, find_python_image
+from probes.pidfd import ExitWatcher, ProcessHandle
 
 BPF_TEXT = r"""
 #include <uapi/linux/ptrace.h>
@@ -138,6 +146,8 @@ class _Attachment:
     # inode without opening it, and bcc's own symbol lookup, which opens and parses the file the
     # target controls (a FIFO put there blocks it), is never asked.
     events: list[tuple[bytes, int]]
+    # The process attached to: its exit takes the tgid out of the filter at once (ExitWatcher).
+    handle: ProcessHandle
 
 
 class GcPauseProbe:
@@ -157,6 +167,9 @@ class GcPauseProbe:
         self._seen_hist: dict[tuple[int, int], int] = {}
         self._state = "stopped"
         self._reason: str | None = None
+        # Guards the `targets` map and `_attached` against the exit watcher's thread.
+        self._lock = threading.Lock()
+        self._watcher: ExitWatcher | None = None
 
     def start(self, targets: Iterable[int]) -> None:
         if self._bpf is not None:
@@ -168,6 +181,7 @@ class GcPauseProbe:
             self._state, self._reason = "failed", str(exc)
             raise
         self._state = "running"
+        self._watcher = ExitWatcher(self._exited, name="gc-exits")
         try:
             self.set_targets(wanted)
         except Unsupported as exc:
@@ -216,7 +230,8 @@ class GcPauseProbe:
         closing, self._parity = self._parity, self._parity ^ 1
         window = self._bpf[b"window"]
         window[window.Key(0)] = window.Leaf(self._parity)
-        for tgid in [t for t in self._attached if not (self._proc / str(t)).exists()]:
+        # By the pidfd, not /proc/PID: after an exit the pid may already name another process.
+        for tgid in [t for t, a in self._attached.items() if not a.handle.alive()]:
             self._detach(tgid)
         readings = {tgid: GcReading() for tgid in self._attached}
         for key, value in self._bpf[b"totals"].items():
@@ -249,6 +264,9 @@ class GcPauseProbe:
         return None
 
     def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()  # first: no exit callback runs while the maps go away
+            self._watcher = None
         if self._bpf is not None:
             for tgid in list(self._attached):
                 self._detach(tgid)
@@ -272,9 +290,19 @@ class GcPauseProbe:
         return attachment.method if attachment else None
 
     def _attach(self, tgid: int) -> None:
+        # Held before anything is read or attached by pid: alive afterwards means it all went to this process.
+        handle = ProcessHandle.open(tgid, proc_root=self._proc)
+        try:
+            self._attach_held(tgid, handle)
+        except BaseException:
+            handle.close()
+            raise
+
+    def _attach_held(self, tgid: int, handle: ProcessHandle) -> None:
         image = self._locate(tgid, self._proc)
         targets = self._bpf[b"targets"]
-        targets[targets.Key(tgid)] = targets.Leaf(1)
+        with self._lock:
+            targets[targets.Key(tgid)] = targets.Leaf(1)
         events: list[tuple[bytes, int]] = []
         try:
             if image.has_gc_usdt:
@@ -283,13 +311,33 @@ class GcPauseProbe:
             else:
                 method = "uprobe"
                 self._attach_uprobes(image, events)
+            if not handle.alive():
+                raise TargetGone(f"process {tgid} exited while attaching")
         except Exception as exc:  # bcc raises bare Exception when an attach fails
             _detach_events(events)
-            del targets[targets.Key(tgid)]
-            if not (self._proc / str(tgid)).exists():
+            with self._lock:
+                del targets[targets.Key(tgid)]
+            if isinstance(exc, TargetGone):
+                raise
+            if not handle.alive():
                 raise TargetGone(f"process {tgid} exited while attaching") from exc
             raise Unsupported(f"pid {tgid}: attaching to {image.path} failed: {exc}") from exc
-        self._attached[tgid] = _Attachment(image=image, method=method, events=events)
+        with self._lock:
+            self._attached[tgid] = _Attachment(image=image, method=method, events=events, handle=handle)
+        assert self._watcher is not None
+        self._watcher.watch(handle)
+
+    def _exited(self, handle: ProcessHandle) -> None:
+        """The exit watcher's callback (its thread): the tgid leaves the in-kernel filter now, not at the next
+        read; the next read() detaches the probes and drops what was counted for it."""
+        with self._lock:
+            attachment = self._attached.get(handle.pid)
+            if self._bpf is None or attachment is None or attachment.handle is not handle:
+                return  # detached (and maybe attached again) since: not ours any more
+            targets = self._bpf[b"targets"]
+            key = targets.Key(handle.pid)
+            if key in targets:
+                del targets[key]
 
     def _attach_usdt(self, image: PythonImage, events: list[tuple[bytes, int]]) -> None:
         """Plain uprobes at the probe sites, with the kernel raising each site's semaphore.
@@ -317,10 +365,14 @@ class GcPauseProbe:
                 events.append((event, _open_uprobe(attach, fn.fd, kind, event, image, offset, 0, sym)))
 
     def _detach(self, tgid: int) -> None:
-        attachment = self._attached.pop(tgid)
-        targets = self._bpf[b"targets"]
-        if targets.Key(tgid) in targets:
-            del targets[targets.Key(tgid)]
+        with self._lock:
+            attachment = self._attached.pop(tgid)
+            targets = self._bpf[b"targets"]
+            if targets.Key(tgid) in targets:
+                del targets[targets.Key(tgid)]
+        if self._watcher is not None:
+            self._watcher.unwatch(attachment.handle)
+        attachment.handle.close()
         _detach_events(attachment.events)
         self._seen_totals.pop(tgid, None)
         self._seen_hist = {k: v for k, v in self._seen_hist.items() if k[0] != tgid}

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import atexit
-import ctypes
+import logging
 import os
+import select
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -15,15 +17,18 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.sources.folded import parse_summary
+from agent.sources.folded import DEFAULT_STACK_LIMITS, StackBudget, StackCuts, StackLimits, parse_summary
 from agent.sources.thread_split import parse_by_thread, split_by_busy
 from analysis.errors import AccessDenied, ProbeError, ReadingError, SourceUnavailable, TargetGone
 from analysis.health import Health
 from analysis.window import StackReading
+from probes.pidfd import ProcessHandle, read_uids
+
+log = logging.getLogger("infersight.pyspy")
 
 Runner = Callable[..., subprocess.Popen]
 WantsBurst = Callable[[], bool]
@@ -35,8 +40,30 @@ DEFAULT_BURST_RATE_HZ = 49
 DEFAULT_SEGMENT_SECONDS = 5
 DEFAULT_BURST_HOLD_SEGMENTS = 3
 
-_PR_SET_PDEATHSIG = 1
 _BANNER = b"Sampling process"
+
+# py-spy's privileges and limits, measured (docs/security.md, "py-spy: least privilege"). It reads the target's
+# memory (process_vm_readv, /proc/PID/mem): that takes CAP_SYS_PTRACE even for a root target, whose capabilities
+# a tracer without it lacks. It also parses the target's executable (through /proc/PID/exe) and libpython (by
+# its path): one that root without CAP_DAC_READ_SEARCH cannot read (a venv or conda in a 0700 home) takes that
+# capability too, granted to that target only (`_read_cap_needed`).
+PTRACE_CAP = "sys_ptrace"
+READ_CAP = "dac_read_search"
+_CAP_BITS = {"dac_read_search": 2, "sys_ptrace": 19}
+# Address space: py-spy 0.4.3's VmPeak was 32 MiB on the 35-thread demo server at 3-1000 Hz and 5-60 s segments,
+# and it recorded at 40 MiB; a target with kilobyte function names in 600-frame stacks grew it to 2 GB in 5 s.
+ADDRESS_SPACE_BYTES = 512 << 20
+# Output file: the largest healthy one measured was 0.29 MB (1000 Hz for 60 s); the same bound is checked before
+# the file is read.
+OUTPUT_MAX_BYTES = 32 << 20
+# A recorder not done this long after its segment should have ended is killed as hung.
+HANG_SECONDS = 10
+
+
+def cpu_limit_seconds(segment_seconds: int) -> int:
+    """py-spy's CPU time limit: its two busy threads running flat out until it is killed as hung. A healthy
+    recording used at most one core for its wall time (56.9 s of CPU for 60 s at 1000 Hz)."""
+    return 2 * (segment_seconds + HANG_SECONDS)
 
 
 def find_pyspy(executable: str = sys.executable) -> str | None:
@@ -47,9 +74,16 @@ def find_pyspy(executable: str = sys.executable) -> str | None:
     return shutil.which("py-spy")
 
 
-def _die_with_parent() -> None:
-    # A `kill -9` of the agent must not leave py-spy attached to the target.
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def confined(argv: list[str], *, setpriv: str, prlimit: str, caps: tuple[str, ...], segment_seconds: int) -> list[str]:
+    """`argv` run with only `caps` (no inheritable, ambient or bounding ones besides; no new privileges),
+    under py-spy's resource limits, and killed with the agent (even by `kill -9`)."""
+    cpu = cpu_limit_seconds(segment_seconds)
+    return [setpriv, "--pdeathsig", "KILL", "--no-new-privs", "--inh-caps=-all", "--ambient-caps=-all",
+            "--bounding-set=-all," + ",".join(f"+{c}" for c in caps), "--",
+            # The soft CPU limit sends SIGXCPU (a reason that says so), the hard one SIGKILL; no core file: it
+            # would hold what py-spy read of the target's memory.
+            prlimit, f"--as={ADDRESS_SPACE_BYTES}", f"--cpu={cpu}:{cpu + 5}", f"--fsize={OUTPUT_MAX_BYTES}",
+            "--core=0", "--", *argv]
 
 
 @dataclass
@@ -86,6 +120,12 @@ class PySpySampler:
     `burst_rate_hz`, and `burst_hold_segments` more after it stops saying so.
     The next segment is launched one attach-time before the current one stops sampling, so
     windows see no gap beyond what `health().detail['gap_seconds']` reports.
+
+    py-spy takes a pid, and a pid can name another process once the target has exited. The sampler holds
+    the target by a pidfd from `start()`: with `start_time` (discovery's), only the process that started then;
+    before each launch it checks the pidfd (alive, same start time) and, with `allowed_uids`, the target's uids;
+    after py-spy attached and after it exited it checks the pidfd again, and drops a recording the target did
+    not outlive. The moment the pidfd reports the exit, every recorder is killed and the sampler stops.
     """
 
     name = "stacks"
@@ -97,7 +137,9 @@ class PySpySampler:
                  runner: Runner = subprocess.Popen, pyspy_path: str | None = None,
                  clock: Callable[[], float] = time.monotonic, proc_root: Path = Path("/proc"),
                  backoff_initial: float = 0.5, backoff_max: float = 30.0, by_function: bool = True,
-                 autostart: bool = True) -> None:
+                 autostart: bool = True, start_time: int | None = None,
+                 allowed_uids: frozenset[int] | None = None,
+                 stack_limits: StackLimits = DEFAULT_STACK_LIMITS) -> None:
         if pid <= 0:
             raise ValueError(f"pid must be positive, got {pid!r}")
         for key, value in (("rate_hz", rate_hz), ("burst_rate_hz", burst_rate_hz)):
@@ -118,7 +160,18 @@ class PySpySampler:
         self._wants_burst = wants_burst
         self._runner = runner
         self._pyspy = pyspy_path if pyspy_path is not None else find_pyspy()
-        self._setpriv = shutil.which("setpriv")  # util-linux; without it a preexec_fn sets the death signal
+        # util-linux: setpriv drops py-spy's capabilities and sets its death signal, prlimit its resource limits.
+        self._setpriv = shutil.which("setpriv")
+        self._prlimit = shutil.which("prlimit")
+        self._expected_start = start_time
+        self._allowed_uids = allowed_uids
+        self._limits = stack_limits
+        self._caps: tuple[str, ...] | None = None  # decided at the first launch
+        self._handle: ProcessHandle | None = None
+        # Wakes the supervising thread's waits at close(); the target's pidfd wakes them at its exit.
+        self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._cuts = StackCuts()
+        self._budget = StackBudget(stack_limits, self._cuts)
         self._clock = clock
         self._proc_root = proc_root
         self._backoff_initial = backoff_initial
@@ -143,7 +196,8 @@ class PySpySampler:
                                        "overlap_seconds": 0.0, "lost_seconds": 0, "pyspy_sample_errors": 0,
                                        "backoff_seconds": 0.0, "last_attach_seconds": None,
                                        "threads_split_by_leaf": 0, "rate_hz_now": None,
-                                       "last_effective_rate_hz": None}
+                                       "last_effective_rate_hz": None, "capabilities": None,
+                                       "dropped_after_exit": 0}
         self._errors = 0
         self._last_error: str | None = None
         self._error_since_read: str | None = None
@@ -165,6 +219,15 @@ class PySpySampler:
         if not os.access(self._pyspy, os.X_OK):
             self._terminal = SourceUnavailable(f"py-spy path {self._pyspy!r} is not an executable file")
             return
+        if self._setpriv is None or self._prlimit is None:
+            self._terminal = SourceUnavailable("setpriv and prlimit (util-linux) are needed to run py-spy with "
+                                               "CAP_SYS_PTRACE only and under resource limits; install util-linux")
+            return
+        try:
+            self._handle = ProcessHandle.open(self.pid, self._expected_start, self._proc_root)
+        except ProbeError as exc:
+            self._terminal = exc
+            return
         self._started_at = self._clock()
         self._workdir = Path(tempfile.mkdtemp(prefix=f"infersight-pyspy-{self.pid}-"))
         self._thread = threading.Thread(target=self._supervise, name=f"pyspy-{self.pid}", daemon=True)
@@ -178,6 +241,7 @@ class PySpySampler:
                 raise type(self._terminal)(str(self._terminal))
             active, idle = self._active, self._idle
             self._active, self._idle = Counter(), Counter()
+            self._budget = StackBudget(self._limits, self._cuts)
             now = self._clock()
             # Ticks actually merged per wall second since the last read: below the rate when py-spy
             # lagged (a starved CPU stretches a recording) or segments were lost or gapped.
@@ -194,18 +258,28 @@ class PySpySampler:
 
     def close(self) -> None:
         self._stop.set()
+        if self._wake >= 0:
+            os.eventfd_write(self._wake, 1)
         if self._thread is not None:
             self._thread.join(timeout=self.segment_seconds + 15)
         self._kill_live()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
+        if self._thread is None or not self._thread.is_alive():
+            # Only once the supervising thread is done with them: a descriptor number closed under it is reused.
+            if self._handle is not None:
+                self._handle.close()
+            if self._wake >= 0:
+                os.close(self._wake)
+                self._wake = -1
         atexit.unregister(self.close)
 
     def health(self) -> Health:
         with self._lock:
             detail = dict(self._stats)
             detail["children"] = [p.pid for p in self._live]
+            detail["stack_limits_cut"] = asdict(self._cuts)
             if self._terminal is not None:
                 state = "unsupported" if isinstance(self._terminal, SourceUnavailable) else "failed"
                 reason: str | None = str(self._terminal)
@@ -234,10 +308,10 @@ class PySpySampler:
                 block = False
 
         try:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and self._terminal is None:
                 if failures:
                     self._pause(min(self._backoff_initial * 2 ** (failures - 1), self._backoff_max))
-                    if self._stop.is_set():
+                    if self._stop.is_set() or self._terminal is not None:
                         break
                 if len(pending) >= self.MAX_PENDING:
                     settle(block=True)  # backpressure: more recorders would only slow py-spy further
@@ -248,33 +322,52 @@ class PySpySampler:
                     self._record_error(str(exc), restart=True)
                     failures += 1
                     continue
+                except (TargetGone, AccessDenied) as exc:  # the check right before the launch
+                    self._set_terminal(exc)
+                    break
                 attached = self._await_attach(current)
                 settle(block=False)
                 if self._terminal is not None:
                     self._abandon(current)
-                    return
+                    break
                 if not attached:
                     failure = self._abandon(current)
                     if self._stop.is_set() or self._target_state(failure):
-                        return
+                        break
                     self._record_error(f"py-spy failed to attach to pid {self.pid}: {failure}", restart=True)
                     failures += 1
                     continue
                 self._account_gap(current)
                 pending.append(current)
                 wake = current.attached_at + self.segment_seconds - max(self._attach_recent)  # type: ignore[operator]
-                while not self._stop.is_set() and self._clock() < wake:
+                while not self._stop.is_set() and self._terminal is None and self._clock() < wake:
                     # Sleep until the oldest recording is due to end, then poll it every 0.1 s: a
                     # fixed 0.1 s poll woke this thread 50 times per segment for nothing.
                     now = self._clock()
                     due = pending[0].attached_at + self.segment_seconds if pending else wake  # type: ignore[operator]
-                    self._stop.wait(max(0.0, min(wake - now, max(0.1, due - now))))
-                    settle(block=False)
-            # Stopping: the recordings still running are cut short and dropped, not waited for.
+                    self._sleep(max(0.0, min(wake - now, max(0.1, due - now))))
+                    if self._terminal is None:
+                        settle(block=False)
+            # Stopping, or the target is gone: the recordings still running are cut short and dropped.
             for segment in pending:
                 self._abandon(segment)
         finally:
             self._kill_live()
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait up to `seconds`; close() ends the wait, and so does the target's exit, which stops sampling."""
+        assert self._handle is not None
+        poller = select.poll()
+        poller.register(self._wake, select.POLLIN)
+        poller.register(self._handle.fileno(), select.POLLIN)
+        if any(fd == self._handle.fileno() for fd, _ in poller.poll(seconds * 1000)):
+            self._target_exited()
+
+    def _target_exited(self) -> None:
+        """The pidfd reports the exit: once the target is reaped its pid may name another process, which
+        py-spy (reading by pid) must not read, so every recorder is killed now, not at its segment's end."""
+        self._kill_live()
+        self._set_terminal(TargetGone(f"target pid {self.pid} exited"))
 
     def _burst_now(self) -> bool:
         """Decided once per segment: the trigger, or the hold left over from its last firing."""
@@ -293,6 +386,9 @@ class PySpySampler:
         return False
 
     def _launch(self) -> _Segment:
+        self._check_target()
+        if self._caps is None:
+            self._caps = (PTRACE_CAP, READ_CAP) if self._read_cap_needed() else (PTRACE_CAP,)
         self._counter += 1
         burst = self._burst_now()
         rate = self.burst_rate_hz if burst else self.rate_hz
@@ -306,13 +402,15 @@ class PySpySampler:
         if self.by_function:
             # Keys by a function's first line: stable across segments and windows.
             argv.append("--function")
+        assert self._setpriv is not None and self._prlimit is not None
+        # setpriv and prlimit set the privileges and limits and exec py-spy, so Popen can vfork: a preexec_fn
+        # forces a full fork that copies the agent's page tables (7.2 -> 2.1 ms of CPU per launch, measured).
+        assert self._caps is not None
+        launch = confined(argv, setpriv=self._setpriv, prlimit=self._prlimit, caps=self._caps,
+                          segment_seconds=self.segment_seconds)
         try:
-            # setpriv sets the death signal and execs py-spy, so Popen can vfork: a preexec_fn forces a full
-            # fork that copies the agent's page tables (7.2 -> 2.1 ms of CPU per launch, measured).
-            launch, preexec = (([self._setpriv, "--pdeathsig", "KILL", *argv], None) if self._setpriv is not None
-                               else (argv, _die_with_parent))
             proc = self._runner(launch, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, bufsize=0, preexec_fn=preexec)
+                                stderr=subprocess.PIPE, bufsize=0)
         except OSError as exc:
             raise SegmentFailed(f"cannot run {self._pyspy}: {exc}") from exc
         with self._lock:
@@ -320,24 +418,74 @@ class PySpySampler:
             self._stats["rate_hz_now"] = rate
         return _Segment(launched_at=self._clock(), rate_hz=rate, burst=burst, proc=proc, output=output)
 
+    def _read_cap_needed(self) -> bool:
+        """Whether py-spy, confined to CAP_SYS_PTRACE, would be refused the target's interpreter files: tried
+        by opening them the way py-spy does (the executable through /proc/PID/exe, libpython by its path
+        under /proc/PID/root) from a process confined the same way. py-spy's own error does not always say so."""
+        files = [f"/proc/{self.pid}/exe"]
+        try:
+            with open(f"/proc/{self.pid}/maps", "rb") as fh:
+                mapped = {parts[5].strip() for line in fh if len(parts := line.split(maxsplit=5)) == 6}
+        except OSError:
+            return False  # gone: the launch's own check says so
+        for path in sorted(p for p in mapped if p.startswith(b"/") and b"libpython" in p.rsplit(b"/", 1)[-1]):
+            full = f"/proc/{self.pid}/root" + path.decode(errors="surrogateescape")
+            try:
+                if stat.S_ISREG(os.stat(full).st_mode):  # the target names it: no FIFO or device is opened
+                    files.append(full)
+            except OSError:
+                continue
+        assert self._setpriv is not None and self._prlimit is not None
+        # dd opens without blocking and reads nothing: the open is the test.
+        script = 'for f do dd if="$f" of=/dev/null count=0 iflag=nonblock status=none || exit 1; done'
+        argv = confined(["sh", "-c", script, "sh", *files], setpriv=self._setpriv, prlimit=self._prlimit,
+                        caps=(PTRACE_CAP,), segment_seconds=1)
+        try:
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=10).returncode != 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+    def _check_target(self) -> None:
+        """Right before a launch: the pid still names the process held since start() (alive, same start time),
+        and every one of its uids is still allowed (a root target may have switched to another user)."""
+        assert self._handle is not None
+        self._handle.check()
+        if self._allowed_uids is None:
+            return
+        uids = read_uids(self.pid, self._proc_root)
+        if not self._handle.alive():
+            raise TargetGone(f"target pid {self.pid} exited")
+        if bad := [u for u in uids if u not in self._allowed_uids]:
+            raise AccessDenied(f"target pid {self.pid} now runs as uid {bad[0]}, not root or a user in "
+                               "allowed_users: py-spy is not run on it")
+
     def _await_attach(self, segment: _Segment, timeout: float = 10.0) -> bool:
         """Wait until the recorder printed its banner (printed once attached); False if it died."""
         deadline = self._clock() + timeout
         stdout = segment.proc.stdout
-        assert stdout is not None
+        assert stdout is not None and self._handle is not None
         with selectors.DefaultSelector() as sel:
             sel.register(stdout, selectors.EVENT_READ)
+            sel.register(self._handle.fileno(), selectors.EVENT_READ)
             while segment.attached_at is None:
                 left = deadline - self._clock()
                 if left <= 0 or self._stop.is_set():
                     return False
                 for key, _ in sel.select(timeout=min(left, 0.5)):
+                    if key.fd == self._handle.fileno():
+                        return False  # the target exited: whatever py-spy attached to, it is not used
                     chunk = os.read(key.fd, 4096)
                     if not chunk:
                         return False
                     segment.stdout += chunk
                     if _BANNER in segment.stdout:
                         segment.attached_at = self._clock()
+        # Alive now: the target held its pid from the check before the launch until after the attach, so the pid
+        # py-spy resolved was the target's.
+        if not self._handle.alive():
+            return False
+        self._note_capabilities(segment.proc.pid)
         segment.runnable_before = self._runnable_ns()
         attach = segment.attached_at - segment.launched_at
         self._attach_recent.append(attach)
@@ -362,15 +510,22 @@ class PySpySampler:
 
     def _finish(self, segment: _Segment) -> bool:
         """Wait for a segment's recorder, parse its output, split it and add it to the pending reading."""
+        assert self._handle is not None
+        cuts = StackCuts()
         try:
-            out, err = self._wait(segment, timeout=self.segment_seconds + 10)
+            out, err = self._wait(segment, timeout=self.segment_seconds + HANG_SECONDS)
             segment.stdout += out
+            if not self._handle.alive():
+                # py-spy reads by pid on every tick: once the target is reaped another process may hold it.
+                with self._lock:
+                    self._stats["dropped_after_exit"] += 1
+                raise SegmentFailed(f"target pid {self.pid} exited during the recording; the segment is dropped")
             if segment.proc.returncode != 0:
                 raise SegmentFailed(_reason(err, segment.proc.returncode))
             ended = self._clock()
             runnable_after = self._runnable_ns()
             summary = parse_summary(segment.stdout.decode(errors="replace"))
-            threads = parse_by_thread(segment.output.read_text()) if segment.output.exists() else {}
+            threads = self._parse_output(segment.output, cuts)
         except (SegmentFailed, ValueError, OSError) as exc:
             self._abandon(segment)
             with self._lock:
@@ -385,8 +540,11 @@ class PySpySampler:
                 for tid, before in segment.runnable_before.items() if tid in runnable_after}
         active, idle = split_by_busy(threads, busy)
         with self._lock:
-            self._active.update(active)
-            self._idle.update(idle)
+            # The reading's own bound: segments merged until the next read() hold no more than one parse may.
+            for merged, stacks in ((self._active, active), (self._idle, idle)):
+                for stack, count in stacks.items():
+                    merged[self._budget.admit(stack, count)] += count
+            self._cuts.add(cuts)
             self._stats["segments"] += 1
             self._stats["burst_segments"] += int(segment.burst)
             self._stats["threads_split_by_leaf"] += sum(1 for tid in threads if tid not in busy)
@@ -395,6 +553,42 @@ class PySpySampler:
             self._last_rate = segment.rate_hz
             self._stats["pyspy_sample_errors"] += summary[1] if summary else 0
         return True
+
+    def _parse_output(self, output: Path, cuts: StackCuts) -> dict:
+        """py-spy's raw output, its size checked on the open file before a byte is read, parsed within the
+        stack limits as it is read; {} when py-spy wrote none."""
+        try:
+            fd = os.open(output, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return {}
+        with os.fdopen(fd, "rb") as fh:
+            info = os.fstat(fh.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise SegmentFailed(f"py-spy's output {output} is not a regular file")
+            if info.st_size > OUTPUT_MAX_BYTES:
+                raise SegmentFailed(f"py-spy wrote {info.st_size} bytes, over the {OUTPUT_MAX_BYTES >> 20} MiB "
+                                    "read bound: not read")
+            return parse_by_thread(fh, self._limits, cuts)
+
+    def _note_capabilities(self, pid: int) -> None:
+        """Record the capabilities py-spy really runs with (setpriv cannot drop any without CAP_SETPCAP, and
+        says nothing then); warn once if it holds more than it was given."""
+        try:
+            with open(f"/proc/{pid}/status", "rb") as fh:
+                line = next(ln for ln in fh if ln.startswith(b"CapEff:"))
+        except (OSError, StopIteration):
+            return
+        held = int(line.split()[1], 16)
+        assert self._caps is not None
+        wanted = sum(1 << _CAP_BITS[c] for c in self._caps)
+        names = ",".join(c for c in self._caps if held & (1 << _CAP_BITS[c]))
+        shown = names if held == wanted else f"{held:#x} (more than {','.join(self._caps)}: not reduced)"
+        with self._lock:
+            first = self._stats["capabilities"] != shown
+            self._stats["capabilities"] = shown
+        if first and held != wanted:
+            log.warning("py-spy for pid %d runs with capabilities %s, not only %s: the agent needs CAP_SETPCAP to "
+                        "drop them", self.pid, f"{held:#x}", ",".join(self._caps))
 
     def _wait(self, segment: _Segment, timeout: float) -> tuple[bytes, bytes]:
         try:
@@ -433,17 +627,22 @@ class PySpySampler:
 
     def _target_state(self, failure: str) -> bool:
         """Make the failure terminal when the target is gone or refuses us; True if it did."""
+        assert self._handle is not None
         terminal: ProbeError | None = None
-        if not (self._proc_root / str(self.pid)).exists():
+        if not self._handle.alive():
             terminal = TargetGone(f"target pid {self.pid} is gone")
         elif "permission denied" in failure.lower():
             terminal = AccessDenied(f"py-spy may not read pid {self.pid}: {failure}")
         if terminal is None:
             return False
-        with self._lock:
-            self._terminal = terminal
-            self._errors += 1
+        self._set_terminal(terminal)
         return True
+
+    def _set_terminal(self, terminal: ProbeError) -> None:
+        with self._lock:
+            if self._terminal is None:
+                self._terminal = terminal
+                self._errors += 1
 
     def _record_error(self, reason: str, restart: bool) -> None:
         with self._lock:
@@ -475,6 +674,13 @@ class PySpySampler:
 
 def _reason(stderr: bytes, returncode: int | None) -> str:
     text = stderr.decode(errors="replace")
+    if returncode == -signal.SIGXFSZ:
+        return f"py-spy's output passed its {OUTPUT_MAX_BYTES >> 20} MiB file size limit (killed by SIGXFSZ)"
+    if returncode == -signal.SIGXCPU:
+        return "py-spy passed its CPU time limit (killed by SIGXCPU)"
+    if "memory allocation of" in text:
+        return (f"py-spy ran out of its {ADDRESS_SPACE_BYTES >> 20} MiB address space limit "
+                f"(exit {returncode}): the target's stacks are too many or too long")
     for line in text.splitlines():
         if line.startswith("Error:") or "Permission Denied" in line or "panicked" in line:
             return f"{line.strip()} (exit {returncode})"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
+from typing import BinaryIO
 
-from agent.sources.folded import apportion, raw_stacks
+from agent.sources.folded import DEFAULT_STACK_LIMITS, StackBudget, StackCuts, StackLimits, apportion, raw_stacks
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^():]*)(?::\d+)?\)$")
 
@@ -38,14 +39,19 @@ class ThreadStacks:
         return sum(self.stacks.values())
 
 
-def parse_by_thread(text: str) -> dict[int | None, ThreadStacks]:
-    """py-spy raw output with `--threads` -> per OS thread id; stacks keyed like `parse_folded` keys them."""
+def parse_by_thread(source: str | BinaryIO, limits: StackLimits = DEFAULT_STACK_LIMITS,
+                    cuts: StackCuts | None = None) -> dict[int | None, ThreadStacks]:
+    """py-spy raw output with `--threads` -> per OS thread id; stacks keyed like `parse_folded` keys them.
+
+    Bounded while it reads (`limits`, what they cut counted in `cuts`): a thread may hold at most what one
+    parse may, and the distinct stacks of all threads together at most `max_stacks` and `max_bytes`."""
+    budget = StackBudget(limits, cuts)
     out: dict[int | None, ThreadStacks] = {}
-    for raw_tid, stack, count in raw_stacks(text):
+    for raw_tid, stack, count in raw_stacks(source, limits, budget.cuts):
         # Decimal is the OS thread id; hex is a pthread id (py-spy without the native id): no kernel figure.
-        tid = int(raw_tid) if raw_tid is not None and raw_tid.isdigit() else None
+        tid = int(raw_tid) if raw_tid is not None and raw_tid.isascii() and raw_tid.isdigit() else None
         entry = out.setdefault(tid, ThreadStacks(tid=tid, stacks=Counter()))
-        entry.stacks[stack] += count
+        entry.stacks[budget.admit(stack, count)] += count
     return out
 
 

@@ -15,6 +15,7 @@ from agent.target_sources import source_factories
 from agent.targets import Target
 from analysis.health import Health
 from analysis.window import GcReading, SyscallReading
+from probes.pidfd import read_start_time
 from tests.live import spawn_execd
 
 
@@ -163,7 +164,8 @@ def test_a_disabled_probe_is_not_loaded_has_no_health_and_is_not_an_error():
     spec = TargetSpec(name="t", pid=proc.pid)
     collectors = Collectors(["gc"], probe_factories=factories)
     try:
-        collectors.start([Target(name="t", pid=proc.pid, start_time=0, cmdline=("sleep",), spec=spec)])
+        collectors.start([Target(name="t", pid=proc.pid, start_time=read_start_time(proc.pid), cmdline=("sleep",),
+                                 spec=spec)])
         (collected,) = collectors.read().values()
         health = collectors.health()
     finally:

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from agent.sources.folded import StackCuts
 from agent.sources.thread_split import ThreadStacks, is_waiting_leaf, parse_by_thread, split_by_busy
 
 
@@ -21,9 +22,10 @@ def test_parse_keeps_the_tid_apart_and_the_name_in_the_stack() -> None:
     assert threads[None].stacks == {"old;idle (t.py:1)": 3}  # a pthread id: judged by its leaf later
 
 
-def test_parse_quotes_a_bad_line() -> None:
-    with pytest.raises(ValueError, match="line 2.*'oops'"):
-        parse_by_thread("a;b 1\noops\n")
+def test_parse_skips_a_bad_line_and_counts_it() -> None:
+    cuts = StackCuts()
+    threads = parse_by_thread("thread (1): t;a;b 1\noops\n", cuts=cuts)
+    assert threads[1].stacks == {"t;a;b": 1} and cuts.bad_lines == 1
 
 
 @pytest.mark.parametrize("stack, waiting", [

@@ -8,7 +8,7 @@ import pytest
 
 from agent.config import Config, StacksConfig, TargetSpec
 from agent.target_sources import source_factories
-from agent.targets import Target
+from agent.targets import Target, read_proc
 
 
 @pytest.mark.parametrize("interval, segment, expected", [(5.0, 5, 5), (3.0, 5, 3), (2.5, 1, 1), (60.0, 10, 10)])
@@ -17,7 +17,7 @@ def test_sampler_segment_is_at_most_one_window(interval: float, segment: int, ex
     config = Config(interval_seconds=interval, targets=(spec,),
                     stacks=StacksConfig(segment_seconds=segment, rate_hz=5, burst_rate_hz=31))
     asked: list[str] = []
-    target = Target(name="me", pid=os.getpid(), start_time=0, cmdline=("python",), spec=spec)
+    target = Target(name="me", pid=os.getpid(), start_time=read_proc(os.getpid()).start_time, cmdline=("python",), spec=spec)
     factories = source_factories(target, config, wants_burst=lambda name: asked.append(name) or False)
     sampler = factories["stacks"]()
     try:
@@ -30,7 +30,7 @@ def test_sampler_segment_is_at_most_one_window(interval: float, segment: int, ex
 
 def test_no_stack_sampler_when_the_config_turns_stacks_off() -> None:
     spec = TargetSpec(name="me", pid=os.getpid())
-    target = Target(name="me", pid=os.getpid(), start_time=0, cmdline=("python",), spec=spec)
+    target = Target(name="me", pid=os.getpid(), start_time=read_proc(os.getpid()).start_time, cmdline=("python",), spec=spec)
     off = Config(targets=(spec,), stacks=StacksConfig(enabled=False))
     assert "stacks" not in source_factories(target, off)
     assert "stacks" in source_factories(target, Config(targets=(spec,)))
@@ -43,7 +43,7 @@ def test_latency_url_credentials_never_reach_the_log(caplog: pytest.LogCaptureFi
     spec = TargetSpec(name="me", pid=os.getpid(),
                       latency=LatencySpec(url="https://user:s3cretpw@127.0.0.1:1/metrics?token=t0ken", metric="lat",
                                           timeout_seconds=0.2))
-    target = Target(name="me", pid=os.getpid(), start_time=0, cmdline=("python",), spec=spec)
+    target = Target(name="me", pid=os.getpid(), start_time=read_proc(os.getpid()).start_time, cmdline=("python",), spec=spec)
     with caplog.at_level("DEBUG"):
         source = source_factories(target, Config(targets=(spec,), stacks=StacksConfig(enabled=False)))["latency"]()
         try:

@@ -56,32 +56,32 @@ def test_read_proc_parses_stat_with_parens_in_comm(proc: Path) -> None:
 
 def test_regex_matching_several_names_them_by_pid_and_excludes_agent(proc: Path) -> None:
     problems: dict[str, str] = {}
-    found = discover([spec(process_regex=r"-m\s+workload\s+serve")], proc, own_pid=999, problems=problems)
+    found = discover([spec(process_regex=r"-m\s+workload\s+serve")], proc, hold=False, own_pid=999, problems=problems)
     assert [(t.name, t.pid, t.start_time) for t in found] == [("w#100", 100, 1000), ("w#200", 200, 2000)]
     assert found[0].cmdline == ("python", "-m", "workload", "serve", "--port", "8000")
     assert problems == {}
 
 
 def test_regex_single_match_takes_spec_name_and_matches_comm(proc: Path) -> None:
-    found = discover([spec(process_regex=r"--port 8001")], proc, own_pid=999)
+    found = discover([spec(process_regex=r"--port 8001")], proc, hold=False, own_pid=999)
     assert [(t.name, t.pid) for t in found] == [("w", 200)]
-    assert [t.pid for t in discover([spec(process_regex=r"^weird\)")], proc, own_pid=999)] == [500]
+    assert [t.pid for t in discover([spec(process_regex=r"^weird\)")], proc, hold=False, own_pid=999)] == [500]
 
 
 def test_regex_skips_zombies_and_kernel_threads(proc: Path) -> None:
-    pids = [t.pid for t in discover([spec(process_regex="kthreadd|^python")], proc, own_pid=999)]
+    pids = [t.pid for t in discover([spec(process_regex="kthreadd|^python")], proc, hold=False, own_pid=999)]
     assert pids == [100, 200]  # not 2 (kernel thread), not 400 (zombie), not 999 (the agent)
 
 
 def test_no_match_is_reported(proc: Path) -> None:
     problems: dict[str, str] = {}
-    assert discover([spec(process_regex="nginx")], proc, problems=problems) == []
+    assert discover([spec(process_regex="nginx")], proc, hold=False, problems=problems) == []
     assert problems == {"w": "no process matches process_regex 'nginx'"}
 
 
 def test_pid_spec(proc: Path) -> None:
     problems: dict[str, str] = {}
-    found = discover([spec("a", pid=300), spec("b", pid=77), spec("c", pid=400)], proc, problems=problems)
+    found = discover([spec("a", pid=300), spec("b", pid=77), spec("c", pid=400)], proc, hold=False, problems=problems)
     assert [(t.name, t.pid, t.start_time) for t in found] == [("a", 300, 3000)]
     assert problems == {"b": f"process 77 does not exist (no {proc}/77)", "c": "process 400 has exited (state Z)"}
 
@@ -92,7 +92,7 @@ def test_a_pid_without_a_command_line_is_named_for_what_it_is(proc: Path) -> Non
     fake_proc(proc, 500, "python3", [], 5000, state="R")
     fake_proc(proc, 501, "kworker/0:1", [], 10, state="I", flags=0x04208060)
     problems: dict[str, str] = {}
-    assert discover([spec("starting", pid=500), spec("kthread", pid=501)], proc, problems=problems) == []
+    assert discover([spec("starting", pid=500), spec("kthread", pid=501)], proc, hold=False, problems=problems) == []
     assert problems == {"starting": "process 500 has no command line yet (still starting, or it cleared its own); "
                                     "looked for again every window",
                         "kthread": "process 501 is a kernel thread: nothing to trace"}
@@ -109,7 +109,7 @@ def test_the_kernel_thread_flag_is_read_from_the_real_proc() -> None:
 
 def test_a_process_is_claimed_once(proc: Path) -> None:
     problems: dict[str, str] = {}
-    found = discover([spec("a", pid=100), spec("b", process_regex="--port 8000")], proc, problems=problems)
+    found = discover([spec("a", pid=100), spec("b", process_regex="--port 8000")], proc, hold=False, problems=problems)
     assert [t.name for t in found] == ["a"]
     assert problems == {"b": "process 100 is already watched as target 'a'"}
 
@@ -125,7 +125,7 @@ def test_pidfile(proc: Path, tmp_path: Path) -> None:
     problems: dict[str, str] = {}
     specs = [spec("g", pidfile=good), spec("b", pidfile=bad), spec("B", pidfile=big), spec("x", pidfile=gone),
              spec("m", pidfile=run / "missing.pid")]
-    found = discover(specs, proc, problems=problems)
+    found = discover(specs, proc, hold=False, problems=problems)
     assert [(t.name, t.pid) for t in found] == [("g", 200)]
     assert problems["b"] == f"pidfile {str(bad)!r} does not hold a pid, got '12abc'"
     assert problems["B"].startswith(f"pidfile {str(big)!r} does not hold a pid, got '1111")
@@ -152,9 +152,9 @@ def test_world_writable_pidfile_or_dir_is_refused(tmp_path: Path) -> None:
 
 def test_pid_reuse_reads_as_removed_and_added(proc: Path) -> None:
     s = spec(pid=300)
-    before = discover([s], proc)
+    before = discover([s], proc, hold=False)
     fake_proc(proc, 300, "bash", ["bash"], 3500)  # same pid, a different process
-    after = discover([s], proc)
+    after = discover([s], proc, hold=False)
     d = diff_targets(before, after)
     assert [t.start_time for t in d.removed] == [3000] and [t.start_time for t in d.added] == [3500]
     assert d.same == () and d.restarted == ("w",)
@@ -244,12 +244,12 @@ def test_regex_skips_processes_of_users_not_allowed_and_says_so(proc: Path) -> N
         fake_proc(proc, pid, "python", ["python", "-m", "workload", "serve", "--port", str(pid)], 10 * pid)
         _owned(proc, pid, 1234)
     skipped: dict[str, Skipped] = {}
-    found = discover([spec(process_regex=r"-m\s+workload\s+serve")], proc, own_pid=999,
+    found = discover([spec(process_regex=r"-m\s+workload\s+serve")], proc, hold=False, own_pid=999,
                      allowed_uids=frozenset({0}), skipped=skipped)
     assert [t.pid for t in found] == [100, 200]
     assert skipped["w"] == Skipped(matched=27, not_allowed=25, over_limit=0)
     assert "25 owned by users not in allowed_users" in skipped["w"].line()
-    found = discover([spec(process_regex=r"-m\s+workload\s+serve")], proc, own_pid=999,
+    found = discover([spec(process_regex=r"-m\s+workload\s+serve")], proc, hold=False, own_pid=999,
                      allowed_uids=frozenset({0, 1234}), max_targets=4, skipped=skipped)
     assert [t.pid for t in found] == [100, 200, 600, 601]
     assert skipped["w"] == Skipped(matched=27, not_allowed=0, over_limit=23, max_targets=4)
@@ -259,7 +259,7 @@ def test_regex_skips_processes_of_users_not_allowed_and_says_so(proc: Path) -> N
 def test_a_pid_target_of_a_user_not_allowed_is_refused_with_a_reason(proc: Path) -> None:
     _owned(proc, 300, 1234)
     problems: dict[str, str] = {}
-    assert discover([spec(pid=300)], proc, allowed_uids=frozenset({0}), problems=problems) == []
+    assert discover([spec(pid=300)], proc, hold=False, allowed_uids=frozenset({0}), problems=problems) == []
     assert "uid 1234" in problems["w"] and "allowed_users" in problems["w"]
 
 
@@ -278,3 +278,45 @@ def test_a_huge_command_line_is_read_only_up_to_a_cap() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+NONDUMPABLE = "import ctypes, sys, time; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); print('ready', flush=True); time.sleep(60)"
+
+
+def test_other_users_command_lines_are_not_read_past_their_front(monkeypatch) -> None:
+    from agent import targets
+    from agent.targets import OTHERS_CMDLINE_BYTES, Skipped
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: starts processes as another user")
+    marker = f"infersight-other-{uuid.uuid4().hex}"
+    filler = ["x" * 1023] * 64  # 64 KiB of argv, the most discovery ever read of one
+    nobody = {"user": 65534, "group": 65534, "extra_groups": [], "start_new_session": True}
+    procs = [subprocess.Popen(["sh", "-c", "sleep 60; :", marker, *filler], **nobody) for _ in range(5)]
+    # Non-dumpable: the files under /proc/PID then show root as their owner; only its status says whose it is.
+    hidden = subprocess.Popen(["/usr/bin/python3", "-c", NONDUMPABLE, marker, *filler], stdout=subprocess.PIPE,
+                              text=True, **nobody)
+    reads: list[tuple[str, int | None]] = []
+    real_read = targets._read
+    monkeypatch.setattr(targets, "_read", lambda path, limit=None: reads.append((path, limit)) or real_read(path, limit))
+    try:
+        assert hidden.stdout.readline().strip() == "ready"
+        assert os.stat(f"/proc/{hidden.pid}/cmdline").st_uid == 0
+        for p in procs:
+            _wait_cmdline(p.pid, marker)
+        skipped: dict[str, Skipped] = {}
+        problems: dict[str, str] = {}
+        found = discover([TargetSpec(name="t", process_regex=marker)], allowed_uids=frozenset({0}),
+                         skipped=skipped, problems=problems)
+    finally:
+        for p in (*procs, hidden):
+            os.killpg(p.pid, 9)
+            p.wait()
+    assert found == []
+    theirs = {str(p.pid) for p in (*procs, hidden)}
+    cmdline_reads = [(path, limit) for path, limit in reads if path.split("/")[-2] in theirs]
+    assert {path.split("/")[-1] for path, _ in cmdline_reads} == {"cmdline"}, cmdline_reads  # no stat read either
+    assert all(limit == OTHERS_CMDLINE_BYTES for _, limit in cmdline_reads), cmdline_reads
+    # Still counted for the operator, from the front of their command lines: six processes of uid 65534.
+    assert skipped["t"] == Skipped(matched=6, not_allowed=6, over_limit=0)
+    assert "uid 65534" in problems["t"]
