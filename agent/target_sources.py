@@ -11,7 +11,7 @@ from agent.sources.gpu import GpuSource
 from agent.sources.latency import LatencySource
 from agent.sources.process import ProcessSource
 from agent.sources.pyspy import PySpySampler
-from agent.targets import Target
+from agent.targets import Target, read_uids
 
 
 def source_factories(target: Target, config: Config,
@@ -28,12 +28,14 @@ def source_factories(target: Target, config: Config,
         trigger = (lambda: wants_burst(target.name)) if wants_burst is not None else None
         # A segment longer than a window would leave whole windows without stacks.
         segment = min(stacks.segment_seconds, max(1, int(config.interval_seconds)))
-        # py-spy runs as root by pid: only on the process discovery chose, while its users stay allowed.
+        # py-spy runs as root by pid: only on the process discovery chose, while it runs as the users it ran as
+        # when chosen or as allowed users (the daemon's discovery chose only those; `collect --pid N` is root
+        # naming that one process), so a target that switches to another user gets no further recorder.
         factories["stacks"] = lambda: PySpySampler(
             target.pid, rate_hz=stacks.rate_hz, nonblocking=stacks.nonblocking,
             segment_seconds=segment, burst_rate_hz=stacks.burst_rate_hz,
             burst_hold_segments=stacks.burst_hold_segments, wants_burst=trigger,
-            start_time=target.start_time, allowed_uids=config.allowed_uids)
+            start_time=target.start_time, allowed_uids=config.allowed_uids | set(read_uids(target.pid)))
     latency = target.spec.latency
     if latency is not None:
         factories["latency"] = lambda: _latency_source(latency, target, config.interval_seconds)

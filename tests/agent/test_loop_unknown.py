@@ -279,13 +279,13 @@ def test_a_probe_that_failed_to_start_unexpectedly_is_tried_again_when_the_targe
 
     spec = TargetSpec(name="first", pid=first.pid)
     collectors = Collectors(["gc"], probe_factories={"gc": build})
-    target = Target(name="first", pid=first.pid, start_time=0, cmdline=("sleep",), spec=spec)
+    target = Target(name="first", pid=first.pid, start_time=read_start_time(first.pid), cmdline=("sleep",), spec=spec)
     try:
         with caplog.at_level("ERROR", logger="infersight.collectors"):
             collectors.start([target])
         down = collectors.health()["gc"]
         (collected,) = collectors.read().values()
-        other = Target(name="late", pid=late.pid, start_time=0, cmdline=("sleep",),
+        other = Target(name="late", pid=late.pid, start_time=read_start_time(late.pid), cmdline=("sleep",),
                        spec=TargetSpec(name="late", pid=late.pid))
         collectors.set_targets([target, other])
         up = collectors.health()["gc"]
