@@ -74,9 +74,10 @@ class Collected:
     readings: dict[str, Any] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
     # Of `missing`, the sources whose target did not answer at all (NoAnswer), and of those, the ones that could
-    # not even connect.
+    # not even connect, and of those, the ones whose loopback port had no listening socket at all.
     unanswered: set[str] = field(default_factory=set)
     unreachable: set[str] = field(default_factory=set)
+    closed: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -360,8 +361,10 @@ class Collectors:
                 out.missing[name] = str(exc)
                 if isinstance(exc, NoAnswer):
                     out.unanswered.add(name)
-                    if exc.stage == "connect":
+                    if exc.stage in ("connect", "closed"):
                         out.unreachable.add(name)
+                    if exc.stage == "closed":
+                        out.closed.add(name)
         for name, health in entry.broken.items():
             out.missing[name] = f"failed: {health.reason}"
 

@@ -18,7 +18,7 @@ from agent.alerts.service import AlertService
 from agent.burst import BurstPolicy
 from agent.collectors import Collectors
 from agent.config import Config, check_config_paths
-from agent.detection import Detection
+from agent.detection import Detection, DownState
 from agent.detection_metrics import DetectionCollector
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
@@ -118,7 +118,10 @@ class Agent:
         if config.detector.enabled:
             warmup = config.detector.warmup_windows
             self.detection = Detection(self.store, make_detector=lambda: _latency_detector(warmup),
-                                       identity=self._identity, listeners=[self.alerts])
+                                       identity=self._identity, listeners=[self.alerts, DownState(self.state.set_down)])
+            for target, finding in self.detection.snapshot().findings.items():
+                if finding.state == "down" and finding.regression is not None:  # an outage the store held open
+                    self.state.set_down(target, finding.regression.causes[0].evidence)
             self.registry.register(DetectionCollector(self.detection.snapshot))
             self.burst = BurstPolicy(self.detection.snapshot)
         self.rollup = Rollup(self.store)

@@ -71,12 +71,21 @@ class Detection:
 
     def __init__(self, store: FindingsStore, make_detector: Callable[[], Detector],
                  identity: Callable[[str], str | None] = lambda target: None,
-                 listeners: Iterable[RegressionListener] = (), save_every: int = 12) -> None:
+                 listeners: Iterable[RegressionListener] = (), save_every: int = 12, closed_windows: int = 2) -> None:
+        """`closed_windows`: consecutive windows in which a process that had answered finds its latency port closed
+        (no listening socket) before the target is down (docs/detector.md, "When the server is down")."""
+        if closed_windows < 1:
+            raise ValueError(f"closed_windows must be at least 1, got {closed_windows!r}")
         self._store = store
         self._make = make_detector
         self._identity = identity
         self._listeners = list(listeners)
         self._save_every = save_every
+        self._closed_windows = closed_windows
+        # Per target: the pid that last answered its latency endpoint, and how many windows in a row since its port
+        # has been closed. A process that never answered is starting (loading its model), not down.
+        self._serving: dict[str, int] = {}
+        self._closed_run: dict[str, int] = {}
         self._tracked: dict[str, _Tracked] = {}
         self._findings: dict[str, TargetFinding] = {}
         self._opened: Counter[tuple[str, str]] = Counter()
@@ -100,6 +109,8 @@ class Detection:
             if not _answers(window):
                 return None  # a process that is not serving yet says nothing about the server's latency
             self._back(window)
+        if self._port_closed(window):
+            return None
         tracked = self._tracked_for(window.target)
         verdict = tracked.detector.update(window)
         for regression in (verdict.opened, verdict.regression, verdict.closed):
@@ -179,6 +190,24 @@ class Detection:
             listener.regression_opened(down)
         return down
 
+    def _port_closed(self, window: Window) -> bool:
+        """Count the windows in which a process that answered before finds its latency port closed; at
+        `closed_windows` in a row the target is down (its process lives, but serves no one). True then."""
+        target = window.target
+        if window.latency is not None:
+            self._serving[target] = window.pid
+        if "latency" not in window.closed or self._serving.get(target) != window.pid:
+            self._closed_run.pop(target, None)
+            return False
+        run = self._closed_run[target] = self._closed_run.get(target, 0) + 1
+        if run < self._closed_windows:
+            return False
+        why = window.errors.get("latency", "its latency port is closed")
+        self.target_down(target, window.pid, window.end,
+                         f"is alive but serves no one: nothing listens on its latency port for {run} windows ({why})")
+        self._closed_run.pop(target, None)
+        return True
+
     def is_down(self, target: str) -> bool:
         return target in self._down
 
@@ -197,6 +226,9 @@ class Detection:
         baseline is deleted and an open episode ends at its last window, or a regex matching short-lived
         processes would grow the store and keep alerts firing for processes long gone.
         """
+        self._closed_run.pop(target, None)
+        if "#" in target:
+            self._serving.pop(target, None)
         with self._lock:
             tracked = self._tracked.pop(target, None)
             # A target that is down stays on /metrics and the page with its open `down` episode.
@@ -243,3 +275,22 @@ def _answers(window: Window) -> bool:
 def _down_finding(down: Regression, armed: bool) -> TargetFinding:
     return TargetFinding(target=down.target, state="down", score=None, expected={}, regression=down,
                          window_end=down.opened_at, armed=armed)
+
+
+class DownState:
+    """A listener that keeps the agent's state told which targets are down (their `down` episode open), for
+    `infersight_target_up` and the page: a process can be alive and serve no one (its port closed)."""
+
+    def __init__(self, set_down: Callable[[str, str | None], None]) -> None:
+        self._set_down = set_down
+
+    def regression_opened(self, regression: Regression) -> None:
+        if regression.top_cause == "down":
+            self._set_down(regression.target, regression.causes[0].evidence)
+
+    def regression_updated(self, regression: Regression) -> None:
+        pass  # a down episode is not re-ranked
+
+    def regression_closed(self, regression: Regression) -> None:
+        if regression.top_cause == "down":
+            self._set_down(regression.target, None)

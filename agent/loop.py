@@ -205,6 +205,7 @@ class CollectionLoop:
         w.errors.update(collected.missing)
         w.unanswered = sorted(collected.unanswered)
         w.unreachable = sorted(collected.unreachable)
+        w.closed = sorted(collected.closed)
         return w
 
     def _rediscover(self, now: float, report: TickReport) -> None:

@@ -101,11 +101,11 @@ class TargetCollector(Collector):
                     rate, pid)
 
         up = GaugeMetricFamily("infersight_target_up",
-                               "1 while a process of the target is watched; 0 while it is down (its process ended) "
-                               "or not found yet: the reason is on the status page and in /api/status.",
-                               labels=["target"])
+                               "1 while a process of the target is watched and serving; 0 while it is down (its "
+                               "process ended, or its latency port is closed) or not found yet: the reason is on "
+                               "the status page and in /api/status.", labels=["target"])
         for name, status in sorted(snap.targets.items()):
-            up.add_metric([name], 1.0 if status.state == "watching" else 0.0)
+            up.add_metric([name], 1.0 if status.state == "watching" and name not in snap.down else 0.0)
         yield up
 
         matched = GaugeMetricFamily("infersight_target_processes_matched",

@@ -26,6 +26,7 @@ class AgentState:
         self._targets: dict[str, TargetStatus] = {}
         self._health: dict[str, Health] = {}
         self._skipped: dict[str, Skipped] = {}
+        self._down: dict[str, str] = {}
         self.host_tcp_retransmits = 0
         # Failures of the agent's own work, by part. A collector's failed reads are in its Health, not here.
         self.errors: Counter = Counter(dict.fromkeys(AGENT_PARTS, 0))
@@ -72,6 +73,14 @@ class AgentState:
             for source in [s for s in self._health if s.endswith(f":{name}")]:
                 del self._health[source]
 
+    def set_down(self, name: str, reason: str | None) -> None:
+        """`reason` while the target's `down` episode is open (it serves no one), None once it serves again."""
+        with self._lock:
+            if reason is None:
+                self._down.pop(name, None)
+            else:
+                self._down[name] = reason
+
     def set_health(self, source: str, health: Health) -> None:
         with self._lock:
             self._health[source] = health.copy()
@@ -111,4 +120,5 @@ class AgentState:
                 dropped_windows=self.dropped_windows,
                 last_tick_seconds=self.last_tick_seconds,
                 skipped=dict(self._skipped),
+                down=dict(self._down),
             )

@@ -38,8 +38,10 @@ class NoAnswer(ReadingError):
     (an HTTP error, a missing metric) this is news about the target: a stopped or cut-off server answers nothing.
 
     `stage` says where: "connect" when no connection was made (refused, timed out, no route: nothing reached the
-    port; the kernel completes the handshake even for a stopped process), "response" when the request went out on
-    a connection and no reply came in time (a stopped, stuck or overloaded server)."""
+    port; the kernel completes the handshake even for a stopped process), "closed" when no connection was made
+    and nothing listens on that loopback port at all (the server closed it, or has not opened it yet: no
+    firewall makes that), "response" when the request went out on a connection and no reply came in time (a
+    stopped, stuck or overloaded server)."""
 
     def __init__(self, message: str, stage: str = "response") -> None:
         super().__init__(message)

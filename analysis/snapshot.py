@@ -101,6 +101,9 @@ class Snapshot:
     skipped: dict[str, Skipped] = field(default_factory=dict)
     # Windows recorded without a reading, by Window field (the source failed or cannot measure that target).
     missing_readings: dict[str, int] = field(default_factory=dict)
+    # Targets that are down (their `down` episode is open), with why: their process ended, or it lives and its
+    # latency port is closed. `infersight_target_up` is 0 for them.
+    down: dict[str, str] = field(default_factory=dict)
 
     @property
     def uptime_seconds(self) -> float:

@@ -178,6 +178,9 @@ class Window:
     # Of `unanswered`, those that could not even connect (refused, timed out, no route): nothing reached the port,
     # for the kernel completes a handshake even for a stopped process. The others connected and got no reply.
     unreachable: list[str] = field(default_factory=list)
+    # Of `unreachable`, those whose loopback port had no listening socket at all: the server closed its port (or has
+    # not opened it yet). A firewall's reset or drop leaves the listener there. Empty in windows recorded before.
+    closed: list[str] = field(default_factory=list)
 
     @property
     def duration(self) -> float:

@@ -74,7 +74,7 @@ def expected_ms() -> dict[str, dict[str, float]]:
 
 def target_state(t: dict[str, Any], latest: dict[str, Any] | None, open_targets: set[str],
                  sources: list[dict[str, Any]], detector: dict[str, str]) -> str:
-    if t["state"] == "down":
+    if t["state"] == "down" or detector.get(t["name"]) == "down":
         return "down"
     if t["name"] in open_targets:
         return "regression open"

@@ -397,7 +397,14 @@ class LatencySource:
         if self._owner is not None:
             self._owner.check()
         if exchange is not None:
-            scraped = exchange.run()
+            try:
+                scraped = exchange.run()
+            except NoAnswer as exc:
+                if exc.stage == "connect" and self._owner is not None and self._owner.nothing_listens:
+                    # Refused with no listening socket on the port at all: the server closed it (or has not
+                    # opened it yet). A firewall's reset or drop leaves the target's listener in place.
+                    raise NoAnswer(f"{exc}; nothing listens on port {self._owner.port}", stage="closed") from exc
+                raise
         else:
             assert self._fetch is not None
             scraped = filter_text(self._fetch(self.url, self.limits.deadline_seconds), self._prefixes,

@@ -191,12 +191,15 @@ class ListenerCheck:
                     self.skipped = f"not checked: {host} is not a loopback address"
         self._verified: tuple[frozenset[int], frozenset[int]] | None = None
         self.last = self.skipped or "not checked yet"
+        # At the last check, no socket could take a connection to the URL: the port is closed here, not blocked.
+        self.nothing_listens = False
 
     def check(self) -> str:
         if self.skipped is not None:
             return self.skipped
         reaching = [li for li in listeners(self.port)
                     if any(_reaches(li.address, host) for host in self.hosts)]
+        self.nothing_listens = not reaching
         if not reaching:
             # Refused at connect, or reached through NAT (a container's published port): no owner to check here.
             self.last = f"not checked: nothing listens on port {self.port} in the agent's network namespace"

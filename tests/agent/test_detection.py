@@ -365,3 +365,43 @@ def test_a_baseline_reset_during_an_outage_leaves_the_outage_open(tmp_path: Path
         detection.observe(silent(3))
         assert [r.top_cause for r in store.regressions(open_only=True)] == ["down"]
         assert detection.snapshot().findings["server"].state == "down"
+
+
+def closed(i: int, pid: int = 42, target: str = "server") -> Window:
+    """A window whose latency port has no listening socket at all (the server closed it)."""
+    return Window(target=target, pid=pid, start=1000.0 + 5 * i, end=1005.0 + 5 * i, unanswered=["latency"],
+                  unreachable=["latency"], closed=["latency"],
+                  errors={"latency": "latency endpoint http://127.0.0.1:8000/metrics unreachable: [Errno 111] "
+                                     "Connection refused; nothing listens on port 8000"})
+
+
+def test_a_server_that_closes_its_port_is_down_after_closed_windows_and_back_when_it_answers(store):
+    rec = Recorder()
+    made: list[ScriptedDetector] = []
+    detection = Detection(store, make_detector=lambda: made.append(ScriptedDetector(open_at=99)) or made[-1],
+                          listeners=[rec], closed_windows=2)
+    for i in range(3):
+        detection.observe(window(i))
+    detection.observe(closed(3))
+    assert not detection.is_down("server"), "one closed window is not yet an outage"
+    detection.observe(closed(4))
+    assert detection.is_down("server")
+    [down] = store.regressions(open_only=True)
+    assert down.top_cause == "down" and down.opened_at == closed(4).end
+    assert down.causes[0].evidence.startswith("pid 42 is alive but serves no one: nothing listens on its latency "
+                                              "port for 2 windows (latency endpoint")
+    learned = made[0].learned
+    detection.observe(closed(5))
+    assert made[0].learned == learned, "an outage's windows teach the detector nothing"
+    detection.observe(window(6))
+    assert not detection.is_down("server") and rec.events[-1] == ("closed", down.id)
+
+
+def test_a_process_that_never_answered_is_starting_not_down(store):
+    detection = Detection(store, make_detector=ScriptedDetector, closed_windows=2)
+    detection.observe(window(0))
+    for i in range(1, 6):
+        detection.observe(closed(i, pid=43))  # a new process, still loading its model: its port not open yet
+    assert not detection.is_down("server") and store.regressions(open_only=True) == []
+    with pytest.raises(ValueError, match="closed_windows"):
+        Detection(store, make_detector=ScriptedDetector, closed_windows=0)

@@ -282,18 +282,24 @@ def test_a_latency_endpoint_that_never_answers_is_marked_unanswered_and_a_wrong_
 
 def test_a_port_cut_off_by_nftables_is_marked_unreachable_and_a_silent_one_only_unanswered(require_root):
     # The kernel completes the handshake for a listener that never accepts (a stopped server): connected, no reply.
-    # An nftables drop of the port's packets: no connection at all.
-    silent, cut = socket.socket(), socket.socket()
-    for s in (silent, cut):
+    # An nftables drop of the port's packets, or a reset in its place: no connection at all, but the target's
+    # listener is still there. A port nothing listens on at all: refused, and `closed` too.
+    silent, cut, reset = socket.socket(), socket.socket(), socket.socket()
+    for s in (silent, cut, reset):
         s.bind(("127.0.0.1", 0))
         s.listen(8)
-    cut_port = cut.getsockname()[1]
-    drop = start_port_drop(cut_port, 60)
-    children = [spawn(f"unreachable-{uuid.uuid4().hex}", pass_fds=(sock.fileno(),)) for sock in (silent, cut)]
+    cut_port, reset_port = cut.getsockname()[1], reset.getsockname()[1]
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        closed_port = gone.getsockname()[1]
+    drops = [start_port_drop(cut_port, 60), start_port_drop(reset_port, 60, action="reset")]
+    children = [spawn(f"unreachable-{uuid.uuid4().hex}", pass_fds=(sock.fileno(),)) for sock in (silent, cut, reset)]
+    children.append(spawn(f"unreachable-{uuid.uuid4().hex}"))
     specs = [TargetSpec(name=name, pid=child.pid,
                         latency=LatencySpec(url=f"http://127.0.0.1:{port}/metrics", metric="x", timeout_seconds=0.5))
              for name, child, port in (("silent", children[0], silent.getsockname()[1]),
-                                       ("cut", children[1], cut_port))]
+                                       ("cut", children[1], cut_port), ("reset", children[2], reset_port),
+                                       ("closed", children[3], closed_port))]
     windows = []
     loop, _ = make_loop(specs, [], windows.append)
     try:
@@ -301,15 +307,20 @@ def test_a_port_cut_off_by_nftables_is_marked_unreachable_and_a_silent_one_only_
         loop.tick()
     finally:
         loop.close()
-        drop.terminate()
-        drop.wait(10)
+        for drop in drops:
+            drop.terminate()
+            drop.wait(10)
         stop(*children)
-        silent.close()
-        cut.close()
+        for sock in (silent, cut, reset):
+            sock.close()
     by_target = {w.target: w for w in windows}
     assert by_target["silent"].unanswered == ["latency"] and by_target["silent"].unreachable == []
     assert by_target["cut"].unanswered == ["latency"] and by_target["cut"].unreachable == ["latency"]
     assert "unreachable" in by_target["cut"].errors["latency"]
+    assert by_target["reset"].unreachable == ["latency"], by_target["reset"].errors
+    assert [w.closed for w in windows if w.target != "closed"] == [[], [], []], "a firewall leaves the listener there"
+    assert by_target["closed"].unreachable == ["latency"] and by_target["closed"].closed == ["latency"]
+    assert f"nothing listens on port {closed_port}" in by_target["closed"].errors["latency"]
 
 
 @pytest.mark.bpf
@@ -390,3 +401,109 @@ def test_a_non_python_target_with_tcp_off_exports_no_gc_and_no_tcp_series(requir
     section = page[page.index("<h3>native"):]
     assert "<dt>GC</dt><dd><span class=\"meta not-measured\">not measured</span>" in section
     assert "<dt>TCP retransmits</dt><dd><span class=\"meta not-measured\">not measured</span>" in section
+
+
+CLOSING_SERVER = r"""
+import signal, sys, threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+served = [0]
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        served[0] += 10
+        n = served[0]
+        body = (f'# TYPE lat histogram\nlat_bucket{{le="0.1"}} {n}\nlat_bucket{{le="+Inf"}} {n}\n'
+                f'lat_sum {n * 0.05}\nlat_count {n}\n').encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+server = [None]
+
+
+def open_port(*_):
+    HTTPServer.allow_reuse_address = True
+    server[0] = HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    threading.Thread(target=server[0].serve_forever, daemon=True).start()
+
+
+def close_port(*_):
+    server[0].shutdown()
+    server[0].server_close()
+
+
+open_port()
+signal.signal(signal.SIGUSR1, close_port)
+signal.signal(signal.SIGUSR2, open_port)
+print("ready", flush=True)
+while True:
+    signal.pause()
+"""
+
+
+def test_a_server_that_closes_its_port_is_down_while_alive_and_back_when_it_listens_again(tmp_path):
+    """Live: the real agent, a real server process that closes its listening socket (SIGUSR1) and opens it again
+    (SIGUSR2) without exiting: `down` after closed_windows, up 0, then closed when it answers."""
+    import signal
+    import urllib.request
+
+    from agent.config import DetectorConfig, ProbesConfig
+    from agent.daemon import Agent
+    from tests.live import free_port
+
+    port, agent_port = free_port(), free_port()
+    server = subprocess.Popen([sys.executable, "-c", CLOSING_SERVER, str(port)], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline() == "ready\n"
+    spec = TargetSpec(name="svc", pid=server.pid,
+                      latency=LatencySpec(url=f"http://127.0.0.1:{port}/metrics", metric="lat", timeout_seconds=0.5))
+    off = {name: False for name in ("syscalls", "offcpu", "gc", "tcp", "runqueue", "exits")}
+    config = Config(store_dir=tmp_path / "store", listen=f"127.0.0.1:{agent_port}", interval_seconds=1.0,
+                    stacks=StacksConfig(enabled=False), probes=ProbesConfig(**off),
+                    detector=DetectorConfig(warmup_windows=8), targets=(spec,))
+    agent = Agent(config)
+
+    def up() -> str:
+        with urllib.request.urlopen(f"{agent.web.url}/metrics", timeout=10) as resp:
+            return next(line for line in resp.read().decode().splitlines()
+                        if line.startswith('infersight_target_up{target="svc"}'))
+
+    try:
+        agent.web.start()
+        agent.loop.start()
+        for _ in range(3):
+            agent.loop.tick()
+        server.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # until the listener is gone: connecting is refused
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) != 0:
+                    break
+            time.sleep(0.05)
+        agent.loop.tick()
+        first_closed = agent.detection.is_down("svc")
+        agent.loop.tick()
+        down = agent.detection.snapshot().findings["svc"].regression
+        while_down = up()
+        server.send_signal(signal.SIGUSR2)
+        time.sleep(0.3)
+        agent.loop.tick()
+        after = agent.detection.snapshot().findings["svc"]
+        back = up()
+        seen = [(w.latency is not None, w.closed, w.errors.get("latency")) for w in agent.store.windows(target="svc")]
+        [stored] = [r for r in agent.store.regressions() if r.top_cause == "down"] or [None]
+    finally:
+        agent.close()
+        stop(server)
+    assert not first_closed, "one closed window is not yet an outage"
+    assert down is not None and down.top_cause == "down", "\n".join(map(repr, seen))
+    assert down.causes[0].evidence.startswith(f"pid {server.pid} is alive but serves no one: nothing listens on its "
+                                              f"latency port for 2 windows")
+    assert while_down.endswith(" 0.0") and back.endswith(" 1.0")
+    assert after.state != "down" and stored.closed_at is not None
