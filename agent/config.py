@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
 import ipaddress
 import os
 import pwd
@@ -380,9 +381,10 @@ def load_config(path: Path | None, *, stat: StatFn = os.lstat, readlink: Callabl
     if path is None:
         return Config()
     try:
-        check_trusted_path(path, what="config file", stat=stat, readlink=readlink, trusted_uids=trusted_uids)
-        with open(path, "rb") as fh:
+        fd = open_trusted(path, what="config file", stat=stat, readlink=readlink, trusted_uids=trusted_uids)
+        with open(fd, "rb") as fh:
             data = tomllib.load(fh)
+            mode = os.fstat(fd).st_mode
     except UntrustedPath:
         raise
     except OSError as exc:
@@ -395,7 +397,7 @@ def load_config(path: Path | None, *, stat: StatFn = os.lstat, readlink: Callabl
         config = config_from_dict(data, base_dir=Path(os.path.abspath(path)).parent)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    _refuse_readable_credentials(path, config, stat)
+    _refuse_readable_credentials(path, config, mode)
     return config
 
 
@@ -420,17 +422,12 @@ def credential_keys(config: Config) -> list[str]:
     return keys
 
 
-def _refuse_readable_credentials(path: Path, config: Config, stat: StatFn) -> None:
+def _refuse_readable_credentials(path: Path, config: Config, mode: int) -> None:
     # The config is read by root, but any local user may read a 0644 file: a credential in it is a credential
     # given away (docs/security.md, "secrets travel in 0600 files"). A config without one may stay 0644.
+    # `mode` is the file's as it was read, not the path's now.
     keys = credential_keys(config)
-    if not keys:
-        return
-    try:
-        mode = stat(str(path)).st_mode
-    except OSError:
-        return  # it was just read; a file that vanished since is not this check's concern
-    if mode & 0o044:
+    if keys and mode & 0o044:
         raise ConfigError(f"{path}: {keys[0]}: holds a credential, but the file is readable by other users "
                           f"(mode {stat_mod.S_IMODE(mode):04o}); chmod 600 {path}")
 
@@ -449,10 +446,15 @@ def check_config_paths(config: Config, *, stat: StatFn = os.lstat, readlink: Cal
 
 def check_trusted_path(path: Path, *, what: str, stat: StatFn = os.lstat,
                        readlink: Callable[[str], str] = os.readlink,
-                       trusted_uids: frozenset[int] | None = None) -> None:
+                       trusted_uids: frozenset[int] | None = None) -> str:
     """Refuse a path that another user could replace or write: it and every parent directory (through
     symlinks) must be owned by root or by us, and not group/world-writable, except that a sticky parent
     directory such as /tmp is allowed. Missing trailing components pass: their existing parent was checked.
+
+    Returns the absolute path with every (trusted) symlink resolved and the missing tail appended: what
+    `open_trusted` walks without following links. A check by path alone is not enough for a root daemon:
+    between it and an open, a file in a sticky directory can be removed by its owner and replaced by another
+    user's file, symlink or FIFO; `open_trusted` checks what it actually opened.
     """
     trusted = trusted_uids if trusted_uids is not None else frozenset({0, os.geteuid()})
     pending = list(Path(os.path.abspath(path)).parts[1:])
@@ -471,7 +473,7 @@ def check_trusted_path(path: Path, *, what: str, stat: StatFn = os.lstat,
         try:
             st = stat(candidate)
         except FileNotFoundError:
-            return
+            return os.path.normpath(os.path.join(candidate, *reversed(pending)))
         except OSError as exc:
             raise UntrustedPath(f"refusing {what} {str(path)!r}: cannot stat {candidate!r}: "
                                 f"{exc.strerror or exc}") from None
@@ -489,6 +491,78 @@ def check_trusted_path(path: Path, *, what: str, stat: StatFn = os.lstat,
             continue
         _check_one(candidate, st, final=not pending, path=path, what=what, trusted=trusted)
         current = candidate
+    return current
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a FIFO put in the file's place returns at once instead of waiting for a writer.
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def open_trusted(path: Path, *, what: str, directory: bool = False, create: bool = False,
+                 stat: StatFn = os.lstat, readlink: Callable[[str], str] = os.readlink,
+                 trusted_uids: frozenset[int] | None = None) -> int:
+    """Open `path` for reading (a regular file, or with `directory` a directory) and return the descriptor,
+    after checking what was opened, not only the path.
+
+    The path is checked and its trusted symlinks resolved first (`check_trusted_path`); then every component
+    of the resolved path is opened relative to its parent's descriptor with O_NOFOLLOW, and `fstat` of each
+    descriptor is checked the same way (owner, group/world-writable, sticky only above the end). A component
+    swapped since the path check (another user's file, a symlink, a FIFO) is refused. With `create`, missing
+    directories are made (0700) on the way, so a directory another user made in the meantime is refused too.
+    OSError (missing file, permission) propagates for the caller to word; UntrustedPath for a refusal.
+    """
+    trusted = trusted_uids if trusted_uids is not None else frozenset({0, os.geteuid()})
+    real = check_trusted_path(path, what=what, stat=stat, readlink=readlink, trusted_uids=trusted)
+    parts = [p for p in real.split("/") if p]
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        _check_one("/", os.fstat(fd), final=not parts, path=path, what=what, trusted=trusted)
+        walked = ""
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            walked = f"{walked}/{part}"
+            flags = _DIR_FLAGS if directory or not last else _FILE_FLAGS
+            try:
+                child = _open_at(fd, part, flags, mkdir=create and (directory or not last))
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UntrustedPath(f"refusing {what} {str(path)!r}: {walked!r} was replaced (by a symbolic "
+                                        f"link or a file) after it was checked") from None
+                raise
+            os.close(fd)
+            fd = child
+            st = os.fstat(fd)
+            if last and not directory and not stat_mod.S_ISREG(st.st_mode):
+                raise UntrustedPath(f"refusing {what} {str(path)!r}: it is not a regular file "
+                                    f"({_file_kind(st.st_mode)})")
+            _check_one(walked, st, final=last, path=path, what=what, trusted=trusted)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_at(parent: int, name: str, flags: int, *, mkdir: bool) -> int:
+    try:
+        return os.open(name, flags, dir_fd=parent)
+    except FileNotFoundError:
+        if not mkdir:
+            raise
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent)
+    except FileExistsError:
+        pass  # made by someone else in the meantime: opened and checked like any other
+    return os.open(name, flags, dir_fd=parent)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat_mod.S_ISFIFO, "a FIFO"), (stat_mod.S_ISSOCK, "a socket"), (stat_mod.S_ISCHR,
+                       "a character device"), (stat_mod.S_ISBLK, "a block device"), (stat_mod.S_ISDIR,
+                       "a directory")):
+        if test(mode):
+            return name
+    return f"mode {mode:o}"
 
 
 def _check_one(component: str, st: os.stat_result, *, final: bool, path: Path, what: str,

@@ -25,7 +25,7 @@ from agent.metrics import build_registry
 from agent.pidlock import PidLock
 from agent.state import AgentState
 from agent.stop_signals import set_on_signal
-from agent.store import Store
+from agent.store import Store, open_store_dir
 from agent.target_policy import make_discover
 from agent.target_sources import source_factories
 from analysis.window import Window
@@ -101,9 +101,11 @@ class Agent:
         self.config = config
         self.state = AgentState()
         check_config_paths(config)
-        os.makedirs(config.store_dir, mode=0o700, exist_ok=True)
+        # Made and vetted on what is opened (agent.store.open_store_dir), before the lock file is created in it.
+        store_dir, dir_fd = open_store_dir(Path(config.store_dir))
+        os.close(dir_fd)
         # Before the store opens: two agents would write overlapping windows into one history.
-        self.lock = PidLock(Path(config.store_dir))
+        self.lock = PidLock(store_dir)
         self.lock.acquire()
         try:
             self.store = Store.open(Path(config.store_dir))

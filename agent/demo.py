@@ -26,7 +26,8 @@ from agent.store import StoreError
 
 log = logging.getLogger("infersight.demo")
 
-# The workload reads its admin token from here (workload/api.py); the agent never imports the workload.
+# The variable the workload would read its admin token from (workload/api.py): kept out of the server's environment,
+# it reads the token file. The agent never imports the workload.
 ADMIN_TOKEN_ENV = "WORKLOAD_ADMIN_TOKEN"
 
 
@@ -53,12 +54,14 @@ def _stop(proc: subprocess.Popen, name: str) -> None:
 
 
 def start_server(var: Path, port: int, token: str) -> subprocess.Popen:
-    """The workload server, its admin token in a 0600 file and the environment, never on the command line
-    (any local user reads argv with ps, then could switch faults on a root-run server)."""
+    """The workload server, its admin token in a 0600 file it reads by path: never on the command line (any local
+    user reads argv with ps, then could switch faults on a root-run server), and not in its environment either,
+    whose first copy /proc/PID/environ keeps for the process's whole life."""
     write_secret(var / "admin-token", token)
-    env = {**os.environ, ADMIN_TOKEN_ENV: token}
+    env = {k: v for k, v in os.environ.items() if k != ADMIN_TOKEN_ENV}
     return subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", str(port),
-                             "--pidfile", str(var / "workload.pid")], env=env, preexec_fn=die_with_parent)
+                             "--pidfile", str(var / "workload.pid"),
+                             "--admin-token-file", str(var / "admin-token")], env=env, preexec_fn=die_with_parent)
 
 
 def _serves_pid(url: str, pid: int) -> bool:

@@ -11,11 +11,13 @@ readers run while a write is in progress, each query seeing the last committed s
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
 import sqlite3
+import stat as stat_mod
 import threading
 import time
 import zlib
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Self
 
-from agent.config import DEFAULT_STORE_DIR, check_trusted_path
+from agent.config import DEFAULT_STORE_DIR, open_trusted
 from analysis.flamegraph.stored import FoldedRead
 from analysis.regression import Regression, regression_from_dict, regression_to_dict
 from analysis.window import Window
@@ -210,20 +212,35 @@ def _split_profiles(window: Window) -> tuple[dict, dict[str, dict[str, int]]]:
     return data, {k: v for k, v in profiles.items() if v}
 
 
-def _owner_only(path: Path) -> None:
+def _owner_only(directory: int) -> None:
     """Create the database file 0600 (or make an existing one so) before SQLite opens it: SQLite gives its
     -wal and -shm files the database's mode, and the umask or a 0755 directory must not decide who reads
-    the history (command lines, stacks)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    the history (command lines, stacks). Relative to the checked directory's descriptor, never following links."""
+    fd = os.open(DB_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
+                 dir_fd=directory)
     try:
+        if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
         os.fchmod(fd, 0o600)
     finally:
         os.close(fd)
     for suffix in ("-wal", "-shm", "-journal"):
         try:
-            os.chmod(f"{path}{suffix}", 0o600, follow_symlinks=False)
+            os.chmod(f"{DB_NAME}{suffix}", 0o600, dir_fd=directory, follow_symlinks=False)
         except FileNotFoundError:
             pass
+
+
+def open_store_dir(directory: Path) -> tuple[Path, int]:
+    """Create (0700) and vet the store directory on what is opened, not only its path: the resolved path and
+    an open descriptor of it (the caller closes it). UntrustedPath when another user could write it or any
+    parent, or swapped a component in between (agent.config.open_trusted)."""
+    try:
+        fd = open_trusted(directory, what="store directory", directory=True, create=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create store directory {str(directory)!r}: {exc.strerror}") from None
+    # The kernel's name for what was opened: every symlink resolved, so SQLite's path has none to follow.
+    return Path(os.readlink(f"/proc/self/fd/{fd}")), fd
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -250,26 +267,31 @@ class Store:
 
     @classmethod
     def open(cls, directory: Path = DEFAULT_STORE_DIR, *, migrations: Iterable[Migration] = MIGRATIONS,
-             check: Callable[[Path], None] | None = None, clock: Callable[[], float] = time.time) -> Store:
+             clock: Callable[[], float] = time.time) -> Store:
         """Open (creating, mode 0700) the store in `directory` and migrate it to the newest schema.
 
-        `check` vets the directory before use; by default it refuses one that another user could write.
+        The directory and every parent must be closed to other users, checked on what is opened
+        (`open_store_dir`); otherwise UntrustedPath.
         """
         directory = Path(directory)
-        (check or (lambda p: check_trusted_path(p, what="store directory")))(directory)
+        real, dir_fd = open_store_dir(directory)
+        path = real / DB_NAME
         try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create store directory {str(directory)!r}: {exc.strerror}") from None
-        path = directory / DB_NAME
-        try:
-            _owner_only(path)
-        except OSError as exc:
-            raise StoreError(f"cannot create store {str(path)!r}: {exc.strerror}") from None
-        try:
-            conn = _connect(path)
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open store {str(path)!r}: {exc}") from None
+            try:
+                _owner_only(dir_fd)
+            except OSError as exc:
+                raise StoreError(f"cannot create store {str(path)!r}: {exc.strerror}") from None
+            try:
+                conn = _connect(path)
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"cannot open store {str(path)!r}: {exc}") from None
+            # SQLite opens by path. Every component of it was checked on its descriptor, so no other user can
+            # change it now; this says so for the one SQLite used.
+            if not os.path.samestat(os.stat(real), os.fstat(dir_fd)):
+                conn.close()
+                raise StoreError(f"store directory {str(directory)!r} changed while it was opened; not using it")
+        finally:
+            os.close(dir_fd)
         try:
             _migrate(conn, tuple(migrations), path)
         except sqlite3.DatabaseError as exc:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.config import ConfigError, StatFn, TargetSpec, check_trusted_path
+from agent.config import ConfigError, StatFn, TargetSpec, open_trusted
 from analysis.errors import AccessDenied, ProbeError, TargetGone
 from analysis.snapshot import Skipped
 from probes.pidfd import ProcessHandle, read_uids
@@ -102,11 +102,14 @@ def list_pids(proc_root: Path = PROC) -> list[int]:
 
 def read_pidfile(path: Path, *, stat: StatFn = os.lstat, readlink: Callable[[str], str] = os.readlink,
                  trusted_uids: frozenset[int] | None = None) -> int:
-    """The pid in a trusted pidfile; ConfigError naming the file and its content otherwise."""
-    check_trusted_path(path, what="pidfile", stat=stat, readlink=readlink, trusted_uids=trusted_uids)
+    """The pid in a trusted pidfile; ConfigError naming the file and its content otherwise. The file is
+    checked as opened (agent.config.open_trusted): a swap after the path check is refused, a FIFO never blocks."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(_PIDFILE_MAX_BYTES + 1)
+        fd = open_trusted(path, what="pidfile", stat=stat, readlink=readlink, trusted_uids=trusted_uids)
+        try:
+            raw = os.read(fd, _PIDFILE_MAX_BYTES + 1)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise ConfigError(f"cannot read pidfile {str(path)!r}: {exc.strerror or exc}") from None
     text = raw.decode(errors="replace").strip()

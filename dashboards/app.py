@@ -45,6 +45,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     registry: CollectorRegistry | None = app.config["REGISTRY"]
     if registry is not None:
         app.wsgi_app = DispatcherMiddleware(app.wsgi_app, {"/metrics": make_wsgi_app(registry)})
+    # Always on: a browser on another host reaches an agent that listens beyond loopback just the same.
+    app.wsgi_app = security.SameOrigin(app.wsgi_app)
     # Off only when the agent listens beyond loopback: then the network reaches it anyway, and a
     # Prometheus server may scrape it by any of the host's DNS names.
     if app.config.get("CHECK_HOST", True):

@@ -118,6 +118,10 @@ def _raise_nofile(want: int) -> None:
 
 
 def _admin_token(args: argparse.Namespace) -> str | None:
+    # Read once, then gone from our environment, so the processes we start (the cpuhog fault's, nft) never
+    # inherit it. /proc/PID/environ of this process still shows it: the kernel keeps the environment the process
+    # started with, and unsetenv() only edits libc's copy. Hence the file is the better way (docs/security.md).
+    from_env = os.environ.pop(ADMIN_TOKEN_ENV, None) or None
     if args.admin_token:
         log.warning("--admin-token is on the command line, where every local user can read it (ps); "
                     "use --admin-token-file or $%s", ADMIN_TOKEN_ENV)
@@ -127,7 +131,7 @@ def _admin_token(args: argparse.Namespace) -> str | None:
             return read_token_file(args.admin_token_file)
         except TokenFileError as exc:
             raise SystemExit(f"workload: {exc}") from None
-    return os.environ.get(ADMIN_TOKEN_ENV) or None
+    return from_env
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -237,7 +237,7 @@ def test_missing_and_unreadable_file(conf_dir: Path) -> None:
     assert str(info.value) == f"cannot read config file {str(missing)!r}: No such file or directory"
     with pytest.raises(ConfigError) as info:
         load_config(conf_dir)
-    assert str(info.value) == f"cannot read config file {str(conf_dir)!r}: Is a directory"
+    assert str(info.value) == f"refusing config file {str(conf_dir)!r}: it is not a regular file (a directory)"
 
 
 def test_dataclasses_validate_when_built_directly() -> None:
@@ -322,6 +322,26 @@ def test_symlink_is_followed_and_its_target_checked(conf_dir: Path, tmp_path: Pa
     (conf_dir / "rel.toml").symlink_to("good.toml")
     assert load_config(conf_dir / "rel.toml") == Config()
 
+
+
+def test_config_file_replaced_after_the_check_is_refused(require_root, tmp_path: Path) -> None:
+    # Fails before open_trusted: the path was checked, then whatever was there at open() was read.
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    path = sticky / "infersight.toml"
+    path.write_text("")
+
+    def stat(p: str) -> os.stat_result:
+        st = os.lstat(p)
+        if p == str(path):  # another user, right after the check
+            path.unlink()
+            path.write_text('listen = "0.0.0.0:9464"\n')
+            os.chown(path, 65534, 65534)
+        return st
+
+    with pytest.raises(UntrustedPath, match=rf"refusing config file '{path}': it is owned by uid 65534"):
+        load_config(path, stat=stat)
 
 def test_missing_tail_passes_when_existing_parent_is_trusted(conf_dir: Path) -> None:
     check_trusted_path(conf_dir / "a" / "b", what="store directory")

@@ -32,7 +32,7 @@ def _wait_health(url: str, timeout: float = 90.0) -> None:
 
 
 @pytest.mark.workload
-def test_demo_server_token_is_in_a_0600_file_and_never_in_argv(tmp_path):
+def test_demo_server_token_is_in_a_0600_file_and_never_in_argv_or_environ(tmp_path):
     var = tmp_path / "var"
     var.mkdir(mode=0o700)
     port = _free_port()
@@ -44,6 +44,8 @@ def test_demo_server_token_is_in_a_0600_file_and_never_in_argv(tmp_path):
         _wait_health(url)
         argv = open(f"/proc/{server.pid}/cmdline", "rb").read()
         assert token.encode() not in argv, "the token is readable by every user in ps"
+        # Nor in its environment, whose first copy /proc/PID/environ keeps for the server's whole life.
+        assert token.encode() not in open(f"/proc/{server.pid}/environ", "rb").read()
         assert stat.S_IMODE(os.stat(var / "admin-token").st_mode) == 0o600
         assert (var / "admin-token").read_text().strip() == token
         fault = [sys.executable, "-m", "workload", "fault", "gc", "off", "--url", url]

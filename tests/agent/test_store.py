@@ -122,6 +122,52 @@ def test_world_writable_store_dir_is_refused(store_dir: Path) -> None:
         Store.open(store_dir)
 
 
+
+@pytest.mark.parametrize("made", ["directory", "symlink"])
+def test_store_dir_made_by_another_user_after_the_check_is_refused(require_root, tmp_path: Path, monkeypatch,
+                                                                   made: str) -> None:
+    # Fails before open_store_dir: the missing directory passed the path check, another user made it (or a
+    # symlink to one of theirs) before mkdir(exist_ok=True), and the root agent wrote its history there.
+    import agent.config
+    import agent.store
+
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    store_dir = sticky / "infersight"
+    theirs = tmp_path / "theirs"
+    checked = agent.config.check_trusted_path
+
+    def check_then_race(path, **kw):
+        result = checked(path, **kw)
+        if not os.path.lexists(store_dir):  # the other user, right after the check
+            if made == "directory":
+                store_dir.mkdir(mode=0o777)
+                os.chown(store_dir, 65534, 65534)
+            else:
+                theirs.mkdir(mode=0o777)
+                os.chown(theirs, 65534, 65534)
+                store_dir.symlink_to(theirs)
+                os.chown(store_dir, 65534, 65534, follow_symlinks=False)
+        return result
+
+    monkeypatch.setattr(agent.config, "check_trusted_path", check_then_race)
+    monkeypatch.setattr(agent.store, "check_trusted_path", check_then_race, raising=False)
+    why = "it is owned by uid 65534" if made == "directory" else "was replaced"
+    with pytest.raises(UntrustedPath, match=rf"refusing store directory '{store_dir}': .*{why}"):
+        Store.open(store_dir).close()
+    assert not any(p.name.startswith("infersight.db") for p in (theirs.iterdir() if theirs.exists() else [])), \
+        "the history was written into another user's directory"
+
+
+def test_store_dir_through_a_trusted_symlink_opens_the_real_one(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    with Store.open(tmp_path / "link") as s:
+        assert s.path == real / "infersight.db"
+    assert (real / "infersight.db").exists() and (real.stat().st_mode & 0o777) == 0o700
+
+
 # ---- kill -9 ------------------------------------------------------------------------------------------
 
 CHILD = r"""

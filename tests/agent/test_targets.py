@@ -320,3 +320,94 @@ def test_other_users_command_lines_are_not_read_past_their_front(monkeypatch) ->
     # Still counted for the operator, from the front of their command lines: six processes of uid 65534.
     assert skipped["t"] == Skipped(matched=6, not_allowed=6, over_limit=0)
     assert "uid 65534" in problems["t"]
+
+
+# ---- a pidfile swapped between the path check and the open (a sticky directory such as /run/user or /tmp) ---
+
+
+def _sticky_pidfile(tmp_path: Path) -> Path:
+    run = tmp_path / "sticky"
+    run.mkdir()
+    run.chmod(0o1777)  # like /tmp: anyone may add a file, only its owner may remove it
+    pidfile = run / "server.pid"
+    pidfile.write_text(f"{os.getpid()}\n")
+    pidfile.chmod(0o644)
+    return pidfile
+
+
+def _swap_after_stat(final: Path, swap: Callable[[], None]) -> Callable[[str], os.stat_result]:
+    """lstat that, right after it has looked at the pidfile (root's, trusted), lets another user replace it:
+    what a server that removes its pidfile on restart leaves room for in a sticky directory."""
+    def stat(path: str) -> os.stat_result:
+        st = os.lstat(path)
+        if path == str(final):
+            swap()
+        return st
+    return stat
+
+
+def test_pidfile_replaced_by_another_users_file_after_the_check_is_refused(require_root, tmp_path: Path) -> None:
+    # Fails before open_trusted: the path was checked, then another file was opened, and its pid was traced.
+    pidfile = _sticky_pidfile(tmp_path)
+
+    def swap() -> None:
+        pidfile.unlink()
+        pidfile.write_text("1\n")
+        os.chown(pidfile, 65534, 65534)
+
+    with pytest.raises(UntrustedPath, match=rf"refusing pidfile '{pidfile}': it is owned by uid 65534"):
+        read_pidfile(pidfile, stat=_swap_after_stat(pidfile, swap))
+
+
+def test_pidfile_replaced_by_a_symlink_after_the_check_is_refused(require_root, tmp_path: Path) -> None:
+    pidfile = _sticky_pidfile(tmp_path)
+    other = tmp_path / "other-service.pid"  # root's, trusted: but not the file the config names
+    other.write_text("1\n")
+
+    def swap() -> None:
+        pidfile.unlink()
+        pidfile.symlink_to(other)
+        os.chown(pidfile, 65534, 65534, follow_symlinks=False)
+
+    with pytest.raises(UntrustedPath, match=r"was replaced \(by a symbolic link or a file\) after it was checked"):
+        read_pidfile(pidfile, stat=_swap_after_stat(pidfile, swap))
+
+
+def test_pidfile_replaced_by_a_fifo_is_refused_without_blocking(require_root, tmp_path: Path) -> None:
+    # Fails before: open() of a FIFO waits for a writer, and discovery (the collection thread) hung with it.
+    import threading
+
+    pidfile = _sticky_pidfile(tmp_path)
+
+    def swap() -> None:
+        pidfile.unlink()
+        os.mkfifo(pidfile, 0o666)
+        os.chown(pidfile, 65534, 65534)
+
+    outcome: list[BaseException | int] = []
+
+    def read() -> None:
+        try:
+            outcome.append(read_pidfile(pidfile, stat=_swap_after_stat(pidfile, swap)))
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    if reader.is_alive():
+        os.close(os.open(pidfile, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked open return
+        reader.join(timeout=5)
+        pytest.fail("read_pidfile blocked on a FIFO put in the pidfile's place")
+    assert len(outcome) == 1 and isinstance(outcome[0], UntrustedPath), outcome
+    assert str(outcome[0]).startswith(f"refusing pidfile '{pidfile}': it is not a regular file (a FIFO)")
+
+
+def test_pidfile_through_a_trusted_symlink_is_still_read(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir(mode=0o755)
+    (real / "s.pid").write_text(f"{os.getpid()}\n")
+    (tmp_path / "link").symlink_to(real)
+    assert read_pidfile(tmp_path / "link" / "s.pid") == os.getpid()
+    (real / "alias.pid").symlink_to("s.pid")
+    assert read_pidfile(real / "alias.pid") == os.getpid()

@@ -1,0 +1,93 @@
+"""`infersight status` prints what the agent says, with nothing a watched process wrote able to drive the terminal."""
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from agent.status import printable
+from tests.conftest import REPO
+
+# What a watched process controls ends up in reasons and errors: its command line, its error texts, its /metrics
+# answer. Each of these would act on the terminal of whoever runs `infersight status`.
+HOSTILE = {
+    "clear screen, red": "\x1b[2J\x1b[31mall fine",
+    "window title (OSC, BEL)": "\x1b]0;pwned\x07title",
+    "hyperlink (OSC 8, ST)": "\x1b]8;;https://evil.example/\x1b\\click\x1b]8;;\x1b\\",
+    "C1 CSI": "\x9b2Jc1",
+    "bidi override": "ok \u202eevil\u202c end",
+    "isolate": "\u2066x\u2069",
+    "bell and backspace": "a\x07\x08b",
+    "newline": "one\ntwo\r\nthree",
+    "lone surrogate": "x\ud800y",
+    "line separator": "a\u2028b",
+}
+
+
+@pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
+def test_printable_keeps_no_control_or_format_character(text):
+    out = printable(text)
+    assert all(ch.isprintable() or ch == " " for ch in out), repr(out)
+    assert "\x1b" not in out and "\x9b" not in out and "\n" not in out
+
+
+def test_printable_leaves_ordinary_text_and_non_ascii_alone():
+    assert printable("py-spy: cannot attach — pid 12 ü 日本 [ok] 50%") == "py-spy: cannot attach — pid 12 ü 日本 [ok] 50%"
+    assert printable("\x1b[31mred\x1b[0m and \u202eevil") == "red and evil"
+
+
+def _status_json() -> dict:
+    summary = {"end": 1_800_000_000.0, "start": 1_799_999_995.0, "target": "w\x1b[2J", "pid": 7,
+               **{k: None for k in ("p99_ms", "request_rate", "cpu_percent", "rss_mb", "syscalls", "offcpu_seconds",
+                                    "gc_collections", "gc_pause_ms", "runqueue_p99_us", "tcp_retransmits",
+                                    "python_samples", "gpu_percent")},
+               "errors": {"latency": HOSTILE["hyperlink (OSC 8, ST)"]}}
+    return {"uptime_seconds": 5, "windows_written": 1, "late_ticks": 0, "dropped_windows": 0,
+            "targets": [{"name": "w", "state": HOSTILE["window title (OSC, BEL)"], "pid": 7}],
+            "sources": [{"source": f"stacks:{i}", "state": "failed", "reason": text}
+                        for i, text in enumerate(HOSTILE.values())],
+            "latest": {"w": summary}}
+
+
+@pytest.fixture
+def fake_agent():
+    body = json.dumps(_status_json()).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_status_prints_reasons_without_escape_sequences(fake_agent):
+    # Fails before printable(): the reasons reached the terminal as sent (and the lone surrogate crashed print).
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "status", "--url", fake_agent], capture_output=True,
+                          timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    out = proc.stdout.decode()
+    lines = out.splitlines()
+    assert len(lines) == 1 + 1 + len(HOSTILE) + 1, out  # nothing a reason held started a new line
+    for bad in ("\x1b", "\x9b", "\x07", "\x08", "\u202e", "\u2066", "\u2028", "\r"):
+        assert bad not in out, f"{bad!r} reached the terminal"
+    assert "source stacks:0: failed — all fine" in lines
+    assert "target w: title (pid 7)" in lines
+    assert lines[-1].endswith("errors: latency: click")
+    # --json escapes everything itself: the same data, as JSON.
+    raw = subprocess.run([sys.executable, "-m", "agent.cli", "status", "--json", "--url", fake_agent],
+                         capture_output=True, timeout=60, cwd=REPO)
+    assert raw.returncode == 0 and b"\x1b" not in raw.stdout and json.loads(raw.stdout) == _status_json()
