@@ -38,7 +38,10 @@ def format_status(data: dict) -> str:
     lines = [f"agent up {data['uptime_seconds']:.0f} s, {data['windows_written']} windows, "
              f"{data['late_ticks']} late ticks, {data['dropped_windows']} dropped"]
     for t in data["targets"]:
-        lines.append(f"target {t['name']}: {t['state']} (pid {t['pid']})")
+        # How it ended (or why it serves no one), the reason it waits: the one line an operator needs first.
+        why = t.get("down") or (t.get("detail") if t["state"] != "watching" else None)
+        lines.append(f"target {t['name']}: {'down' if t.get('down') else t['state']} (pid {t['pid']})"
+                     + (f" — {why}" if why else ""))
     for s in data["sources"]:
         reason = f" — {s['reason']}" if s.get("reason") else ""
         lines.append(f"source {s['source']}: {s.get('state')}{reason}")

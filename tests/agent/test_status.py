@@ -91,3 +91,22 @@ def test_status_prints_reasons_without_escape_sequences(fake_agent):
     raw = subprocess.run([sys.executable, "-m", "agent.cli", "status", "--json", "--url", fake_agent],
                          capture_output=True, timeout=60, cwd=REPO)
     assert raw.returncode == 0 and b"\x1b" not in raw.stdout and json.loads(raw.stdout) == _status_json()
+
+
+def test_status_says_why_a_target_is_down():
+    from agent.status import format_status
+
+    data = {"uptime_seconds": 5, "windows_written": 1, "late_ticks": 0, "dropped_windows": 0, "sources": [],
+            "latest": {}, "targets": [
+                {"name": "gone", "state": "down", "pid": 7, "detail": "pid 7 killed by SIGKILL (signal 9) from pid 1 (x)",
+                 "down": "pid 7 killed by SIGKILL (signal 9) from pid 1 (x)"},
+                {"name": "deaf", "state": "watching", "pid": 8, "detail": "python serve.py",
+                 "down": "pid 8 is alive but serves no one: nothing listens on its latency port for 2 windows"},
+                {"name": "fine", "state": "watching", "pid": 9, "detail": "python serve.py", "down": None},
+                {"name": "later", "state": "waiting", "pid": None, "detail": "no process matches 'x'"}]}
+    lines = format_status(data).splitlines()
+    assert "target gone: down (pid 7) — pid 7 killed by SIGKILL (signal 9) from pid 1 (x)" in lines
+    assert ("target deaf: down (pid 8) — pid 8 is alive but serves no one: nothing listens on its latency port "
+            "for 2 windows") in lines
+    assert "target fine: watching (pid 9)" in lines
+    assert "target later: waiting (pid None) — no process matches 'x'" in lines
