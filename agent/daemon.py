@@ -85,6 +85,7 @@ class PeerLimit:
         self.lookup = lookup
         self.refused = 0
         self._said: dict[str, float] = {}
+        self._cannot_ask = False
 
     def peer(self, conn: socket.socket, addr: tuple) -> str | None:
         """Whom a connection counts against: 'uid N', 'address A', or None (not counted)."""
@@ -95,7 +96,14 @@ class PeerLimit:
             local = conn.getsockname()
         except OSError:
             return None
-        uid = self.lookup((str(local[0]), int(local[1])), (host, port))
+        try:
+            uid = self.lookup((str(local[0]), int(local[1])), (host, port))
+        except OSError as exc:
+            uid = None
+            if not self._cannot_ask:
+                self._cannot_ask = True
+                log.warning("cannot ask the kernel who holds a connection (sock_diag: %s); connections from "
+                            "this host are not limited per user", exc.strerror or exc)
         if uid is not None:
             return None if uid in self._exempt else f"uid {uid}"
         # No socket of this host holds the other end: a remote peer. A loopback peer is always local, so no

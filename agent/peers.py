@@ -40,16 +40,17 @@ def _request(family: int, local: tuple[str, int], peer: tuple[str, int]) -> byte
 
 def peer_uid(local: tuple[str, int], peer: tuple[str, int]) -> int | None:
     """The uid owning the socket at `peer` connected to our `local` address, when that socket is on this host
-    (in our network namespace); None for a remote peer, or when the kernel cannot be asked (no sock_diag)."""
+    (in our network namespace); None for a remote peer (or an address that is none). OSError when the kernel
+    cannot be asked (no sock_diag, AF_NETLINK forbidden by a sandbox)."""
     try:
         family = socket.AF_INET6 if ipaddress.ip_address(peer[0]).version == 6 else socket.AF_INET
         request = _request(family, local, peer)
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG) as nl:
-            nl.settimeout(1.0)
-            nl.sendto(request, (0, 0))
-            answer = nl.recv(8192)
     except (OSError, ValueError):
         return None
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(1.0)
+        nl.sendto(request, (0, 0))
+        answer = nl.recv(8192)
     if len(answer) < _NLMSG_HEADER.size:
         return None
     _, kind, _, _, _ = _NLMSG_HEADER.unpack_from(answer)

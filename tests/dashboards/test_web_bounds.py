@@ -405,3 +405,18 @@ def test_peers_are_users_on_this_host_and_addresses_beyond_it():
         limit.lookup = lambda local, peer: 0
         assert limit.peer(s, ("127.0.0.1", 5555)) is None
     assert limit.peer(s, ("localhost", None)) is None  # a Unix socket (waitress's fix_addr)
+
+
+def test_a_kernel_that_cannot_be_asked_is_said_once_and_limits_nothing_local(caplog):
+    from agent.daemon import PeerLimit
+
+    def refused(local, peer):
+        raise PermissionError(13, "Permission denied")  # AF_NETLINK forbidden by a sandbox
+
+    limit = PeerLimit(64, frozenset({0}), lookup=refused)
+    with socket.socket() as s, caplog.at_level("WARNING", logger="infersight.daemon"):
+        s.bind(("127.0.0.1", 0))
+        assert limit.peer(s, ("127.0.0.1", 5555)) is None and limit.peer(s, ("127.0.0.1", 5556)) is None
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["cannot ask the kernel who holds a connection (sock_diag: Permission denied); connections from "
+                    "this host are not limited per user"]
