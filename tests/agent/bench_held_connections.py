@@ -135,6 +135,10 @@ def serve_agent_app():
     return web, port
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--connections", type=int, default=1100)
@@ -148,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     from agent.daemon import raise_nofile
 
     raise_nofile()
+    # A run stopped by timeout(1) still removes its user and its connections (the finally below).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     user, remove_user = make_user()
     web, port = serve_agent_app()
     holder = None
