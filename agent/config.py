@@ -526,6 +526,8 @@ def open_trusted(path: Path, *, what: str, directory: bool = False, create: bool
             try:
                 child = _open_at(fd, part, flags, mkdir=create and (directory or not last))
             except OSError as exc:
+                if exc.errno == errno.ENOTDIR and last and directory and not _is_link_at(fd, part):
+                    raise UntrustedPath(f"refusing {what} {str(path)!r}: it is not a directory") from None
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise UntrustedPath(f"refusing {what} {str(path)!r}: {walked!r} was replaced (by a symbolic "
                                         f"link or a file) after it was checked") from None
@@ -554,6 +556,13 @@ def _open_at(parent: int, name: str, flags: int, *, mkdir: bool) -> int:
     except FileExistsError:
         pass  # made by someone else in the meantime: opened and checked like any other
     return os.open(name, flags, dir_fd=parent)
+
+
+def _is_link_at(parent: int, name: str) -> bool:
+    try:
+        return stat_mod.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def _file_kind(mode: int) -> str:

@@ -5,13 +5,18 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import math
 import os
 import resource
 import signal
+import socket
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from waitress.server import create_server
+from waitress.channel import HTTPChannel
+from waitress.server import BaseWSGIServer, create_server
 
 from agent import logs
 from agent.alerts.service import AlertService
@@ -22,6 +27,7 @@ from agent.detection import Detection, DownState
 from agent.detection_metrics import DetectionCollector
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
+from agent.peers import peer_uid
 from agent.pidlock import PidLock
 from agent.state import AgentState
 from agent.stop_signals import set_on_signal
@@ -45,6 +51,11 @@ WEB_CHANNEL_TIMEOUT = 10
 WEB_CLEANUP_INTERVAL = 2
 # Open files the agent wants: every connection, plus probes, py-spy pipes and the store's connections.
 WANT_NOFILE = 8192
+# Connections one local user (or one remote address) may hold at once; the next is answered 503 and closed at
+# once. A browser keeps about 6 per host and Prometheus 1; one user's 1,100 connections, each sent a byte every
+# 3 s so that none is ever idle, used to fill the server and keep /metrics out for good. Root and the agent's
+# own user are not counted (they own the agent anyway).
+WEB_CONNECTIONS_PER_PEER = 64
 
 
 def _is_loopback(host: str) -> bool:
@@ -60,11 +71,79 @@ class ListenError(OSError):
     """The status page cannot listen where configured; one line naming the address and what to do."""
 
 
+class PeerLimit:
+    """waitress's `channel_class` for a listener: a new connection becomes a channel unless its peer (the local
+    user owning the other end, else the remote address) already holds `per_peer` of them; then it is answered
+    503 and closed on the spot, so it never takes one of the server's connections."""
+
+    def __init__(self, per_peer: int, exempt_uids: frozenset[int],
+                 lookup: Callable[[tuple[str, int], tuple[str, int]], int | None] = peer_uid) -> None:
+        if per_peer < 1:
+            raise ValueError(f"per_peer must be >= 1, got {per_peer!r}")
+        self.per_peer = per_peer
+        self._exempt = exempt_uids
+        self.lookup = lookup
+        self.refused = 0
+        self._said: dict[str, float] = {}
+        self._cannot_ask = False
+
+    def peer(self, conn: socket.socket, addr: tuple) -> str | None:
+        """Whom a connection counts against: 'uid N', 'address A', or None (not counted)."""
+        if not isinstance(addr, tuple) or len(addr) < 2 or not isinstance(addr[1], int):
+            return None  # a Unix socket: its own permissions decide who connects
+        host, port = str(addr[0]), addr[1]
+        try:
+            local = conn.getsockname()
+        except OSError:
+            return None
+        try:
+            uid = self.lookup((str(local[0]), int(local[1])), (host, port))
+        except OSError as exc:
+            uid = None
+            if not self._cannot_ask:
+                self._cannot_ask = True
+                log.warning("cannot ask the kernel who holds a connection (sock_diag: %s); connections from "
+                            "this host are not limited per user", exc.strerror or exc)
+        if uid is not None:
+            return None if uid in self._exempt else f"uid {uid}"
+        # No socket of this host holds the other end: a remote peer. A loopback peer is always local, so no
+        # answer there means the kernel could not be asked: counting every local user as one would let one of
+        # them crowd out Prometheus, so nothing is counted.
+        return None if ipaddress.ip_address(host.split("%")[0]).is_loopback else f"address {host}"
+
+    def __call__(self, server, conn: socket.socket, addr, adj, map=None):
+        peer = self.peer(conn, addr)
+        if peer is not None:
+            held = sum(1 for ch in list(server.active_channels.values()) if getattr(ch, "infersight_peer", None) == peer)
+            if held >= self.per_peer:
+                self._refuse(conn, peer)
+                return None
+        channel = HTTPChannel(server, conn, addr, adj, map=map)
+        channel.infersight_peer = peer
+        return channel
+
+    def _refuse(self, conn: socket.socket, peer: str) -> None:
+        self.refused += 1
+        body = f"{peer} already holds {self.per_peer} connections to this agent (the limit); close some\n".encode()
+        try:
+            conn.send(b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body, socket.MSG_DONTWAIT)
+        except OSError:
+            pass  # a full or reset socket: closing it says enough
+        conn.close()
+        now = time.monotonic()
+        if now - self._said.get(peer, -math.inf) >= 60:  # once a minute per peer, or a flood floods the log too
+            self._said[peer] = now
+            log.warning("refusing connections from %s: it holds %d, the limit (%d refused since start)",
+                        peer, self.per_peer, self.refused)
+
+
 class WebServer:
     """waitress on its own thread, serving the status page and /metrics."""
 
     def __init__(self, app, host: str, port: int, *, connection_limit: int = WEB_CONNECTION_LIMIT,
-                 channel_timeout: int = WEB_CHANNEL_TIMEOUT, cleanup_interval: int = WEB_CLEANUP_INTERVAL) -> None:
+                 channel_timeout: int = WEB_CHANNEL_TIMEOUT, cleanup_interval: int = WEB_CLEANUP_INTERVAL,
+                 connections_per_peer: int = WEB_CONNECTIONS_PER_PEER) -> None:
         try:
             # channel_request_lookahead > 0 lets a handler ask whether its client is still there.
             self._server = create_server(app, host=host, port=port, threads=WEB_THREADS, ident="infersight",
@@ -75,6 +154,11 @@ class WebServer:
             hint = ("another process (another infersight?) listens there; stop it or change `listen`"
                     if exc.errno == errno.EADDRINUSE else "change `listen` in the config")
             raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; {hint}") from None
+        self.peer_limit = PeerLimit(connections_per_peer, frozenset({0, os.geteuid()}))
+        listeners = [self._server] if isinstance(self._server, BaseWSGIServer) else [
+            d for d in self._server.map.values() if isinstance(d, BaseWSGIServer)]
+        for listener in listeners:
+            listener.channel_class = self.peer_limit
         self._thread = threading.Thread(target=self._server.run, name="web", daemon=True)
         if not _is_loopback(host):
             log.warning("listening on %s:%d: the status page, /metrics and the JSON API have no authentication "

@@ -1,9 +1,11 @@
-"""What an earlier, killed `make demo` left behind: its children (stopped, they are ours) and busy ports."""
+"""One `make demo` per folder, and what an earlier, killed one left behind: its children (stopped, they are ours)
+and busy ports."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import signal
 import socket
@@ -18,7 +20,45 @@ from agent.targets import read_proc
 from analysis.errors import AccessDenied, TargetGone
 
 PIDS_FILE = "demo.pids"
+LOCK_FILE = "demo.lock"
 _PR_SET_PDEATHSIG = 1
+
+
+class DemoRunning(RuntimeError):
+    """Another demo runs in this folder; the message is one line naming it and what to do."""
+
+
+class DemoLock:
+    """Held for a demo's whole life: an flock on `var/demo.lock`, which the kernel drops when the demo exits,
+    even by kill -9. A second demo in the same folder finds it held and stops before touching anything (before,
+    it stopped the first one's server and load as 'left behind', then failed on the busy port)."""
+
+    def __init__(self, var: Path) -> None:
+        self.path = var / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self, page_url: str) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.read(fd, 200).decode(errors="replace").split()
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                raise
+            pid = holder[0] if holder and holder[0].isdecimal() else "?"
+            page = f", status page {holder[1]}" if len(holder) > 1 else ""
+            raise DemoRunning(f"a demo is already running in {str(self.path.parent)!r} (pid {pid}{page}); stop it "
+                              f"with Ctrl-C in its terminal or `kill {pid}`, or give this one its own --var, "
+                              f"--port and --listen") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {page_url}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
 """`make demo`'s own safety: the admin token never on a command line, stale servers and busy ports named."""
 
+import json
 import os
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -153,3 +156,159 @@ def test_a_second_agent_on_the_same_store_refuses_in_one_line(tmp_path):
     again.store.close()
     again.web.stop()
     again.lock.release()
+
+
+# ---- the real demo, as a newcomer meets it -----------------------------------------------------------------------
+
+
+class Demo:
+    """`python -m agent.demo` as a child, its stdout and stderr lines collected as they come."""
+
+    def __init__(self, var, *extra: str) -> None:
+        import queue
+
+        self.var, self.port, self.listen = var, _free_port(), f"127.0.0.1:{_free_port()}"
+        self.argv = [sys.executable, "-m", "agent.demo", "--var", str(var), "--port", str(self.port),
+                     "--listen", self.listen, *extra]
+        self.proc = subprocess.Popen(self.argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.seen: list[tuple[str, str]] = []
+        for name, stream in (("out", self.proc.stdout), ("err", self.proc.stderr)):
+            threading.Thread(target=self._read, args=(name, stream), daemon=True).start()
+
+    def _read(self, name, stream) -> None:
+        for line in stream:
+            self.lines.put((name, line.rstrip("\n")))
+
+    def wait_line(self, needle: str, timeout: float, stream: str = "err") -> str:
+        import queue
+
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                name, line = self.lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            self.seen.append((name, line))
+            if name == stream and needle in line:
+                return line
+        pytest.fail(f"the demo did not say {needle!r} within {timeout} s; it said {self.seen[-15:]}")
+
+    def wait_running(self) -> None:
+        # The workload (torch) and the agent's probes (BPF compiles) start here; generous on a loaded CI host.
+        self.wait_line("infersight demo is running", 300, stream="out")
+
+    def children(self) -> dict[str, int]:
+        return {name: int(pid) for pid, _, name in (line.split() for line in (self.var / "demo.pids").read_text()
+                                                       .splitlines())}
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=90)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def _gone(pid: int) -> bool:
+    """Not running and not a zombie: reaped (its /proc entry is gone), or never ours."""
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def _health_pid(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/health", timeout=10) as resp:
+        return json.load(resp)["pid"]
+
+
+@pytest.mark.slow
+@pytest.mark.workload
+@pytest.mark.bpf
+def test_a_second_demo_says_so_in_one_line_and_leaves_the_first_alone(require_bpf, tmp_path):
+    # Fails before the demo lock: the second demo stopped the first one's server and load as 'left running by an
+    # earlier demo', then failed on the busy port, and the first carried on with no server, saying nothing.
+    first = Demo(tmp_path / "var")
+    try:
+        first.wait_running()
+        kids = first.children()
+        second = subprocess.run(first.argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1, second
+        assert second.stderr.strip().count("\n") == 0, second.stderr
+        assert f"a demo is already running in {str(tmp_path / 'var')!r} (pid {first.proc.pid}, status page " \
+               f"http://{first.listen}/)" in second.stderr
+        assert first.proc.poll() is None and all(_alive(pid) for pid in kids.values()), kids
+        assert first.children() == kids
+        assert _health_pid(f"http://127.0.0.1:{first.port}") == kids["workload"]
+        with urllib.request.urlopen(f"http://{first.listen}/api/status", timeout=10) as resp:
+            assert resp.status == 200
+    finally:
+        code = first.stop()
+    assert code == 0
+    assert all(_gone(pid) for pid in kids.values())
+
+
+@pytest.mark.slow
+@pytest.mark.workload
+@pytest.mark.bpf
+def test_a_killed_server_is_reaped_said_in_one_line_and_restarted_with_its_load(require_bpf, tmp_path):
+    # Fails before the demo watched its children: the killed server stayed a zombie, the load fired at a dead
+    # port, and the demo said nothing.
+    demo = Demo(tmp_path / "var")
+    try:
+        demo.wait_running()
+        kids = demo.children()
+        os.kill(kids["workload"], signal.SIGKILL)
+        said = demo.wait_line(f"the workload server (pid {kids['workload']}) was killed by SIGKILL; restarting it", 30)
+        assert "the status page shows the outage meanwhile" in said
+        assert _gone(kids["workload"]), "the killed server was left a zombie"
+        deadline = time.monotonic() + 30
+        while not _gone(kids["load"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _gone(kids["load"]), "the load kept firing at a dead port"
+        back = demo.wait_line("the workload server is back (pid ", 240)
+        new = int(back.split("(pid ")[1].split(")")[0])
+        assert new != kids["workload"] and _health_pid(f"http://127.0.0.1:{demo.port}") == new
+        now = demo.children()
+        assert now["workload"] == new and now["load"] != kids["load"] and _alive(now["load"])
+        assert int((demo.var / "workload.pid").read_text()) == new
+        # The new load reaches the new server.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{demo.port}/metrics", timeout=10) as resp:
+                text = resp.read().decode()
+            count = [float(line.split()[-1]) for line in text.splitlines()
+                     if line.startswith("vllm:e2e_request_latency_seconds_count")]
+            if count and count[0] > 0:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail("no request of the restarted load reached the restarted server within 60 s")
+        assert demo.proc.poll() is None
+    finally:
+        code = demo.stop()
+    assert code == 0
+    assert _gone(now["workload"]) and _gone(now["load"])
+
+
+@pytest.mark.slow
+@pytest.mark.workload
+@pytest.mark.bpf
+def test_with_no_restarts_a_dead_server_stops_the_demo_in_one_line(require_bpf, tmp_path):
+    demo = Demo(tmp_path / "var", "--restarts", "0")
+    try:
+        demo.wait_running()
+        kids = demo.children()
+        os.kill(kids["workload"], signal.SIGKILL)
+        demo.wait_line(f"the workload server (pid {kids['workload']}) was killed by SIGKILL; stopping the demo "
+                       f"(--restarts 0)", 30)
+        assert demo.proc.wait(timeout=90) == 1
+        demo.wait_line("infersight demo stopped", 10, stream="out")
+        assert all(_gone(pid) for pid in kids.values())
+        assert not (demo.var / "demo.pids").exists()
+    finally:
+        demo.stop()

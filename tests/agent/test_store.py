@@ -510,3 +510,9 @@ def test_profile_reads_are_bounded_while_reading(store_dir: Path) -> None:
         assert prof.total() == 18 and prof.stacks[(TRUNCATED,)] == 5
         assert (prof.truncation.dropped_stacks, prof.truncation.dropped_samples) == (2, 5)
         assert prof.truncation.range_cut == "the range limit" and prof.start == 1038.0 and prof.truncation.any()
+
+
+def test_store_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "store").write_text("")
+    with pytest.raises(UntrustedPath, match=r"refusing store directory '.*store': it is not a directory$"):
+        Store.open(tmp_path / "store")

@@ -129,3 +129,27 @@ def test_an_unprivileged_user_cannot_steer_stall_or_grow_the_agent(local_user, t
         agent.lock.release()
         os.killpg(root_bait.pid, signal.SIGKILL)
         root_bait.wait()
+
+
+def test_connections_held_by_a_user_leave_metrics_answering(local_user):
+    # Fails before the per-user limit: the user's 1,100 connections, each sent a byte every 3 s so that none is
+    # ever idle, filled the server's 1,000 and no scrape was answered within 60 s (tests/agent/bench_held_connections.py
+    # reproduces both figures).
+    from tests.agent.bench_held_connections import scrape_seconds, serve_agent_app, start_holder, stop_holder
+
+    user, _ = local_user
+    web, port = serve_agent_app()
+    holder = None
+    try:
+        holder = start_holder(user, port, 1100, 3.0, eager=False)
+        time.sleep(7)  # two of the user's rounds: every connection has been accepted or refused by now
+        took = [scrape_seconds(web.url, timeout=15) for _ in range(5)]
+        assert max(took) < 1.0, f"/metrics took {[round(t, 2) for t in took]} s while the user held 1,100 connections"
+        assert web.peer_limit.refused >= 1100 - 64
+        held = [ch for ch in list(web._server.active_channels.values())
+                if getattr(ch, "infersight_peer", None) == f"uid {user.pw_uid}"]
+        assert 0 < len(held) <= 64, len(held)
+    finally:
+        if holder is not None:
+            stop_holder(holder)
+        web.stop()

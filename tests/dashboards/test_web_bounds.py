@@ -358,3 +358,69 @@ def test_open_file_limit_is_raised_for_the_connection_limit():
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (WANT_NOFILE, hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_one_peer_holds_at_most_its_share_of_connections(served):
+    # The kernel's answer (agent.peers.peer_uid) is stood in for: every connection here is root's, whom the limit
+    # does not count. tests/agent/test_unprivileged.py has the real user.
+    _, app = served
+    web = WebServer(app, "127.0.0.1", 0, connections_per_peer=3)
+    whose = {"uid": 1000}
+    web.peer_limit.lookup = lambda local, peer: whose["uid"]
+    web.start()
+    try:
+        held = _idle_sockets(web.url, 3)
+        time.sleep(0.3)
+        extra = _idle_sockets(web.url, 1)[0]
+        extra.settimeout(10)
+        said = b""
+        while chunk := extra.recv(4096):
+            said += chunk
+        assert said.startswith(b"HTTP/1.1 503 ") and b"uid 1000 already holds 3 connections" in said, said
+        assert web.peer_limit.refused == 1
+        for sock in held:  # the three it holds are served
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            sock.settimeout(10)
+            assert sock.recv(12) == b"HTTP/1.1 200"
+        whose["uid"] = 1001  # another user is not held back by the first
+        code, _ = _get(web.url + "/metrics", timeout=10)
+        assert code == 200
+        whose["uid"] = 0  # nor root
+        more = _idle_sockets(web.url, 5)
+        code, _ = _get(web.url + "/metrics", timeout=10)
+        assert code == 200 and web.peer_limit.refused == 1
+        for sock in held + more + [extra]:
+            sock.close()
+    finally:
+        web.stop()
+
+
+def test_peers_are_users_on_this_host_and_addresses_beyond_it():
+    from agent.daemon import PeerLimit
+
+    limit = PeerLimit(64, frozenset({0}), lookup=lambda local, peer: None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        # A loopback peer the kernel could not name: not counted, rather than every local user as one.
+        assert limit.peer(s, ("127.0.0.1", 5555)) is None
+        assert limit.peer(s, ("203.0.113.9", 5555)) == "address 203.0.113.9"
+        limit.lookup = lambda local, peer: 33
+        assert limit.peer(s, ("127.0.0.1", 5555)) == "uid 33"
+        limit.lookup = lambda local, peer: 0
+        assert limit.peer(s, ("127.0.0.1", 5555)) is None
+    assert limit.peer(s, ("localhost", None)) is None  # a Unix socket (waitress's fix_addr)
+
+
+def test_a_kernel_that_cannot_be_asked_is_said_once_and_limits_nothing_local(caplog):
+    from agent.daemon import PeerLimit
+
+    def refused(local, peer):
+        raise PermissionError(13, "Permission denied")  # AF_NETLINK forbidden by a sandbox
+
+    limit = PeerLimit(64, frozenset({0}), lookup=refused)
+    with socket.socket() as s, caplog.at_level("WARNING", logger="infersight.daemon"):
+        s.bind(("127.0.0.1", 0))
+        assert limit.peer(s, ("127.0.0.1", 5555)) is None and limit.peer(s, ("127.0.0.1", 5556)) is None
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["cannot ask the kernel who holds a connection (sock_diag: Permission denied); connections from "
+                    "this host are not limited per user"]
