@@ -17,7 +17,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from tests.dashboards.browser import chromium, console_errors, screenshot, wait_for
-from tests.live import free_port, start_server, terminate, wait_http
+from tests.live import free_port, start_server, terminate, wait_http, write_agent_config
 
 pytestmark = pytest.mark.browser
 
@@ -43,17 +43,12 @@ HOSTILE_PROGRAM = textwrap.dedent(f"""
 
 
 def agent_config(tmp: Path, port: int, targets: str, warmup: int = 8) -> Path:
-    path = tmp / "infersight.toml"
-    path.write_text(textwrap.dedent(f"""
-        interval_seconds = 1
-        store_dir = "{tmp / 'store'}"
-        listen = "127.0.0.1:{port}"
+    path = write_agent_config(tmp, port, f"""
         [stacks]
         rate_hz = 49
-
         [detector]
         warmup_windows = {warmup}
-    """) + textwrap.dedent(targets))
+    """, targets, interval=1)
     os.chmod(tmp, 0o700)
     return path
 
