@@ -20,9 +20,9 @@ from agent.config import Config, ConfigError, LatencySpec, TargetSpec, parse_lis
 from agent.daemon import Agent, ListenError
 from agent.demo_guard import PIDS_FILE, die_with_parent, port_in_use, record_children, stop_stale
 from agent.pidlock import AlreadyRunning
-from agent.secretfile import write_secret
 from agent.stop_signals import set_on_signal
 from agent.store import StoreError
+from workload.secretfile import write_secret
 
 log = logging.getLogger("infersight.demo")
 
