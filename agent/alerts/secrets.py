@@ -6,7 +6,8 @@ import os
 from collections.abc import Callable, Mapping
 
 from agent.alerts.config import ReceiverConfig
-from agent.config import ConfigError, StatFn, check_trusted_path
+from agent.config import ConfigError
+from agent.trust import StatFn, check_trusted_path
 from workload.secretfile import PrivateFileError, read_private
 
 MAX_SECRET_BYTES = 4096
