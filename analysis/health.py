@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 # running: measuring (per-target gaps are in `unsupported`); failed: cannot run, `reason` says why;
@@ -37,9 +37,8 @@ class Health:
         return self.state == "running"
 
     def copy(self) -> Health:
-        return Health(name=self.name, state=self.state, reason=self.reason, targets=self.targets,
-                      lost_events=self.lost_events, failed_stacks=self.failed_stacks, error_count=self.error_count,
-                      unsupported=dict(self.unsupported), detail=dict(self.detail))
+        """Its own dicts, so a reader's copy never changes under it."""
+        return replace(self, unsupported=dict(self.unsupported), detail=dict(self.detail))
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "reason": self.reason, "targets": self.targets,
