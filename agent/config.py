@@ -1,4 +1,5 @@
-"""The agent's configuration: TOML with a default for every key, validated at load (its paths by agent.trust)."""
+"""The agent's configuration: TOML with a default for every key, checked for unknown keys, converted by msgspec and
+validated at load (its paths by agent.trust)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import msgspec
 
 from agent.alerts.config import SENSITIVE, AlertsConfig, AlertsFieldError, ReceiverConfig, check_receivers
 from agent.errors import ConfigError
@@ -282,44 +285,9 @@ def _got(value: Any, sensitive: bool) -> str:
     return f"{value!r} ({kind})"
 
 
-def _convert(value: Any, hint: Any, key: str, sensitive: bool = False) -> Any:
-    """Check one TOML value against a field's type hint and convert it; ConfigError names `key`."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _convert(value, inner[0], key, sensitive)
-    if origin is typing.Literal:
-        hint = str
-    if origin is tuple:
-        (item_hint, _) = typing.get_args(hint)
-        if not isinstance(value, list):
-            items = "tables" if dataclasses.is_dataclass(item_hint) else "strings"
-            raise ConfigError(f"{key}: expected an array of {items}, got {_got(value, sensitive)}")
-        return tuple(_convert(v, item_hint, f"{key}[{i}]", sensitive) for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a table, got {_got(value, sensitive)}")
-        (_, value_hint) = typing.get_args(hint)
-        return {k: _convert(v, value_hint, f"{key}.{k}", sensitive) for k, v in value.items()}
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a table, got {_got(value, sensitive)}")
-        return _build(hint, value, f"{key}.")
-    ok = {bool: isinstance(value, bool),
-          int: isinstance(value, int) and not isinstance(value, bool),
-          float: isinstance(value, (int, float)) and not isinstance(value, bool),
-          str: isinstance(value, str),
-          Path: isinstance(value, str)}[hint]
-    if not ok:
-        raise ConfigError(f"{key}: expected {_TYPE_WORDS[hint]}, got {_got(value, sensitive)}")
-    if hint is float:
-        return float(value)
-    if hint is Path:
-        return Path(value)
-    return value
-
-
-def _build(cls: type, table: dict[str, Any], prefix: str) -> Any:
+def _checked_keys(cls: type, table: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """`table` with its preset filled in, after refusing unknown, renamed and missing keys, here and in every
+    table below it; the values' types are msgspec's to check (_decode)."""
     if cls is LatencySpec and "preset" in table:
         name = table["preset"]
         if not isinstance(name, str) or name not in PRESETS:
@@ -338,22 +306,106 @@ def _build(cls: type, table: dict[str, Any], prefix: str) -> Any:
         close = difflib.get_close_matches(unknown[0], list(fields), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(fields)})"
         raise ConfigError(f"unknown key {prefix}{unknown[0]}{hint}")
-    kwargs: dict[str, Any] = {}
+    out = dict(table)
     for name, f in fields.items():
         if name in table:
-            kwargs[name] = _convert(table[name], hints[name], f"{prefix}{name}", bool(f.metadata.get("sensitive")))
+            out[name] = _checked_below(table[name], hints[name], f"{prefix}{name}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{prefix}{name}: missing (required)")
+    return out
+
+
+def _checked_below(value: Any, hint: Any, key: str) -> Any:
+    hint = _optional_of(hint)
+    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        return _checked_keys(hint, value, f"{key}.")
+    if typing.get_origin(hint) is tuple and isinstance(value, list):
+        item = typing.get_args(hint)[0]
+        if dataclasses.is_dataclass(item):
+            return [_checked_keys(item, v, f"{key}[{i}].") if isinstance(v, dict) else v
+                    for i, v in enumerate(value)]
+    return value
+
+
+def _optional_of(hint: Any) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+class _NotAPath(TypeError):
+    pass
+
+
+def _path_hook(tp: type, value: Any) -> Any:
+    if tp is Path and isinstance(value, str):
+        return Path(value)
+    raise _NotAPath
+
+
+def _decode(data: dict[str, Any]) -> Config:
+    """The checked tables converted by msgspec (TOML ints widen to float fields, nothing else is coerced); its
+    errors are reworded as one line naming the key and the value, never a sensitive value."""
+    table = _checked_keys(Config, data, "")
     try:
-        return cls(**kwargs)
-    except (FieldError, AlertsFieldError) as exc:
-        where = f"{prefix}{exc.key}" if exc.key else prefix.rstrip(".")
-        raise ConfigError(f"{where}: {exc.problem}") from None
+        return msgspec.convert(table, Config, dec_hook=_path_hook)
+    except msgspec.ValidationError as exc:
+        cause = exc.__cause__
+        if cause is not None and not isinstance(cause, (FieldError, AlertsFieldError, _NotAPath)):
+            raise cause from None  # a record's own bug, not the config's: shown as it is
+        _, sep, at = str(exc).rpartition(" - at `")
+        steps = re.findall(r"\.([^.\[`]+)|\[(\d+|\.\.\.)\]", at) if sep else []
+        if isinstance(cause, (FieldError, AlertsFieldError)):
+            where = ".".join(k for k in (_key_of(steps), cause.key) if k)
+            raise ConfigError(f"{where}: {cause.problem}" if where else cause.problem) from None
+        raise ConfigError(_wrong_type(table, steps)) from None
+
+
+def _key_of(steps: list[tuple[str, str]]) -> str:
+    return "".join(f".{name}" if name else f"[{index}]" for name, index in steps).lstrip(".")
+
+
+def _wrong_type(table: dict[str, Any], steps: list[tuple[str, str]]) -> str:
+    """The message for a value msgspec refused: follow its path through the field hints and the table."""
+    hint: Any = Config
+    value: Any = table
+    key, sensitive = "", False
+    for name, index in steps:
+        hint = _optional_of(hint)
+        if name:
+            sensitive = bool(next(f for f in dataclasses.fields(hint) if f.name == name).metadata.get("sensitive"))
+            hint, value, key = typing.get_type_hints(hint)[name], value[name], f"{key}.{name}".lstrip(".")
+        elif index == "...":  # a table's value; msgspec does not say under which key
+            value_hint = typing.get_args(hint)[1]
+            bad = next(k for k, v in value.items() if not _fits(v, value_hint))
+            hint, value, key = value_hint, value[bad], f"{key}.{bad}"
+        else:
+            hint, value, key = typing.get_args(hint)[0], value[int(index)], f"{key}[{index}]"
+    hint = _optional_of(hint)
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        if isinstance(value, str):
+            return f"{key}: must be one of {', '.join(typing.get_args(hint))}, got {value!r}"
+        hint = str
+    if origin is tuple:
+        items = "tables" if dataclasses.is_dataclass(typing.get_args(hint)[0]) else "strings"
+        return f"{key}: expected an array of {items}, got {_got(value, sensitive)}"
+    if origin is dict or dataclasses.is_dataclass(hint):
+        return f"{key}: expected a table, got {_got(value, sensitive)}"
+    return f"{key}: expected {_TYPE_WORDS[hint]}, got {_got(value, sensitive)}"
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    try:
+        msgspec.convert(value, hint, dec_hook=_path_hook)
+    except msgspec.ValidationError:
+        return False
+    return True
 
 
 def config_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> Config:
     """Validate a parsed TOML document; relative paths resolve against base_dir (the config file's folder)."""
-    config = _build(Config, data, "")
+    config = _decode(data)
     if base_dir is None:
         return config
     targets = tuple(dataclasses.replace(t, pidfile=base_dir / t.pidfile)
