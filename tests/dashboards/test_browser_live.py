@@ -17,7 +17,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from tests.dashboards.browser import chromium, console_errors, screenshot, wait_for
-from tests.live import free_port, start_server, terminate, wait_http, write_agent_config
+from tests.live import free_port, start_server, terminate, wait_http, workload_target, write_agent_config
 
 pytestmark = pytest.mark.browser
 
@@ -134,16 +134,7 @@ def test_hostile_process_is_watched_and_nothing_executes(require_bpf, tmp_path):
 def test_workload_fault_brings_the_banner_without_a_reload(require_bpf, tmp_path):
     tag = f"fault-{uuid.uuid4().hex[:10]}"
     port, agent_port = free_port(), free_port()
-    config = agent_config(tmp_path, agent_port, f"""
-        [[targets]]
-        name = "workload"
-        process_regex = "admin-token {tag}"
-
-        [targets.latency]
-        preset = "workload"
-        url = "http://127.0.0.1:{port}/metrics"
-        timeout_seconds = 10
-    """, warmup=30)
+    config = agent_config(tmp_path, agent_port, workload_target(tag, port, timeout_seconds=10), warmup=30)
     log = open(tmp_path / "processes.log", "w")
     server = load = agent = None
     try:
