@@ -187,10 +187,10 @@ class Collectors:
         """Probes by name; sources by `name:target` (one instance per target)."""
         out = {name: h.copy() for name, h in self._failed.items()}
         for name, h in out.items():
-            h.errors += self._read_errors.get(name, 0)
+            h.error_count += self._read_errors.get(name, 0)
         for name, probe in self._running.items():
             h = probe.health()
-            h.errors += self._read_errors.get(name, 0)
+            h.error_count += self._read_errors.get(name, 0)
             h.reason = h.reason or self._target_errors.get(name)
             out[name] = h
         for key, entry in self._sources.items():
@@ -235,11 +235,11 @@ class Collectors:
                 entry.sources[name] = factory()
             except COLLECTOR_ERRORS as exc:
                 log.warning("source %s for %s unavailable: %s", name, target.name, exc)
-                entry.broken[name] = Health(name=name, state="failed", reason=str(exc), errors=1)
+                entry.broken[name] = Health(name=name, state="failed", reason=str(exc), error_count=1)
             except Exception as exc:  # one source's surprise must not stop the others: logged, counted, shown
                 log.error("source %s for %s: starting raised unexpectedly", name, target.name, exc_info=exc)
                 entry.broken[name] = Health(name=name, state="failed", reason=_unexpected_reason("starting", exc),
-                                            errors=1)
+                                            error_count=1)
         self._targets[target.key] = target
         self._sources[target.key] = entry
         try:

@@ -1,10 +1,10 @@
-"""The agent's configuration: TOML with a default for every key, validated at load, and path trust checks."""
+"""The agent's configuration: TOML with a default for every key, checked for unknown keys, converted by msgspec and
+validated at load (its paths by agent.trust)."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import errno
 import ipaddress
 import os
 import pwd
@@ -16,10 +16,13 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
+import msgspec
+
 from agent.alerts.config import SENSITIVE, AlertsConfig, AlertsFieldError, ReceiverConfig, check_receivers
+from agent.errors import ConfigError
 from agent.presets import LATENCY_KINDS, PRESETS, LatencyKind
 from agent.sources.pyspy import (
     DEFAULT_BURST_HOLD_SEGMENTS,
@@ -28,6 +31,7 @@ from agent.sources.pyspy import (
     DEFAULT_SEGMENT_SECONDS,
 )
 from agent.sources.scrape import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SERIES
+from agent.trust import StatFn, UntrustedPath, check_trusted_path, open_trusted
 from analysis.redact import redact_url
 
 DEFAULT_STORE_DIR = Path("/var/lib/infersight")
@@ -37,10 +41,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message is one line naming the key path and the bad value."""
-
-
 class FieldError(ConfigError):
     """A record refused a value; `key` is relative to the record ("" for the record itself)."""
 
@@ -48,10 +48,6 @@ class FieldError(ConfigError):
         super().__init__(f"{key}: {problem}" if key else problem)
         self.key = key
         self.problem = problem
-
-
-class UntrustedPath(ConfigError):
-    """A path that a user other than root (or the agent's own user) could write."""
 
 
 def _require_range(key: str, value: float, lo: float, hi: float) -> None:
@@ -289,44 +285,9 @@ def _got(value: Any, sensitive: bool) -> str:
     return f"{value!r} ({kind})"
 
 
-def _convert(value: Any, hint: Any, key: str, sensitive: bool = False) -> Any:
-    """Check one TOML value against a field's type hint and convert it; ConfigError names `key`."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _convert(value, inner[0], key, sensitive)
-    if origin is typing.Literal:
-        hint = str
-    if origin is tuple:
-        (item_hint, _) = typing.get_args(hint)
-        if not isinstance(value, list):
-            items = "tables" if dataclasses.is_dataclass(item_hint) else "strings"
-            raise ConfigError(f"{key}: expected an array of {items}, got {_got(value, sensitive)}")
-        return tuple(_convert(v, item_hint, f"{key}[{i}]", sensitive) for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a table, got {_got(value, sensitive)}")
-        (_, value_hint) = typing.get_args(hint)
-        return {k: _convert(v, value_hint, f"{key}.{k}", sensitive) for k, v in value.items()}
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a table, got {_got(value, sensitive)}")
-        return _build(hint, value, f"{key}.")
-    ok = {bool: isinstance(value, bool),
-          int: isinstance(value, int) and not isinstance(value, bool),
-          float: isinstance(value, (int, float)) and not isinstance(value, bool),
-          str: isinstance(value, str),
-          Path: isinstance(value, str)}[hint]
-    if not ok:
-        raise ConfigError(f"{key}: expected {_TYPE_WORDS[hint]}, got {_got(value, sensitive)}")
-    if hint is float:
-        return float(value)
-    if hint is Path:
-        return Path(value)
-    return value
-
-
-def _build(cls: type, table: dict[str, Any], prefix: str) -> Any:
+def _checked_keys(cls: type, table: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """`table` with its preset filled in, after refusing unknown, renamed and missing keys, here and in every
+    table below it; the values' types are msgspec's to check (_decode)."""
     if cls is LatencySpec and "preset" in table:
         name = table["preset"]
         if not isinstance(name, str) or name not in PRESETS:
@@ -345,22 +306,106 @@ def _build(cls: type, table: dict[str, Any], prefix: str) -> Any:
         close = difflib.get_close_matches(unknown[0], list(fields), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(fields)})"
         raise ConfigError(f"unknown key {prefix}{unknown[0]}{hint}")
-    kwargs: dict[str, Any] = {}
+    out = dict(table)
     for name, f in fields.items():
         if name in table:
-            kwargs[name] = _convert(table[name], hints[name], f"{prefix}{name}", bool(f.metadata.get("sensitive")))
+            out[name] = _checked_below(table[name], hints[name], f"{prefix}{name}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{prefix}{name}: missing (required)")
+    return out
+
+
+def _checked_below(value: Any, hint: Any, key: str) -> Any:
+    hint = _optional_of(hint)
+    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        return _checked_keys(hint, value, f"{key}.")
+    if typing.get_origin(hint) is tuple and isinstance(value, list):
+        item = typing.get_args(hint)[0]
+        if dataclasses.is_dataclass(item):
+            return [_checked_keys(item, v, f"{key}[{i}].") if isinstance(v, dict) else v
+                    for i, v in enumerate(value)]
+    return value
+
+
+def _optional_of(hint: Any) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+class _NotAPath(TypeError):
+    pass
+
+
+def _path_hook(tp: type, value: Any) -> Any:
+    if tp is Path and isinstance(value, str):
+        return Path(value)
+    raise _NotAPath
+
+
+def _decode(data: dict[str, Any]) -> Config:
+    """The checked tables converted by msgspec (TOML ints widen to float fields, nothing else is coerced); its
+    errors are reworded as one line naming the key and the value, never a sensitive value."""
+    table = _checked_keys(Config, data, "")
     try:
-        return cls(**kwargs)
-    except (FieldError, AlertsFieldError) as exc:
-        where = f"{prefix}{exc.key}" if exc.key else prefix.rstrip(".")
-        raise ConfigError(f"{where}: {exc.problem}") from None
+        return msgspec.convert(table, Config, dec_hook=_path_hook)
+    except msgspec.ValidationError as exc:
+        cause = exc.__cause__
+        if cause is not None and not isinstance(cause, (FieldError, AlertsFieldError, _NotAPath)):
+            raise cause from None  # a record's own bug, not the config's: shown as it is
+        _, sep, at = str(exc).rpartition(" - at `")
+        steps = re.findall(r"\.([^.\[`]+)|\[(\d+|\.\.\.)\]", at) if sep else []
+        if isinstance(cause, (FieldError, AlertsFieldError)):
+            where = ".".join(k for k in (_key_of(steps), cause.key) if k)
+            raise ConfigError(f"{where}: {cause.problem}" if where else cause.problem) from None
+        raise ConfigError(_wrong_type(table, steps)) from None
+
+
+def _key_of(steps: list[tuple[str, str]]) -> str:
+    return "".join(f".{name}" if name else f"[{index}]" for name, index in steps).lstrip(".")
+
+
+def _wrong_type(table: dict[str, Any], steps: list[tuple[str, str]]) -> str:
+    """The message for a value msgspec refused: follow its path through the field hints and the table."""
+    hint: Any = Config
+    value: Any = table
+    key, sensitive = "", False
+    for name, index in steps:
+        hint = _optional_of(hint)
+        if name:
+            sensitive = bool(next(f for f in dataclasses.fields(hint) if f.name == name).metadata.get("sensitive"))
+            hint, value, key = typing.get_type_hints(hint)[name], value[name], f"{key}.{name}".lstrip(".")
+        elif index == "...":  # a table's value; msgspec does not say under which key
+            value_hint = typing.get_args(hint)[1]
+            bad = next(k for k, v in value.items() if not _fits(v, value_hint))
+            hint, value, key = value_hint, value[bad], f"{key}.{bad}"
+        else:
+            hint, value, key = typing.get_args(hint)[0], value[int(index)], f"{key}[{index}]"
+    hint = _optional_of(hint)
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        if isinstance(value, str):
+            return f"{key}: must be one of {', '.join(typing.get_args(hint))}, got {value!r}"
+        hint = str
+    if origin is tuple:
+        items = "tables" if dataclasses.is_dataclass(typing.get_args(hint)[0]) else "strings"
+        return f"{key}: expected an array of {items}, got {_got(value, sensitive)}"
+    if origin is dict or dataclasses.is_dataclass(hint):
+        return f"{key}: expected a table, got {_got(value, sensitive)}"
+    return f"{key}: expected {_TYPE_WORDS[hint]}, got {_got(value, sensitive)}"
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    try:
+        msgspec.convert(value, hint, dec_hook=_path_hook)
+    except msgspec.ValidationError:
+        return False
+    return True
 
 
 def config_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> Config:
     """Validate a parsed TOML document; relative paths resolve against base_dir (the config file's folder)."""
-    config = _build(Config, data, "")
+    config = _decode(data)
     if base_dir is None:
         return config
     targets = tuple(dataclasses.replace(t, pidfile=base_dir / t.pidfile)
@@ -369,10 +414,6 @@ def config_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> Conf
                       if r.hmac_secret_file is not None and not r.hmac_secret_file.is_absolute() else r
                       for r in config.receivers)
     return dataclasses.replace(config, store_dir=base_dir / config.store_dir, targets=targets, receivers=receivers)
-
-
-class StatFn(Protocol):
-    def __call__(self, path: str, /) -> os.stat_result: ...
 
 
 def load_config(path: Path | None, *, stat: StatFn = os.lstat, readlink: Callable[[str], str] = os.readlink,
@@ -432,7 +473,7 @@ def _refuse_readable_credentials(path: Path, config: Config, mode: int) -> None:
                           f"(mode {stat_mod.S_IMODE(mode):04o}); chmod 600 {path}")
 
 
-# ---- path trust (like sshd's StrictModes) ------------------------------------------------------------------
+# ---- the paths the config names: checked by agent.trust -------------------------------------------------------
 
 def check_config_paths(config: Config, *, stat: StatFn = os.lstat, readlink: Callable[[str], str] = os.readlink,
                        trusted_uids: frozenset[int] | None = None) -> None:
@@ -442,150 +483,3 @@ def check_config_paths(config: Config, *, stat: StatFn = os.lstat, readlink: Cal
     for t in config.targets:
         if t.pidfile is not None:
             check_trusted_path(t.pidfile, what="pidfile", stat=stat, readlink=readlink, trusted_uids=trusted_uids)
-
-
-def check_trusted_path(path: Path, *, what: str, stat: StatFn = os.lstat,
-                       readlink: Callable[[str], str] = os.readlink,
-                       trusted_uids: frozenset[int] | None = None) -> str:
-    """Refuse a path that another user could replace or write: it and every parent directory (through
-    symlinks) must be owned by root or by us, and not group/world-writable, except that a sticky parent
-    directory such as /tmp is allowed. Missing trailing components pass: their existing parent was checked.
-
-    Returns the absolute path with every (trusted) symlink resolved and the missing tail appended: what
-    `open_trusted` walks without following links. A check by path alone is not enough for a root daemon:
-    between it and an open, a file in a sticky directory can be removed by its owner and replaced by another
-    user's file, symlink or FIFO; `open_trusted` checks what it actually opened.
-    """
-    trusted = trusted_uids if trusted_uids is not None else frozenset({0, os.geteuid()})
-    pending = list(Path(os.path.abspath(path)).parts[1:])
-    pending.reverse()
-    current = "/"
-    _check_one(current, stat(current), final=not pending, path=path, what=what, trusted=trusted)
-    hops = 0
-    while pending:
-        part = pending.pop()
-        if part in ("", "."):
-            continue
-        if part == "..":
-            current = os.path.dirname(current) or "/"
-            continue
-        candidate = os.path.join(current, part)
-        try:
-            st = stat(candidate)
-        except FileNotFoundError:
-            return os.path.normpath(os.path.join(candidate, *reversed(pending)))
-        except OSError as exc:
-            raise UntrustedPath(f"refusing {what} {str(path)!r}: cannot stat {candidate!r}: "
-                                f"{exc.strerror or exc}") from None
-        if stat_mod.S_ISLNK(st.st_mode):
-            hops += 1
-            if hops > 40:
-                raise UntrustedPath(f"refusing {what} {str(path)!r}: too many symbolic links")
-            if st.st_uid not in trusted:
-                raise UntrustedPath(f"refusing {what} {str(path)!r}: symlink {candidate!r} is owned by uid "
-                                    f"{st.st_uid}; a root daemon must not take orders from other users")
-            link = readlink(candidate)
-            if link.startswith("/"):
-                current = "/"
-            pending.extend(reversed(Path(link).parts[1:] if link.startswith("/") else Path(link).parts))
-            continue
-        _check_one(candidate, st, final=not pending, path=path, what=what, trusted=trusted)
-        current = candidate
-    return current
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# O_NONBLOCK: opening a FIFO put in the file's place returns at once instead of waiting for a writer.
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-
-
-def open_trusted(path: Path, *, what: str, directory: bool = False, create: bool = False,
-                 stat: StatFn = os.lstat, readlink: Callable[[str], str] = os.readlink,
-                 trusted_uids: frozenset[int] | None = None) -> int:
-    """Open `path` for reading (a regular file, or with `directory` a directory) and return the descriptor,
-    after checking what was opened, not only the path.
-
-    The path is checked and its trusted symlinks resolved first (`check_trusted_path`); then every component
-    of the resolved path is opened relative to its parent's descriptor with O_NOFOLLOW, and `fstat` of each
-    descriptor is checked the same way (owner, group/world-writable, sticky only above the end). A component
-    swapped since the path check (another user's file, a symlink, a FIFO) is refused. With `create`, missing
-    directories are made (0700) on the way, so a directory another user made in the meantime is refused too.
-    OSError (missing file, permission) propagates for the caller to word; UntrustedPath for a refusal.
-    """
-    trusted = trusted_uids if trusted_uids is not None else frozenset({0, os.geteuid()})
-    real = check_trusted_path(path, what=what, stat=stat, readlink=readlink, trusted_uids=trusted)
-    parts = [p for p in real.split("/") if p]
-    fd = os.open("/", _DIR_FLAGS)
-    try:
-        _check_one("/", os.fstat(fd), final=not parts, path=path, what=what, trusted=trusted)
-        walked = ""
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            walked = f"{walked}/{part}"
-            flags = _DIR_FLAGS if directory or not last else _FILE_FLAGS
-            try:
-                child = _open_at(fd, part, flags, mkdir=create and (directory or not last))
-            except OSError as exc:
-                if exc.errno == errno.ENOTDIR and last and directory and not _is_link_at(fd, part):
-                    raise UntrustedPath(f"refusing {what} {str(path)!r}: it is not a directory") from None
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UntrustedPath(f"refusing {what} {str(path)!r}: {walked!r} was replaced (by a symbolic "
-                                        f"link or a file) after it was checked") from None
-                raise
-            os.close(fd)
-            fd = child
-            st = os.fstat(fd)
-            if last and not directory and not stat_mod.S_ISREG(st.st_mode):
-                raise UntrustedPath(f"refusing {what} {str(path)!r}: it is not a regular file "
-                                    f"({_file_kind(st.st_mode)})")
-            _check_one(walked, st, final=last, path=path, what=what, trusted=trusted)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_at(parent: int, name: str, flags: int, *, mkdir: bool) -> int:
-    try:
-        return os.open(name, flags, dir_fd=parent)
-    except FileNotFoundError:
-        if not mkdir:
-            raise
-    try:
-        os.mkdir(name, 0o700, dir_fd=parent)
-    except FileExistsError:
-        pass  # made by someone else in the meantime: opened and checked like any other
-    return os.open(name, flags, dir_fd=parent)
-
-
-def _is_link_at(parent: int, name: str) -> bool:
-    try:
-        return stat_mod.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
-    except OSError:
-        return False
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat_mod.S_ISFIFO, "a FIFO"), (stat_mod.S_ISSOCK, "a socket"), (stat_mod.S_ISCHR,
-                       "a character device"), (stat_mod.S_ISBLK, "a block device"), (stat_mod.S_ISDIR,
-                       "a directory")):
-        if test(mode):
-            return name
-    return f"mode {mode:o}"
-
-
-def _check_one(component: str, st: os.stat_result, *, final: bool, path: Path, what: str,
-               trusted: frozenset[int]) -> None:
-    mode = st.st_mode
-    sticky_dir = stat_mod.S_ISDIR(mode) and bool(mode & stat_mod.S_ISVTX) and not final
-    why = None
-    if st.st_uid not in trusted:
-        why = f"is owned by uid {st.st_uid}"
-    elif mode & stat_mod.S_IWOTH and not sticky_dir:
-        why = f"is writable by every user (mode {stat_mod.S_IMODE(mode):04o})"
-    elif mode & stat_mod.S_IWGRP and st.st_gid != 0 and not sticky_dir:
-        why = f"is writable by group {st.st_gid} (mode {stat_mod.S_IMODE(mode):04o})"
-    if why:
-        subject = "it" if component == os.path.abspath(path) else repr(component)
-        raise UntrustedPath(f"refusing {what} {str(path)!r}: {subject} {why}; a root daemon must not take "
-                            f"orders from other users (chown root and chmod go-w)")

@@ -29,9 +29,9 @@ from agent.demo_guard import (
     stop_stale,
 )
 from agent.pidlock import AlreadyRunning
-from agent.secretfile import write_secret
 from agent.stop_signals import set_on_signal
 from agent.store import StoreError
+from workload.secretfile import write_secret
 
 log = logging.getLogger("infersight.demo")
 

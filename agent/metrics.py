@@ -162,7 +162,7 @@ class AgentCollector(Collector):
                                      "Failures of the agent's own work (store, discovery, loop, detector, retention, "
                                      "rollup, alerts); a collector's failed reads are in its status page health.",
                                      labels=["component"])
-        for part, n in sorted(snap.errors.items()):
+        for part, n in sorted(snap.agent_errors.items()):
             errors.add_metric([part], n)
         missing = CounterMetricFamily("infersight_window_missing_readings",
                                       "Windows recorded without a source's reading: the source failed or cannot "

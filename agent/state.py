@@ -29,7 +29,7 @@ class AgentState:
         self._down: dict[str, str] = {}
         self.host_tcp_retransmits = 0
         # Failures of the agent's own work, by part. A collector's failed reads are in its Health, not here.
-        self.errors: Counter = Counter(dict.fromkeys(AGENT_PARTS, 0))
+        self.agent_errors: Counter = Counter(dict.fromkeys(AGENT_PARTS, 0))
         # Windows recorded without a reading, by Window field: failed or unsupported alike (the window says which).
         self.missing_readings: Counter = Counter(dict.fromkeys(READINGS, 0))
         self.windows_written = 0
@@ -88,7 +88,7 @@ class AgentState:
     def count_error(self, part: str, n: int = 1) -> None:
         """One failure of the agent's own work (`part`: one of AGENT_PARTS)."""
         with self._lock:
-            self.errors[part] += n
+            self.agent_errors[part] += n
 
     def count_late_tick(self) -> None:
         with self._lock:
@@ -112,7 +112,7 @@ class AgentState:
                 totals={k: copy_totals(v) for k, v in self._totals.items()},
                 targets=dict(self._targets),
                 health={k: v.copy() for k, v in self._health.items()},
-                errors=dict(self.errors),
+                agent_errors=dict(self.agent_errors),
                 missing_readings=dict(self.missing_readings),
                 host_tcp_retransmits=self.host_tcp_retransmits,
                 windows_written=self.windows_written,

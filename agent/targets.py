@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.config import ConfigError, StatFn, TargetSpec, open_trusted
+from agent.config import ConfigError, TargetSpec
+from agent.trust import StatFn, open_trusted
 from analysis.errors import AccessDenied, ProbeError, TargetGone
 from analysis.snapshot import Skipped
 from probes.pidfd import ProcessHandle, read_uids

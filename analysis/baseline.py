@@ -6,6 +6,8 @@ import math
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
+import msgspec
+
 from analysis.attribution import SignalStats
 from analysis.cause_signals import read_all
 from analysis.features import Features
@@ -32,10 +34,11 @@ class BaselineRow:
 
     @classmethod
     def from_dict(cls, d: dict) -> BaselineRow:
-        la = dict(d["latency"])
-        la["buckets"] = tuple((float(u), float(c)) for u, c in la.get("buckets", ()))
-        return cls(start=d["start"], end=d["end"], latency=Row(**la), signals=dict(d.get("signals", {})),
-                   jsd=d.get("jsd"))
+        """The inverse of to_dict, by msgspec (a ValueError names a field that does not fit); the "+Inf" bound
+        to_dict writes is the one value it does not read as a number, so it is turned back first."""
+        latency = d["latency"]
+        buckets = [(float(u), c) for u, c in latency.get("buckets", ())]
+        return msgspec.convert({**d, "latency": {**latency, "buckets": buckets}}, cls)
 
 
 def trim(buckets: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 # running: measuring (per-target gaps are in `unsupported`); failed: cannot run, `reason` says why;
@@ -19,8 +19,10 @@ class Health:
     targets: int = 0
     lost_events: int = 0
     failed_stacks: int = 0
-    # Failed reads or restarts since start (a source's own count; the registry adds its failures here).
-    errors: int = 0
+    # Failed reads or restarts since start (a source's own count; the registry adds its failures here). A count,
+    # unlike Window.errors (a reason per missing reading) and Snapshot.agent_errors (the agent's own, by part).
+    # Its JSON name (to_dict, the API) stays "errors".
+    error_count: int = 0
     # Targets this collector cannot measure (e.g. not a Python process for gc): pid -> reason.
     unsupported: dict[int, str] = field(default_factory=dict)
     # Collector-specific counters (restarts, gap seconds, scrapes ...), shown as-is on the status page.
@@ -35,12 +37,11 @@ class Health:
         return self.state == "running"
 
     def copy(self) -> Health:
-        return Health(name=self.name, state=self.state, reason=self.reason, targets=self.targets,
-                      lost_events=self.lost_events, failed_stacks=self.failed_stacks, errors=self.errors,
-                      unsupported=dict(self.unsupported), detail=dict(self.detail))
+        """Its own dicts, so a reader's copy never changes under it."""
+        return replace(self, unsupported=dict(self.unsupported), detail=dict(self.detail))
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "reason": self.reason, "targets": self.targets,
-                "lost_events": self.lost_events, "failed_stacks": self.failed_stacks, "errors": self.errors,
+                "lost_events": self.lost_events, "failed_stacks": self.failed_stacks, "errors": self.error_count,
                 "unsupported": {str(pid): why for pid, why in self.unsupported.items()},
                 "detail": dict(self.detail)}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import msgspec
+
 # Causes the detector ranks from signals (docs/detector.md says what signal each one reads), and the ones the agent
 # states as facts: `down`, the target's process ended or stopped answering (docs/detector.md, "When the server is down").
 DETECTOR_CAUSES = ("gc", "lock", "blocked", "syscalls", "network", "cpu_contention", "compute", "unknown")
@@ -75,7 +77,5 @@ def regression_to_dict(r: Regression) -> dict:
 
 
 def regression_from_dict(data: dict) -> Regression:
-    fields = dict(data)
-    fields["causes"] = [Cause(**c) for c in fields.get("causes", [])]
-    fields["functions"] = [FunctionShift(**f) for f in fields.get("functions", [])]
-    return Regression(**fields)
+    """msgspec.ValidationError (a ValueError) names the field of a stored regression that does not fit."""
+    return msgspec.convert(data, Regression)

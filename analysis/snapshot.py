@@ -91,7 +91,8 @@ class Snapshot:
     targets: dict[str, TargetStatus]
     health: dict[str, Health]
     # Failures of the agent's own work by part ("store", "loop", "discovery", ...); a collector's are in `health`.
-    errors: dict[str, int]
+    # Shown as "errors" in /api/status and as infersight_agent_errors_total.
+    agent_errors: dict[str, int]
     host_tcp_retransmits: int
     windows_written: int
     late_ticks: int

@@ -170,7 +170,8 @@ class Window:
     stacks: StackReading | None = None
     latency: LatencyReading | None = None
     gpu: GpuReading | None = None
-    # Source name -> why it has no reading this window.
+    # Source name -> why it has no reading this window: reasons, unlike Health.error_count and
+    # Snapshot.agent_errors (counts).
     errors: dict[str, str] = field(default_factory=dict)
     # Of `errors`, the sources whose target did not answer at all (a timeout, a refused or reset connection): a
     # stopped or cut-off server, not a wrong answer. Empty in windows recorded before it was kept.

@@ -9,10 +9,12 @@ import re
 from flask import Blueprint, Response, abort, current_app, jsonify, request
 
 from dashboards import view
+from dashboards.errors import json_errors, require_store
 from dashboards.limits import Busy
 from dashboards.query import unix_seconds_arg
 
 bp = Blueprint("api", __name__, url_prefix="/api")
+json_errors(bp, 400, 404, 413, 503)
 
 # Hard caps: one request may never make the agent build more than this (a window with its stacks is
 # ~40 KB; 10,000 of them once grew the agent by 1.4 GB). Older windows: ask again with until=.
@@ -40,9 +42,7 @@ def alerts():
 
 @bp.get("/windows")
 def windows():
-    store = current_app.config["STORE"]
-    if store is None:
-        abort(503, description="no store is configured")
+    store = require_store()
     limit_raw = request.args.get("limit", "100")
     # ASCII digits only: str.isdigit() accepts '²', which int() then refuses.
     if not _LIMIT_RE.fullmatch(limit_raw) or not 1 <= int(limit_raw) <= MAX_WINDOWS:
@@ -96,11 +96,3 @@ def _newest_first(store, target: str | None, since: float | None, until: float |
             if len(parts) == limit:
                 break
     return parts, None
-
-
-@bp.errorhandler(400)
-@bp.errorhandler(404)
-@bp.errorhandler(413)
-@bp.errorhandler(503)
-def _json_error(err):
-    return jsonify(error=err.description), err.code

@@ -8,8 +8,10 @@ from typing import Any
 from flask import Blueprint, abort, current_app, jsonify, request, url_for
 
 from analysis.regression import Regression, regression_to_dict
+from dashboards.errors import json_errors, require_store
 
 bp = Blueprint("findings", __name__, url_prefix="/api")
+json_errors(bp, 400, 503)
 
 MAX_REGRESSIONS = 500
 # Without a baseline range from the detector, compare with the quarter hour before the episode.
@@ -51,9 +53,7 @@ def detector_states() -> dict[str, str]:
 
 @bp.get("/regressions")
 def regressions():
-    store = current_app.config["STORE"]
-    if store is None:
-        abort(503, description="no store is configured")
+    store = require_store()
     raw = request.args.get("limit", "50")
     if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_REGRESSIONS:
         abort(400, description=f"limit must be an integer in 1..{MAX_REGRESSIONS}, got {raw!r}")
@@ -62,9 +62,3 @@ def regressions():
     now = time.time()
     found = store.regressions(target=target, open_only=open_only, limit=int(raw))
     return jsonify([regression_view(r, now) for r in found])
-
-
-@bp.errorhandler(400)
-@bp.errorhandler(503)
-def _json_error(err):
-    return jsonify(error=err.description), err.code

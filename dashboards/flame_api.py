@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, abort, current_app, jsonify, request
+from flask import Blueprint, abort, jsonify, request
 
 from analysis.flamegraph.export import PROFILE_KINDS
 from analysis.flamegraph.profile import Profile
 from analysis.flamegraph.stored import from_store
+from dashboards.errors import json_errors, require_store
 from dashboards.limits import MAX_PROFILE_SPAN_SECONDS, gated, read_deadline
 from dashboards.query import unix_seconds_arg
 
 bp = Blueprint("flame", __name__, url_prefix="/api/flamegraph")
+json_errors(bp, 400, 404, 503)
 
 # Nodes below this share of the samples are folded into their parent: a browser draws a few thousand
 # rectangles smoothly, not a hundred thousand.
@@ -53,9 +55,7 @@ def _finish(node: dict[str, Any], path: tuple[str, ...], floor: float, base_self
 @bp.get("/tree")
 @gated("LIST_GATE")
 def flame_tree():
-    store = current_app.config["STORE"]
-    if store is None:
-        abort(503, description="no store is configured")
+    store = require_store()
     target = request.args.get("target", "")
     if not store.windows(target=target, limit=1, with_profiles=False):
         names = [t.name for t in store.targets()]
@@ -82,10 +82,3 @@ def flame_tree():
                     "baseline_total": baseline.total() if baseline is not None else None,
                     "truncated": current.truncation.any() or (baseline is not None and baseline.truncation.any()),
                     "range_cut": cut, "tree": tree(current, baseline)})
-
-
-@bp.errorhandler(400)
-@bp.errorhandler(404)
-@bp.errorhandler(503)
-def _json_error(err):
-    return jsonify(error=err.description), err.code

@@ -7,8 +7,10 @@ import time
 from flask import Blueprint, abort, current_app, jsonify, render_template
 
 from dashboards import findings
+from dashboards.errors import json_errors, require_store
 
 bp = Blueprint("pages", __name__)
+json_errors(bp, 404, 503)
 
 ENDPOINTS = {
     "/api/overview": "every target's state, latest p50/p99 against the expected band, sparklines, sources, open regressions",
@@ -54,16 +56,8 @@ def api_docs():
 
 @bp.get("/api/regressions/<rid>")
 def regression_json(rid: str):
-    store = current_app.config["STORE"]
-    if store is None:
-        abort(503, description="no store is configured")
+    store = require_store()
     found = store.regression(rid)
     if found is None:
         abort(404, description=f"no regression with id {rid!r}")
     return jsonify(findings.regression_view(found, time.time()))
-
-
-@bp.errorhandler(404)
-@bp.errorhandler(503)
-def _json_error(err):
-    return jsonify(error=err.description), err.code

@@ -9,19 +9,14 @@ from flask import Blueprint, Response, abort, current_app, jsonify, request
 
 from analysis.flamegraph.export import DIFF_FORMATS, FORMATS, PROFILE_KINDS, export, export_diff
 from analysis.flamegraph.stored import from_store
+from dashboards.errors import json_errors, require_store
 from dashboards.limits import MAX_PROFILE_SPAN_SECONDS, Busy, busy, gated, read_deadline, wait_while_present
 from dashboards.query import unix_seconds_arg
 
 bp = Blueprint("profiles", __name__)
+json_errors(bp, 400, 404, 503)
 
 MAX_PPROF_SECONDS = 300
-
-
-def _store():
-    store = current_app.config["STORE"]
-    if store is None:
-        abort(503, description="no store is configured")
-    return store
 
 
 def _choice(name: str, allowed: tuple[str, ...], default: str) -> str:
@@ -59,7 +54,7 @@ def _send(exported, filename: str, *profiles) -> Response:
 @gated("SUMMARY_GATE")
 def targets():
     return jsonify([{"name": t.name, "windows": t.windows, "first_start": t.first_start, "last_end": t.last_end}
-                    for t in _store().targets()])
+                    for t in require_store().targets()])
 
 
 def _read(store, target: str, since: float | None, until: float | None, kind: str, share: float = 1.0):
@@ -71,7 +66,7 @@ def _read(store, target: str, since: float | None, until: float | None, kind: st
 @bp.get("/api/flamegraph")
 @gated("LIST_GATE")
 def flamegraph():
-    store = _store()
+    store = require_store()
     target = _target(store)
     kind = _choice("kind", PROFILE_KINDS, "active")
     fmt = _choice("format", FORMATS, "svg")
@@ -88,7 +83,7 @@ def flamegraph():
 @bp.get("/api/flamegraph/diff")
 @gated("LIST_GATE")
 def flamegraph_diff():
-    store = _store()
+    store = require_store()
     target = _target(store)
     kind = _choice("kind", PROFILE_KINDS, "active")
     fmt = _choice("format", DIFF_FORMATS, "svg")
@@ -110,7 +105,7 @@ def pprof_profile():
     The agent samples continuously and stores whole windows, so the answer is the windows that
     overlap the request's span: up to one window interval more than asked for.
     """
-    store = _store()
+    store = require_store()
     target = _target(store)
     kind = _choice("kind", PROFILE_KINDS, "active")
     raw = request.args.get("seconds", "30")
@@ -141,10 +136,3 @@ def pprof_profile():
     exported = export(profile, "pprof", kind=kind, title=f"{target} — {kind}",
                       rate_hz=current_app.config.get("STACKS_RATE_HZ"))
     return _send(exported, f"{target}-{kind}")
-
-
-@bp.errorhandler(400)
-@bp.errorhandler(404)
-@bp.errorhandler(503)
-def _json_error(err):
-    return jsonify(error=err.description), err.code

@@ -11,11 +11,13 @@ from flask import Blueprint, abort, current_app, jsonify, request
 from analysis.flamegraph.profile import DEFAULT_LIMITS
 from analysis.waits import WAIT_KINDS, WAIT_LABELS, by_kind
 from dashboards import findings, view
+from dashboards.errors import json_errors, require_store
 from dashboards.limits import Busy, busy, gated, read_deadline
 from dashboards.query import unix_seconds_arg
 from dashboards.series import MAX_POINTS, SERIES, Rollup, series
 
 bp = Blueprint("series", __name__, url_prefix="/api")
+json_errors(bp, 400, 404, 503)
 
 RANGES = {"15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
 MAX_RANGE_SECONDS = 8 * 86400
@@ -24,13 +26,6 @@ SPARK_POINTS = 60
 HEALTHY_SOURCE_STATES = ("running", "stopped")
 _ROLLUP_LOCK = threading.Lock()
 MAX_CACHED_SERIES = 256
-
-
-def _store():
-    store = current_app.config["STORE"]
-    if store is None:
-        abort(503, description="no store is configured")
-    return store
 
 
 def _rollup(store) -> Rollup:
@@ -137,7 +132,7 @@ def overview():
 
 @bp.get("/series")
 def target_series():
-    store = _store()
+    store = require_store()
     target = request.args.get("target", "")
     # Not store.targets(): that counts every stored window (a week of them: 0.4 s).
     if not store.windows(target=target, limit=1, with_profiles=False):
@@ -185,7 +180,7 @@ def offcpu():
     """Off-CPU seconds per second by wait kind, from the stored kernel stacks; up to a day, as each bucket
     decompresses its windows' stacks, and within the read time budget: buckets past it are left out and the
     answer says so (`truncated`)."""
-    store = _store()
+    store = require_store()
     target = request.args.get("target", "")
     if not store.windows(target=target, limit=1, with_profiles=False):
         abort(404, description=f"no stored windows for target {target!r}")
@@ -222,10 +217,3 @@ def offcpu():
     shown = {k: v for k, v in kinds.items() if any(v)}
     return jsonify({"target": target, "from": since, "to": until, "step": step, "t": t, "truncated": truncated,
                     "kinds": shown, "labels": {k: WAIT_LABELS[k] for k in shown}})
-
-
-@bp.errorhandler(400)
-@bp.errorhandler(404)
-@bp.errorhandler(503)
-def _json_error(err):
-    return jsonify(error=err.description), err.code

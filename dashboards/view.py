@@ -32,7 +32,7 @@ def _status(snapshot: Snapshot) -> dict[str, Any]:
         "windows_written": snapshot.windows_written,
         "late_ticks": snapshot.late_ticks,
         "dropped_windows": snapshot.dropped_windows,
-        "errors": snapshot.errors,
+        "errors": snapshot.agent_errors,
         "missing_readings": snapshot.missing_readings,
         "targets": [
             # `down`: why it serves no one while its down episode is open (its process ended, or its port is
@@ -44,7 +44,7 @@ def _status(snapshot: Snapshot) -> dict[str, Any]:
         # A process_regex that matched more than the agent watches says so (allowed_users, max_targets).
         "skipped": [{"target": name, "line": sk.line()}
                     for name, sk in sorted(snapshot.skipped.items()) if sk.line()],
-        "sources": [{"source": name, **health.to_dict(), "error_count": health.errors}
+        "sources": [{"source": name, **health.to_dict(), "error_count": health.error_count}
                     for name, health in sorted(snapshot.health.items())],
         "latest": {name: window_summary(w) for name, w in sorted(snapshot.latest.items())},
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -12,6 +13,29 @@ from pathlib import Path
 from agent.targets import read_proc
 
 NFTDROP = Path(__file__).resolve().parent / "scenarios" / "nftdrop.py"
+
+
+def write_agent_config(directory: Path, agent_port: int, *parts: str, interval: float = 1) -> Path:
+    """directory/infersight.toml for a live agent: windows of `interval` s, its store in directory/store, its page
+    on loopback `agent_port`, then `parts` (TOML tables, targets, receivers; each dedented here)."""
+    path = directory / "infersight.toml"
+    path.write_text(f'interval_seconds = {interval}\nstore_dir = "{directory / "store"}"\n'
+                    f'listen = "127.0.0.1:{agent_port}"\n' + "".join(textwrap.dedent(part) for part in parts))
+    return path
+
+
+def workload_target(tag: str, port: int, timeout_seconds: float = 10) -> str:
+    """The [[targets]] table for the bundled workload started with `--admin-token tag` on `port`: its
+    process_regex matches that server only, its latency read from its /metrics."""
+    return textwrap.dedent(f"""
+        [[targets]]
+        name = "workload"
+        process_regex = "admin-token {tag}"
+        [targets.latency]
+        preset = "workload"
+        url = "http://127.0.0.1:{port}/metrics"
+        timeout_seconds = {timeout_seconds}
+    """)
 
 
 def free_port() -> int:

@@ -16,8 +16,12 @@ ALLOWED = {
     "dashboards": {"analysis"},
     # The benchmarks measure the agent from outside: they start it as a process and never import it.
     "benchmarks": {"workload"},
-    "agent": {"analysis", "probes", "dashboards", "benchmarks"},
+    "agent": {"analysis", "probes", "dashboards", "benchmarks", "workload"},
 }
+# Of the workload, the agent takes only two leaves that import nothing of ours: the completions stream's wire
+# format (its load test is a client too), and the secret-file helper (the demo writes the token file the workload
+# reads; the alert secrets are read with the same checks).
+WORKLOAD_FOR_AGENT = {"workload.sse", "workload.secretfile"}
 # Of the agent, only the `infersight bench` subcommand reaches the benchmarks.
 BENCH_COMMAND = "agent/bench_cmd.py"
 # Collectors take only the records from analysis/, never its models or flame graph code.
@@ -59,6 +63,22 @@ def test_only_the_bench_command_imports_the_benchmarks():
                 wrong.append(f"{path.relative_to(REPO)}:{line} imports {name}")
     assert not wrong, "\n".join(wrong)
     assert any(n.startswith("benchmarks") for _, n in imports_of(REPO / BENCH_COMMAND))
+
+
+def test_the_agent_takes_only_the_leaves_it_shares_with_the_workload():
+    wrong, used = [], set()
+    for path in modules("agent"):
+        for line, name in imports_of(path):
+            if name.split(".")[0] == "workload":
+                used.add(name)
+                if name not in WORKLOAD_FOR_AGENT:
+                    wrong.append(f"{path.relative_to(REPO)}:{line} imports {name}")
+    assert not wrong, "\n".join(wrong)
+    assert used == WORKLOAD_FOR_AGENT
+    # The leaves stay leaves: they import nothing of ours, so the workload is still a separate program.
+    for leaf in WORKLOAD_FOR_AGENT:
+        path = REPO / (leaf.replace(".", "/") + ".py")
+        assert not [n for _, n in imports_of(path) if n.split(".")[0] in OURS], leaf
 
 
 def test_every_installed_package_has_a_layer():

@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from workload.api import ADMIN_TOKEN_ENV
+from workload.sse import events
 from workload.tokenfile import TokenFileError, read_token_file
 
 
@@ -61,14 +62,7 @@ def complete(url: str, prompt: str, max_tokens: int, temperature: float = 0.0, s
             elapsed = clock() - start
             return CompletionResult(200, elapsed, elapsed, payload["choices"][0]["token_ids"])
         result = CompletionResult(200, 0.0)
-        for raw in response:
-            line = raw.strip()
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:]
-            if data == b"[DONE]":
-                break
-            chunk = json.loads(data)
+        for chunk in events(response):
             if "error" in chunk:
                 result.error = chunk["error"]["message"]
                 break

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import stat as stat_mod
 from collections.abc import Callable, Mapping
 
 from agent.alerts.config import ReceiverConfig
-from agent.config import ConfigError, StatFn, check_trusted_path
+from agent.config import ConfigError
+from agent.trust import StatFn, check_trusted_path
+from workload.secretfile import PrivateFileError, read_private
 
 MAX_SECRET_BYTES = 4096
 
@@ -45,27 +46,25 @@ def load_secret(receiver: ReceiverConfig, *, environ: Mapping[str, str] | None =
     if path is None:
         return None
     check_trusted_path(path, what="secret file", stat=stat, readlink=readlink, trusted_uids=trusted_uids)
-    trusted = trusted_uids if trusted_uids is not None else frozenset({0, os.geteuid()})
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"{where}.hmac_secret_file: cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        # Checked on the open file, so a swap between the check and the read cannot slip past it.
-        if not stat_mod.S_ISREG(st.st_mode):
-            raise ConfigError(f"{where}.hmac_secret_file: {str(path)!r} is not a regular file")
-        if st.st_uid not in trusted:
-            raise ConfigError(f"{where}.hmac_secret_file: refusing {str(path)!r}: it is owned by uid {st.st_uid}")
-        if st.st_mode & (stat_mod.S_IRGRP | stat_mod.S_IROTH | stat_mod.S_IWGRP | stat_mod.S_IWOTH):
-            raise ConfigError(f"{where}.hmac_secret_file: refusing {str(path)!r}: readable or writable by other "
-                              f"users (mode {stat_mod.S_IMODE(st.st_mode):04o}); chmod 600 it")
-        data = os.read(fd, MAX_SECRET_BYTES + 1)
-    finally:
-        os.close(fd)
+        # Group or others may not read or write it; an execute bit alone reveals nothing.
+        data = read_private(path, MAX_SECRET_BYTES, trusted_uids=trusted_uids, forbidden_mode=0o066)
+    except PrivateFileError as err:
+        raise ConfigError(f"{where}.hmac_secret_file: {_refusal(err)}") from None
     if len(data) > MAX_SECRET_BYTES:
         raise ConfigError(f"{where}.hmac_secret_file: {str(path)!r} is larger than {MAX_SECRET_BYTES} bytes")
     value = data.strip()
     if not value:
         raise ConfigError(f"{where}.hmac_secret_file: {str(path)!r} is empty")
     return Secret(value)
+
+
+def _refusal(err: PrivateFileError) -> str:
+    name = str(err.path)
+    if err.problem == "open":
+        return f"cannot read {name!r}: {err.strerror}"
+    if err.problem == "not_regular":
+        return f"{name!r} is not a regular file"
+    if err.problem == "owner":
+        return f"refusing {name!r}: it is owned by uid {err.uid}"
+    return f"refusing {name!r}: readable or writable by other users (mode {err.mode:04o}); chmod 600 it"

@@ -7,9 +7,11 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+from workload.sse import events
 
 WORDS = ("the", "model", "token", "cache", "batch", "latency", "kernel", "python", "request", "stream",
          "tensor", "layer", "attention", "queue", "server", "probe")
@@ -82,6 +84,18 @@ def _kind(status: int) -> str:
     return "5xx" if status >= 500 else "4xx"
 
 
+class _OutOfTime(Exception):
+    """The step ended (or was aborted) while a reply was still streaming."""
+
+
+def _lines_until(lines: Iterable[bytes], expired: Callable[[], bool]) -> Iterator[bytes]:
+    """`lines`, checked before each one: a server that keeps a stream alive with comment lines still ends on time."""
+    for line in lines:
+        if expired():
+            raise _OutOfTime
+        yield line
+
+
 def complete(endpoint: Endpoint, prompt: str, max_tokens: int, seed: int, shape: Shape, abort: threading.Event,
              clock: Callable[[], float] = time.perf_counter) -> tuple[str, float, float | None, int, str]:
     """(kind, latency, ttft, tokens, detail) of one streamed completion."""
@@ -98,16 +112,7 @@ def complete(endpoint: Endpoint, prompt: str, max_tokens: int, seed: int, shape:
         response = conn.getresponse()
         if response.status != 200:
             return _kind(response.status), clock() - start, None, 0, response.read(300).decode(errors="replace")
-        for raw in response:
-            if abort.is_set() or clock() > deadline:
-                return "timeout", clock() - start, ttft, tokens, "still streaming when the step's time ran out"
-            line = raw.strip()
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:]
-            if data == b"[DONE]":
-                break
-            chunk = json.loads(data)
+        for chunk in events(_lines_until(response, lambda: abort.is_set() or clock() > deadline)):
             if "error" in chunk:
                 return "5xx", clock() - start, ttft, tokens, str(chunk["error"].get("message", ""))[:300]
             choice = (chunk.get("choices") or [{}])[0]
@@ -117,6 +122,8 @@ def complete(endpoint: Endpoint, prompt: str, max_tokens: int, seed: int, shape:
                 ttft = clock() - start
             tokens += n
         return "ok", clock() - start, ttft, tokens, ""
+    except _OutOfTime:
+        return "timeout", clock() - start, ttft, tokens, "still streaming when the step's time ran out"
     except TimeoutError as exc:
         return "timeout", clock() - start, ttft, tokens, str(exc)
     except (OSError, http.client.HTTPException, ValueError) as exc:

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from analysis.capacity import Bottleneck, Knee, Slo, StepFigures, find_knee, name_bottleneck
 from analysis.capacity_compare import Run, measure_noise
 
@@ -69,16 +71,17 @@ def from_dict(data: Any) -> LoadTestReport:
     if not isinstance(data, dict) or data.get("version") != REPORT_VERSION:
         got = data.get("version") if isinstance(data, dict) else type(data).__name__
         raise ReportError(f"not a version-{REPORT_VERSION} load test report (version {got!r})")
+    flame = data.get("flame") or {}
+    if not isinstance(flame, dict):
+        raise ReportError("load test report is missing or has a bad field: flame is not a table")
+    # The file's layout to the record's: the flame graphs sit in one table; knee, bottleneck and noise are not read.
+    record = {k: data[k] for k in ("url", "pid", "slo", "schedule", "started", "finished", "steps") if k in data}
+    record.update(label=data.get("label") or "", settings=data.get("settings") or {},
+                  collection_problems=data.get("collection_problems") or {}, flame_good=flame.get("good") or {},
+                  flame_bad=flame.get("bad") or {}, flame_note=flame.get("note") or "")
     try:
-        flame = data.get("flame") or {}
-        return LoadTestReport(
-            url=str(data["url"]), pid=data.get("pid"), slo=Slo(**data["slo"]), schedule=str(data["schedule"]),
-            started=float(data["started"]), finished=float(data["finished"]),
-            steps=[StepFigures.from_dict(s) for s in data["steps"]], label=str(data.get("label") or ""),
-            settings=dict(data.get("settings") or {}), collection_problems=dict(data.get("collection_problems") or {}),
-            flame_good=dict(flame.get("good") or {}), flame_bad=dict(flame.get("bad") or {}),
-            flame_note=str(flame.get("note") or ""))
-    except (KeyError, TypeError, ValueError) as exc:
+        return msgspec.convert(record, LoadTestReport)
+    except msgspec.ValidationError as exc:
         raise ReportError(f"load test report is missing or has a bad field: {exc}") from None
 
 

@@ -93,9 +93,9 @@ class GpuSource:
 
     def health(self) -> Health:
         if self._nvml is None:
-            return Health(name=self.name, state="unsupported", reason=self._unavailable, errors=self._errors)
+            return Health(name=self.name, state="unsupported", reason=self._unavailable, error_count=self._errors)
         return Health(name=self.name, state="failed" if self._last_error else "running", reason=self._last_error,
-                            errors=self._errors, detail={"devices": len(self._handles)})
+                            error_count=self._errors, detail={"devices": len(self._handles)})
 
     def _target_devices(self) -> tuple[list[Any], int | None]:
         """Devices where the target has compute contexts and its bytes there; all devices otherwise."""

@@ -497,7 +497,7 @@ class LatencySource:
                   "max_series": self.limits.max_series, "last_body_bytes": self._last_bytes,
                   "last_series": self._last_series,
                   "owner": self._owner.last if self._owner is not None else "not checked: no target pids given"}
-        return Health(name=self.name, state=state, reason=self._last_error, errors=self._errors, detail=detail)
+        return Health(name=self.name, state=state, reason=self._last_error, error_count=self._errors, detail=detail)
 
     def _seconds(self, value: float | None) -> float | None:
         return None if value is None else value * self.unit_seconds

@@ -170,7 +170,7 @@ class ProcessSource:
 
     def health(self) -> Health:
         return Health(name=self.name, state="failed" if self._last_error else "running", reason=self._last_error,
-                            errors=self._errors, detail={"pid": self.pid})
+                            error_count=self._errors, detail={"pid": self.pid})
 
     def _counters(self) -> _Counters:
         cpu = self._proc.cpu_times()

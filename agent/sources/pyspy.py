@@ -285,7 +285,7 @@ class PySpySampler:
                 reason: str | None = str(self._terminal)
             else:
                 state, reason = "running", self._last_error
-            return Health(name=self.name, state=state, reason=reason, errors=self._errors, detail=detail)
+            return Health(name=self.name, state=state, reason=reason, error_count=self._errors, detail=detail)
 
     def child_pids(self) -> list[int]:
         """The py-spy processes running now (for tests and the status page)."""

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 import uuid
@@ -16,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.store import Store
-from tests.live import free_port, start_server, terminate, wait_http
+from tests.live import free_port, start_server, terminate, wait_http, workload_target, write_agent_config
 
 INTERVAL = 3.0
 SOURCES = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks", "latency", "gpu")
@@ -58,26 +57,13 @@ def test_workload_load_agent_restart_and_crash(require_bpf, tmp_path):
     port, agent_port = free_port(), free_port()
     tag = f"e2e-{uuid.uuid4().hex[:12]}"
     store_dir = tmp_path / "store"
-    config = tmp_path / "infersight.toml"
-    config.write_text(textwrap.dedent(f"""
-        interval_seconds = {INTERVAL}
-        store_dir = "{store_dir}"
-        listen = "127.0.0.1:{agent_port}"
+    # 1 s py-spy segments: every 3 s window then holds stacks, which the test asserts. The server answers /metrics
+    # between decode steps, and this 2-core VM is shared with the load too: 10 s for a scrape.
+    config = write_agent_config(tmp_path, agent_port, """
         [stacks]
         rate_hz = 29
-        # 1 s py-spy segments: every 3 s window then holds stacks, which the test asserts.
         segment_seconds = 1
-
-        [[targets]]
-        name = "workload"
-        process_regex = "admin-token {tag}"
-
-        [targets.latency]
-        preset = "workload"
-        url = "http://127.0.0.1:{port}/metrics"
-        # The server answers /metrics between decode steps; this 2-core VM is shared with the load too.
-        timeout_seconds = 10
-    """))
+    """, workload_target(tag, port, timeout_seconds=10), interval=INTERVAL)
     os.chmod(tmp_path, 0o700)
     logs = open(tmp_path / "processes.log", "w")
     server = load = agent = None

@@ -124,7 +124,7 @@ def test_crafted_libpythons_cost_only_their_own_targets(require_bpf, cc, tmp_pat
         "huge": rf"symbol table \(section \d+\) \({2**62} bytes at offset 0x[0-9a-f]+\) runs past the end of the file",
     }
     gc_health = snapshot.health["gc"]
-    assert gc_health.state == "running" and gc_health.errors == 0
+    assert gc_health.state == "running" and gc_health.error_count == 0
     for kind, why in reasons.items():
         pid, path = mappers[kind].pid, mappers[kind].path
         expected = rf"unsupported: pid {pid}: {path} is not a usable ELF file: {why} \(\d+ bytes\)"
@@ -135,4 +135,4 @@ def test_crafted_libpythons_cost_only_their_own_targets(require_bpf, cc, tmp_pat
     # The FIFO over the mapped path is bypassed: root reads and traces exactly the mapped file (map_files), a copy
     # of the real libpython that this C process never runs: a real zero, not a hang.
     assert all(w.gc is not None and w.gc.collections == 0 for w in by_target["fifo"])
-    assert snapshot.errors["loop"] == 0
+    assert snapshot.agent_errors["loop"] == 0

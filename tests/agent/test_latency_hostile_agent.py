@@ -22,7 +22,7 @@ import pytest
 from agent.store import Store
 from tests.agent.hostile_metrics import HOSTILE, IMPOSTOR, METRIC, wait_listening
 from tests.conftest import REPO
-from tests.live import free_port, terminate, wait_http
+from tests.live import free_port, terminate, wait_http, write_agent_config
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -58,11 +58,7 @@ class RssWatch:
 
 
 def agent_config(tmp_path: Path, agent_port: int, targets: str, interval: float = INTERVAL) -> Path:
-    config = tmp_path / "infersight.toml"
-    config.write_text(textwrap.dedent(f"""
-        interval_seconds = {interval}
-        store_dir = "{tmp_path / 'store'}"
-        listen = "127.0.0.1:{agent_port}"
+    config = write_agent_config(tmp_path, agent_port, """
         [probes]
         syscalls = false
         offcpu = false
@@ -71,7 +67,7 @@ def agent_config(tmp_path: Path, agent_port: int, targets: str, interval: float 
         runqueue = false
         [stacks]
         enabled = false
-    """) + targets)
+    """, targets, interval=interval)
     # A URL with a token in it is a credential: the agent refuses a config others can read.
     os.chmod(config, 0o600)
     os.chmod(tmp_path, 0o700)

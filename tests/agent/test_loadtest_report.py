@@ -288,3 +288,16 @@ def test_hostile_strings_stay_text_in_the_html_report():
     for src in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', page):
         svg = ET.fromstring(base64.b64decode(src))
         assert len(svg.findall(".//{http://www.w3.org/2000/svg}script")) == 1
+
+
+def test_a_step_field_of_the_wrong_type_or_a_flame_that_is_not_a_table_is_a_report_error():
+    # Fails before msgspec read reports: a string count was taken as it was (and broke the knee later), and a
+    # flame entry that is not a table raised AttributeError instead of one line.
+    data = report().to_dict()
+    data["steps"][1]["sent"] = "many"
+    with pytest.raises(ReportError, match=re.escape("$.steps[1].sent")):
+        from_dict(data)
+    data = report().to_dict()
+    data["flame"] = "stacks"
+    with pytest.raises(ReportError, match="flame is not a table"):
+        from_dict(data)

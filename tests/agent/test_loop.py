@@ -133,7 +133,7 @@ def test_a_failing_store_drops_the_window_and_counts_it():
         loop.close()
         stop(child)
     snap = state.snapshot()
-    assert snap.dropped_windows == 1 and snap.errors["store"] == 1
+    assert snap.dropped_windows == 1 and snap.agent_errors["store"] == 1
     assert snap.windows_written == 1
 
 

@@ -260,7 +260,7 @@ def test_a_probe_raising_unexpectedly_costs_only_itself(caplog, on, exc):
         else:
             assert w.gc.collections == 3 and "gc" not in w.errors
     health = state.snapshot().health["gc"]
-    assert health.errors >= 1 and health.state == "running"
+    assert health.error_count >= 1 and health.state == "running"
     if on == "set_targets":  # still true: after start, the next change of targets took the one start missed
         assert why in health.reason
     logged = [r for r in caplog.records if r.name == "infersight.collectors" and r.exc_info]
@@ -293,8 +293,8 @@ def test_a_probe_that_failed_to_start_unexpectedly_is_tried_again_when_the_targe
     finally:
         collectors.stop()
         stop([first, late])
-    assert down.state == "failed" and down.errors == 1
+    assert down.state == "failed" and down.error_count == 1
     assert "starting failed unexpectedly: KeyError: 'slot'" in down.reason
     assert "starting failed unexpectedly" in collected.missing["gc"]
-    assert len(attempts) == 2 and up.state == "running" and up.errors == 1
+    assert len(attempts) == 2 and up.state == "running" and up.error_count == 1
     assert {pid: r.collections for pid, r in readings.items()} == {first.pid: 3, late.pid: 3}

@@ -28,7 +28,7 @@ def test_real_nvml_gives_figures_or_a_no_gpu_reading() -> None:
             assert reading.reason.startswith("no NVIDIA GPU: ")
             assert "NVML" in reading.reason
             assert reading.utilization is None and reading.memory_used_bytes is None
-            assert health.state == "unsupported" and health.errors == 0
+            assert health.state == "unsupported" and health.error_count == 0
     finally:
         src.close()
 
@@ -117,7 +117,7 @@ def test_unsupported_power_is_none_not_an_error() -> None:
     devices = [dict(DEVICES[0], mw=None)]
     src = GpuSource(loader=lambda: ScriptedNvml(devices))
     assert src.read().power_watts is None
-    assert src.health().errors == 0
+    assert src.health().error_count == 0
 
 
 def test_lost_gpu_is_a_counted_reading_error() -> None:
@@ -125,7 +125,7 @@ def test_lost_gpu_is_a_counted_reading_error() -> None:
     src = GpuSource(loader=lambda: nvml)
     with pytest.raises(ReadingError, match="NVML read failed"):
         src.read()
-    assert src.health().errors == 1 and src.health().state == "failed"
+    assert src.health().error_count == 1 and src.health().state == "failed"
     src.close()
     assert nvml.shutdowns == 1
 

@@ -147,7 +147,7 @@ def test_unreachable_server_is_a_counted_reading_error() -> None:
             src.read()
         assert raised.value.stage == "connect"  # refused: nothing listens there
     health = src.health()
-    assert health.state == "failed" and health.errors == 2 and "unreachable" in health.reason
+    assert health.state == "failed" and health.error_count == 2 and "unreachable" in health.reason
 
 
 def test_a_server_that_accepts_but_never_answers_is_no_answer_within_the_timeout() -> None:
@@ -187,7 +187,7 @@ def test_missing_metric_names_it_and_recovers(server: Server) -> None:
     src = LatencySource(server.url, "no_such_latency_seconds")
     with pytest.raises(ReadingError, match="'no_such_latency_seconds' not found.*test:request_latency_seconds"):
         src.read()
-    assert src.health().errors == 1
+    assert src.health().error_count == 1
     good = LatencySource(server.url, METRIC)
     good.prime()
     assert good.health().state == "running"
@@ -225,7 +225,7 @@ def test_malformed_text_is_a_reading_error(canned_server) -> None:
     with pytest.raises(ReadingError, match="malformed") as raised:
         src.read()
     assert not isinstance(raised.value, NoAnswer)  # it answered, wrongly: no news about the server's state
-    assert src.health().errors == 1
+    assert src.health().error_count == 1
 
 
 def test_histogram_without_inf_bucket_is_a_reading_error(canned_server) -> None:
@@ -239,7 +239,7 @@ def test_http_error_status_is_a_reading_error(canned_server) -> None:
     with pytest.raises(ReadingError, match="HTTP 503") as raised:
         src.read()
     assert not isinstance(raised.value, NoAnswer)  # an error status is an answer
-    assert src.health().errors == 1
+    assert src.health().error_count == 1
 
 
 def test_histogram_quantile_edges() -> None:

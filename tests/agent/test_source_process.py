@@ -87,7 +87,7 @@ def test_gone_target_raises_target_gone_and_counts(child: subprocess.Popen) -> N
     with pytest.raises(TargetGone, match=str(child.pid)):
         src.read()
     health = src.health()
-    assert health.state == "failed" and health.errors == 1
+    assert health.state == "failed" and health.error_count == 1
 
 
 def test_zombie_target_is_gone(child: subprocess.Popen) -> None:

@@ -131,7 +131,7 @@ def test_killed_pyspy_is_restarted_and_counted(require_root, target, sampler_fac
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: sampler.health().detail["restarts"] >= 1, 20, "the sampler to notice the kill")
     health = sampler.health()
-    assert health.errors >= 1
+    assert health.error_count >= 1
     assert "killed by signal 9" in (health.reason or ""), health
     # The victim may have been recording (its seconds are lost) or still attaching (nothing recorded yet).
     if "segment lost" in health.reason:
@@ -203,7 +203,7 @@ def test_failed_attach_reads_as_no_reading_with_the_reason(require_root, sampler
     not_python = subprocess.Popen(["sleep", "60"])
     try:
         sampler = sampler_factory(not_python.pid, backoff_initial=0.1)
-        wait_for(lambda: sampler.health().errors >= 1, 30, "py-spy to fail attaching to a non-Python process")
+        wait_for(lambda: sampler.health().error_count >= 1, 30, "py-spy to fail attaching to a non-Python process")
         with pytest.raises(ReadingError, match="sampled nothing.*failed to attach"):
             sampler.read()
     finally:
@@ -242,7 +242,7 @@ def test_one_long_lived_recorder_at_the_steady_rate_then_a_burst(require_root, t
     wait_for(lambda: sampler.health().detail["segments"] >= done + 1, 30, "more segments")
     reading = sampler.read()
     assert samples_with(reading.active, "burn_cpu_here") > 40, reading.active
-    assert sampler.health().errors == 0, sampler.health()
+    assert sampler.health().error_count == 0, sampler.health()
 
 
 def test_failing_burst_trigger_is_counted_and_sampling_goes_on(require_root, target, sampler_factory) -> None:
@@ -252,7 +252,7 @@ def test_failing_burst_trigger_is_counted_and_sampling_goes_on(require_root, tar
     sampler = sampler_factory(target.pid, segment_seconds=1, wants_burst=broken)
     wait_for(lambda: sampler.health().detail["segments"] >= 2, 30, "segments despite the trigger")
     health = sampler.health()
-    assert health.errors >= 1 and "detector snapshot failed" in (health.reason or ""), health
+    assert health.error_count >= 1 and "detector snapshot failed" in (health.reason or ""), health
     assert health.state == "running" and health.detail["burst_segments"] == 0
 
 

@@ -46,7 +46,7 @@ def test_sources_read_the_workload(require_root) -> None:
             stacks = sampler.read()
             assert any("workload/" in s for s in stacks.active), list(stacks.active)[:5]
             assert any(s.startswith("waitress") and "wait" in s for s in stacks.idle), list(stacks.idle)[:5]
-            assert sampler.health().errors == 0, sampler.health()
+            assert sampler.health().error_count == 0, sampler.health()
 
             g = gpu.read()
             assert g.available or g.reason.startswith("no NVIDIA GPU")

@@ -128,15 +128,15 @@ def test_store_dir_made_by_another_user_after_the_check_is_refused(require_root,
                                                                    made: str) -> None:
     # Fails before open_store_dir: the missing directory passed the path check, another user made it (or a
     # symlink to one of theirs) before mkdir(exist_ok=True), and the root agent wrote its history there.
-    import agent.config
     import agent.store
+    import agent.trust
 
     sticky = tmp_path / "tmp"
     sticky.mkdir()
     sticky.chmod(0o1777)
     store_dir = sticky / "infersight"
     theirs = tmp_path / "theirs"
-    checked = agent.config.check_trusted_path
+    checked = agent.trust.check_trusted_path
 
     def check_then_race(path, **kw):
         result = checked(path, **kw)
@@ -151,7 +151,7 @@ def test_store_dir_made_by_another_user_after_the_check_is_refused(require_root,
                 os.chown(store_dir, 65534, 65534, follow_symlinks=False)
         return result
 
-    monkeypatch.setattr(agent.config, "check_trusted_path", check_then_race)
+    monkeypatch.setattr(agent.trust, "check_trusted_path", check_then_race)
     monkeypatch.setattr(agent.store, "check_trusted_path", check_then_race, raising=False)
     why = "it is owned by uid 65534" if made == "directory" else "was replaced"
     with pytest.raises(UntrustedPath, match=rf"refusing store directory '{store_dir}': .*{why}"):

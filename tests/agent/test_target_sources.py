@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 from agent.config import Config, StacksConfig, TargetSpec
 from agent.target_sources import source_factories
 from agent.targets import Target, read_proc
+from analysis.errors import ReadingError
 
 
 @pytest.mark.parametrize("interval, segment, expected", [(5.0, 5, 5), (3.0, 5, 3), (2.5, 1, 1), (60.0, 10, 10)])
@@ -16,14 +18,34 @@ def test_sampler_segment_is_at_most_one_window(interval: float, segment: int, ex
     spec = TargetSpec(name="me", pid=os.getpid())
     config = Config(interval_seconds=interval, targets=(spec,),
                     stacks=StacksConfig(segment_seconds=segment, rate_hz=5, burst_rate_hz=31))
-    asked: list[str] = []
     target = Target(name="me", pid=os.getpid(), start_time=read_proc(os.getpid()).start_time, cmdline=("python",), spec=spec)
-    factories = source_factories(target, config, wants_burst=lambda name: asked.append(name) or False)
-    sampler = factories["stacks"]()
+    sampler = source_factories(target, config)["stacks"]()
     try:
         assert sampler.segment_seconds == expected
         assert (sampler.rate_hz, sampler.burst_rate_hz) == (5, 31)
-        assert sampler._wants_burst() is False and set(asked) == {"me"}  # the trigger asks by target name
+    finally:
+        sampler.close()
+
+
+def test_the_burst_trigger_asks_by_target_name_and_switches_to_the_burst_rate() -> None:
+    spec = TargetSpec(name="me", pid=os.getpid())
+    config = Config(interval_seconds=1.0, targets=(spec,),
+                    stacks=StacksConfig(segment_seconds=1, rate_hz=5, burst_rate_hz=31))
+    asked: list[str] = []
+    target = Target(name="me", pid=os.getpid(), start_time=read_proc(os.getpid()).start_time, cmdline=("python",), spec=spec)
+    sampler = source_factories(target, config, wants_burst=lambda name: asked.append(name) or True)["stacks"]()
+    try:
+        sampler.start()
+        deadline = time.monotonic() + 60
+        while True:  # a segment lasts a second; a loaded machine may take many to finish and merge one
+            try:
+                reading = sampler.read()
+                break
+            except ReadingError:
+                assert time.monotonic() < deadline, sampler.health()
+                time.sleep(0.5)
+        assert reading.rate_hz == 31  # sampled at the burst rate the trigger asked for
+        assert asked and set(asked) == {"me"}  # the trigger asks by target name
     finally:
         sampler.close()
 

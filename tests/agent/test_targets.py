@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import LatencySpec, TargetSpec, UntrustedPath
+from agent.config import LatencySpec, TargetSpec
 from agent.targets import diff_targets, discover, read_pidfile, read_proc
+from agent.trust import UntrustedPath
 from analysis.errors import TargetGone
 
 

@@ -607,18 +607,21 @@ def test_a_persistent_cause_without_a_latency_shift_never_opens_and_the_baseline
 def test_sustained_shift_is_its_edge():
     windows = synth.windows(60, 12, SMALL["blocked"])
     det = armed()
-    feed(det, windows[:det.sustained_windows])
-    shift = det._recent_shift()
+    shift = _shifts(det, windows[:det.sustained_windows])[-1]
     assert opened(feed(armed(sustained_shift=shift - 1e-3), windows)) != []
     assert opened(feed(armed(sustained_shift=shift + 1e-3), windows[:det.sustained_windows])) == []
 
 
-def _shifts(det: LatencyDetector, windows) -> list[float]:
-    """The six-window mean score shift after each window, as the sustained test reads it."""
-    out = []
+def _shifts(det: LatencyDetector, windows) -> list[float | None]:
+    """The six-window mean score shift after each window, as the sustained test reads it: the mean of the last
+    sustained_windows scores the verdicts gave, above the baseline windows' own median score (score_ref_); None
+    until the windows given here have scored sustained_windows times."""
+    scores: deque[float] = deque(maxlen=det.sustained_windows)
+    out: list[float | None] = []
     for w in windows:
-        det.update(w)
-        out.append(det._recent_shift())
+        if (score := det.update(w).score) is not None:
+            scores.append(score)
+        out.append(sum(scores) / len(scores) - det.score_ref_ if len(scores) == scores.maxlen else None)
     return out
 
 
@@ -635,7 +638,8 @@ def test_a_sustained_episode_stays_open_while_the_shift_stays_above_the_close_ba
     probe = armed(seed=seed, sustained_shift=10.0)  # never opens: reads the shifts the weaker windows give
     feed(probe, onset)
     det = armed(seed=seed)
-    assert min(_shifts(probe, weaker)[6:]) < det.sustained_shift
+    shifts = _shifts(probe, weaker)[6:]
+    assert None not in shifts and min(shifts) < det.sustained_shift
     vs = feed(det, onset + weaker)
     assert len(opened(vs)) == 1 and [v for v in vs if v.closed] == [] and vs[-1].state == "regression"
     flat = armed(seed=seed, sustained_close_shift=det.sustained_shift)

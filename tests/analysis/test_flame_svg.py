@@ -163,11 +163,19 @@ def test_narrow_frames_are_merged_away_and_the_svg_stays_bounded():
 
 
 def test_labels_fit_their_boxes():
-    svg = render_svg(parse_folded("a;" + "long_function_name_" * 5 + " 1\na;b 1000\n"))
-    for f in _frames(svg):
-        assert len(f["label"]) * 12 * 0.59 <= max(f["w"], 0) + 0.01
-        if f["label"] and f["label"] != f["name"]:
-            assert f["label"].endswith("..")
+    long = "long_function_name_" * 5
+    # 300 of 1300 samples: a box wide enough for part of the long name; 1 of 1001: too narrow for any label.
+    for samples, truncated in ((300, True), (1, False)):
+        frames = {f["name"]: f for f in _frames(render_svg(parse_folded(f"a;{long} {samples}\na;b 1000\n")))}
+        assert set(frames) == {"all", "a", "b", long}
+        for f in frames.values():
+            assert len(f["label"]) * 12 * 0.59 <= max(f["w"], 0) + 0.01
+        assert frames["b"]["label"] == "b"
+        label = frames[long]["label"]
+        if truncated:
+            assert label.endswith("..") and len(label) > 10 and long.startswith(label[:-2]), label
+        else:
+            assert label == ""
 
 
 def test_colours_are_stable_per_name_and_kernel_frames_differ():

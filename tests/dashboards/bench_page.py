@@ -16,7 +16,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 import uuid
@@ -24,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.live import free_port, wait_http
+from tests.live import free_port, wait_http, workload_target, write_agent_config
 
 LOAD_PATHS = ("/", "/api/overview", "/api/status", "/api/series?target=workload&range=1h", "/metrics")
 
@@ -100,22 +99,8 @@ def run_load(rate: float, duration: float, settle: float, workdir: Path) -> dict
     """The bundled workload under 3 req/s, the real agent watching it (5 s windows), then the page load."""
     port, agent_port = free_port(), free_port()
     tag = f"bench-{uuid.uuid4().hex[:10]}"
-    config = workdir / "infersight.toml"
     # The agent's default interval (5 s): the load a person's browser adds to an agent running as shipped.
-    config.write_text(textwrap.dedent(f"""
-        interval_seconds = 5
-        store_dir = "{workdir / 'store'}"
-        listen = "127.0.0.1:{agent_port}"
-
-        [[targets]]
-        name = "workload"
-        process_regex = "admin-token {tag}"
-
-        [targets.latency]
-        preset = "workload"
-        url = "http://127.0.0.1:{port}/metrics"
-        timeout_seconds = 10
-    """))
+    config = write_agent_config(workdir, agent_port, workload_target(tag, port, timeout_seconds=10), interval=5)
     workdir.chmod(0o700)
     log = open(workdir / "processes.log", "w")
     procs: list[subprocess.Popen] = []

@@ -17,7 +17,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from tests.dashboards.browser import chromium, console_errors, screenshot, wait_for
-from tests.live import free_port, start_server, terminate, wait_http
+from tests.live import free_port, start_server, terminate, wait_http, workload_target, write_agent_config
 
 pytestmark = pytest.mark.browser
 
@@ -43,17 +43,12 @@ HOSTILE_PROGRAM = textwrap.dedent(f"""
 
 
 def agent_config(tmp: Path, port: int, targets: str, warmup: int = 8) -> Path:
-    path = tmp / "infersight.toml"
-    path.write_text(textwrap.dedent(f"""
-        interval_seconds = 1
-        store_dir = "{tmp / 'store'}"
-        listen = "127.0.0.1:{port}"
+    path = write_agent_config(tmp, port, f"""
         [stacks]
         rate_hz = 49
-
         [detector]
         warmup_windows = {warmup}
-    """) + textwrap.dedent(targets))
+    """, targets, interval=1)
     os.chmod(tmp, 0o700)
     return path
 
@@ -139,16 +134,7 @@ def test_hostile_process_is_watched_and_nothing_executes(require_bpf, tmp_path):
 def test_workload_fault_brings_the_banner_without_a_reload(require_bpf, tmp_path):
     tag = f"fault-{uuid.uuid4().hex[:10]}"
     port, agent_port = free_port(), free_port()
-    config = agent_config(tmp_path, agent_port, f"""
-        [[targets]]
-        name = "workload"
-        process_regex = "admin-token {tag}"
-
-        [targets.latency]
-        preset = "workload"
-        url = "http://127.0.0.1:{port}/metrics"
-        timeout_seconds = 10
-    """, warmup=30)
+    config = agent_config(tmp_path, agent_port, workload_target(tag, port, timeout_seconds=10), warmup=30)
     log = open(tmp_path / "processes.log", "w")
     server = load = agent = None
     try:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.dashboards.promql import RULES, Expression, grafana_expressions, rule_expressions
-from tests.live import free_port, start_server, terminate, wait_http
+from tests.live import free_port, start_server, terminate, wait_http, workload_target, write_agent_config
 
 SCRAPE_SECONDS = 1
 # Series only the latency detector exports (analysis.detector, its own issue); named in the failure.
@@ -66,26 +66,12 @@ def test_prometheus_scrapes_the_agent_and_every_expression_answers(require_bpf, 
     port, agent_port, prom_port = free_port(), free_port(), free_port()
     tag = f"prom-{uuid.uuid4().hex[:12]}"
     os.chmod(tmp_path, 0o700)
-    agent_config = tmp_path / "infersight.toml"
-    agent_config.write_text(textwrap.dedent(f"""
-        interval_seconds = 1
-        store_dir = "{tmp_path / 'store'}"
-        listen = "127.0.0.1:{agent_port}"
+    agent_config = write_agent_config(tmp_path, agent_port, """
         [stacks]
         rate_hz = 29
-
         [detector]
         warmup_windows = 8
-
-        [[targets]]
-        name = "workload"
-        process_regex = "admin-token {tag}"
-
-        [targets.latency]
-        preset = "workload"
-        url = "http://127.0.0.1:{port}/metrics"
-        timeout_seconds = 10
-    """))
+    """, workload_target(tag, port, timeout_seconds=10), interval=1)
     log = open(tmp_path / "processes.log", "w")
     server = load = agent = prom = None
     base = f"http://127.0.0.1:{prom_port}"

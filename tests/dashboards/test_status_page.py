@@ -69,7 +69,7 @@ def test_credentials_in_urls_are_never_shown(state, client):
 
     state.set_target(TargetStatus(name="vllm", pid=7, state="watching", since=1.0,
                                   detail="python -m vllm --upstream https://bob:hunter2@10.1.1.1/v1"))
-    state.set_health("latency:vllm", Health(name="latency", state="failed", errors=3,
+    state.set_health("latency:vllm", Health(name="latency", state="failed", error_count=3,
                                             reason="latency endpoint http://bob:hunter2@h:8000/metrics unreachable",
                                             detail={"url": "http://bob:hunter2@h:8000/metrics"}))
     for path in ("/", "/api/status"):

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.dashboards.promql import RULES
-from tests.live import free_port, start_server, terminate, wait_http
+from tests.live import free_port, start_server, terminate, wait_http, workload_target, write_agent_config
 
 INTERVAL = 1.0
 WARMUP_WINDOWS = 8
@@ -64,11 +64,7 @@ def test_kill_9_of_the_server_is_an_incident_and_its_restart_closes_it(require_b
     port, agent_port, prom_port = free_port(), free_port(), free_port()
     tag = f"down-{uuid.uuid4().hex[:12]}"
     os.chmod(tmp_path, 0o700)
-    config = tmp_path / "infersight.toml"
-    config.write_text(textwrap.dedent(f"""
-        interval_seconds = {INTERVAL}
-        store_dir = "{tmp_path / 'store'}"
-        listen = "127.0.0.1:{agent_port}"
+    config = write_agent_config(tmp_path, agent_port, f"""
         [stacks]
         enabled = false
         [detector]
@@ -78,14 +74,7 @@ def test_kill_9_of_the_server_is_an_incident_and_its_restart_closes_it(require_b
         [[receivers]]
         name = "pager"
         url = "{hook.url}"
-        [[targets]]
-        name = "workload"
-        process_regex = "admin-token {tag}"
-        [targets.latency]
-        preset = "workload"
-        url = "http://127.0.0.1:{port}/metrics"
-        timeout_seconds = 5
-    """))
+    """, workload_target(tag, port, timeout_seconds=5), interval=INTERVAL)
     rules = yaml.safe_load(RULES.read_text())
     for group in rules["groups"]:
         group["interval"] = "1s"

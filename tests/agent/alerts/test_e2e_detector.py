@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 
 from agent.alerts.service import SCHEDULER_SECONDS
 from analysis.detector import LatencyDetector
-from tests.live import free_port, terminate, wait_http
+from tests.live import free_port, terminate, wait_http, workload_target, write_agent_config
 
 INTERVAL = 2.0
 WARMUP_WINDOWS = 10
@@ -48,11 +47,7 @@ def test_gc_fault_reaches_the_receiver_as_firing_then_resolved(require_bpf, tmp_
     hook = receivers()
     port, agent_port = free_port(), free_port()
     token = f"alerts-e2e-{uuid.uuid4().hex[:12]}"
-    config = tmp_path / "infersight.toml"
-    config.write_text(textwrap.dedent(f"""
-        interval_seconds = {INTERVAL}
-        store_dir = "{tmp_path / 'store'}"
-        listen = "127.0.0.1:{agent_port}"
+    config = write_agent_config(tmp_path, agent_port, f"""
         [stacks]
         rate_hz = 29
         [detector]
@@ -62,14 +57,7 @@ def test_gc_fault_reaches_the_receiver_as_firing_then_resolved(require_bpf, tmp_
         [[receivers]]
         name = "e2e"
         url = "{hook.url}"
-        [[targets]]
-        name = "workload"
-        process_regex = "admin-token {token}"
-        [targets.latency]
-        preset = "workload"
-        url = "http://127.0.0.1:{port}/metrics"
-        timeout_seconds = 10
-    """))
+    """, workload_target(token, port, timeout_seconds=10), interval=INTERVAL)
     os.chmod(tmp_path, 0o700)
     logs = open(tmp_path / "processes.log", "w")
     server = load = agent = None
