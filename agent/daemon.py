@@ -26,11 +26,11 @@ from agent.pidlock import PidLock
 from agent.state import AgentState
 from agent.stop_signals import set_on_signal
 from agent.store import Store, open_store_dir
+from agent.store.rollup import Rollup
 from agent.target_policy import make_discover
 from agent.target_sources import source_factories
 from analysis.window import Window
 from dashboards.app import create_app
-from dashboards.series import Rollup
 
 log = logging.getLogger("infersight.daemon")
 
@@ -128,7 +128,6 @@ class Agent:
             self.burst = BurstPolicy(self.detection.snapshot)
         self.rollup = Rollup(self.store)
         self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
-                               "ROLLUP": self.rollup,
                                "STACKS_RATE_HZ": config.stacks.rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
                                "FINDINGS": self.detection.snapshot if self.detection else None,
                                "ALERTS": self.alerts.view,

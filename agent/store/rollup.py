@@ -1,11 +1,24 @@
-"""The minute rollup of the windows, for the page's long ranges: rolled-up minutes and each target's progress mark."""
+"""The minute rollup of the windows, for the page's long ranges: rolled-up minutes and each target's progress mark.
+
+The agent advances it (`Rollup`, on its housekeeping thread); the page only reads it (dashboards.series), with
+the fields and minute rules the page defines there.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import logging
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from agent.store.db import Migration
+from dashboards.series import CACHE_MAX_SECONDS, FIELDS, FIELDS_KEY, MINUTE, SETTLE_SECONDS
+
+log = logging.getLogger("infersight.store")
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "minute rollup of the windows for the page's long ranges", """
@@ -61,3 +74,65 @@ class RollupTables:
                          "ON CONFLICT(target) DO UPDATE SET done_until = excluded.done_until, "
                          "fields = excluded.fields", (target, done_until, fields))
             conn.execute("DELETE FROM minute_rollup WHERE target = ? AND start < ?", (target, keep_since))
+
+
+class RollableStore(Protocol):
+    def aggregate(self, target: str, since: float, until: float, bucket_seconds: float,
+                  fields: Mapping[str, str]) -> list[Any]: ...
+
+    def rollup_progress(self, target: str) -> tuple[float, str] | None: ...
+
+    def save_rollup(self, target: str, minutes: Iterable[dict], done_until: float, fields: str,
+                    keep_since: float) -> None: ...
+
+
+class Rollup:
+    """Minute buckets per target, persisted in the store's minute_rollup table once final.
+
+    Decoding a week of window JSON takes seconds; reading a week of rolled-up minutes (10,080 small rows per
+    target) does not. The agent advances the rollup in the background; a page request reads the stored minutes
+    plus the windows since the last roll (dashboards.series.minute_buckets).
+    """
+
+    def __init__(self, store: RollableStore, clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.warm_error: str | None = None
+
+    def advance(self, target: str) -> float:
+        """Roll up the target's final minutes not yet stored (within the last CACHE_MAX_SECONDS); returns the
+        time before which every minute is rolled up. A store that cannot be written (read-only, full) leaves the
+        mark where it was: the page reads the rest straight from the windows."""
+        final = math.floor((self._clock() - SETTLE_SECONDS) / MINUTE) * MINUTE
+        keep = final - CACHE_MAX_SECONDS
+        with self._lock:
+            progress = self._store.rollup_progress(target)
+            done = progress[0] if progress is not None and progress[1] == FIELDS_KEY else keep
+            done = max(done, keep)
+            try:
+                # A day at a time: each write holds the store's writer briefly, and the agent is not starved.
+                while done < final:
+                    end = min(final, done + 86400.0)
+                    minutes = [_minute_row(a) for a in self._store.aggregate(target, done, end, MINUTE, FIELDS)]
+                    self._store.save_rollup(target, minutes, end, FIELDS_KEY, keep)
+                    done = end
+            except (sqlite3.Error, OSError) as exc:
+                self.warm_error = f"{type(exc).__name__}: {exc}"
+                log.warning("minute rollup of %s stopped at %s: %s", target, done, self.warm_error)
+        return done
+
+    def warm(self, targets: list[str]) -> None:
+        """Advance every target's rollup. A failure is kept in `warm_error` and logged: the page reads what it
+        needs from the windows meanwhile."""
+        try:
+            for target in targets:
+                self.advance(target)
+        except (sqlite3.Error, OSError) as exc:
+            self.warm_error = f"{type(exc).__name__}: {exc}"
+            log.warning("chart rollup warm-up failed: %s", self.warm_error)
+
+
+def _minute_row(a: Any) -> dict[str, Any]:
+    return {"start": a.start, "windows": a.windows, "seconds": a.seconds, "sums": dict(a.sums),
+            "counts": dict(a.counts), "maxes": dict(a.maxes)}
