@@ -127,7 +127,9 @@ class Agent:
             self.registry.register(DetectionCollector(self.detection.snapshot))
             self.burst = BurstPolicy(self.detection.snapshot)
         self.rollup = Rollup(self.store)
-        self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
+        # The page reads through connections that cannot write; the agent alone writes the store.
+        self.page_store = self.store.read_only()
+        self.app = create_app({"STATE": self.state, "STORE": self.page_store, "REGISTRY": self.registry,
                                "STACKS_RATE_HZ": config.stacks.rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
                                "FINDINGS": self.detection.snapshot if self.detection else None,
                                "ALERTS": self.alerts.view,
@@ -136,6 +138,7 @@ class Agent:
         try:
             self.web = WebServer(self.app, host, port)
         except BaseException:
+            self.page_store.close()
             self.store.close()
             self.lock.release()
             raise
@@ -230,6 +233,7 @@ class Agent:
             self.detection.flush()
         self.web.stop()
         self.alerts.stop()
+        self.page_store.close()
         self.store.close()
         self.lock.release()
         log.info("stopped")

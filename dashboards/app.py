@@ -14,7 +14,8 @@ from dashboards.limits import LIST_SLOTS, PROFILE_SLOTS, SUMMARY_SLOTS, Gate
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
-    """Build the app. config keys: STATE (the agent's live state), STORE (its store), REGISTRY (prometheus),
+    """Build the app. config keys: STATE (the agent's live state), STORE (its store, read-only: a
+    dashboards.reader.StoreReader; the page never writes), REGISTRY (prometheus),
     STACKS_RATE_HZ and INTERVAL_SECONDS (to label and time profiles), FINDINGS (a callable giving the
     detector's latest findings, or None), ALERTS (a callable returning the alert outbox as plain dicts, or
     None when the agent delivers no alerts), READ_SECONDS (how long one request may read stored profiles; dashboards.limits)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agent.config import DEFAULT_STORE_DIR
 from agent.store import alerts, findings, rollup, windows
-from agent.store.db import DB_NAME, Database, Migration, StoreError, open_database, open_store_dir
+from agent.store.db import DB_NAME, Database, Migration, ReadOnlyDatabase, StoreError, open_database, open_store_dir
 from agent.store.findings import FindingTables
 from agent.store.rollup import RollupTables
 from agent.store.windows import (
@@ -33,7 +33,7 @@ MIGRATIONS: tuple[Migration, ...] = tuple(sorted(
     windows.MIGRATIONS + findings.MIGRATIONS + alerts.MIGRATIONS + rollup.MIGRATIONS, key=lambda m: m.version))
 
 __all__ = ["DB_NAME", "MIGRATIONS", "PROFILE_KINDS", "BucketAggregate", "Migration", "ProfileKind",
-           "RetentionResult", "Store", "StoreError", "StoredTarget", "decode_folded", "encode_folded",
+           "ReadOnlyStore", "RetentionResult", "Store", "StoreError", "StoredTarget", "decode_folded", "encode_folded",
            "open_store_dir"]
 
 
@@ -50,3 +50,11 @@ class Store(WindowTables, FindingTables, RollupTables, Database):
         """
         path, conn = open_database(Path(directory), tuple(migrations))
         return cls(path, conn, clock)
+
+    def read_only(self) -> ReadOnlyStore:
+        """A handle on the same file whose every connection is read-only: what the status page gets."""
+        return ReadOnlyStore(self.path, self._clock)
+
+
+class ReadOnlyStore(WindowTables, FindingTables, RollupTables, ReadOnlyDatabase):
+    """The store's reads over read-only connections (dashboards.reader.StoreReader); any write fails."""

@@ -17,6 +17,7 @@ import sqlite3
 import stat as stat_mod
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -95,6 +96,14 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that cannot write: SQLite opens the file read-only (mode=ro) and refuses writes (query_only)."""
+    uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=30.0)
+    conn.execute("PRAGMA query_only=ON")
+    return conn
+
+
 def open_database(directory: Path, migrations: tuple[Migration, ...]) -> tuple[Path, sqlite3.Connection]:
     """Open (creating, mode 0700) the database in `directory` and migrate it to the newest schema.
 
@@ -135,7 +144,7 @@ class Database:
     """The connections: one writer behind a lock, one reader per thread. The table families' mixins
     (agent.store.windows, findings, alerts, rollup) add their reads and writes on top."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection | None, clock: Callable[[], float] = time.time) -> None:
         self.path = path
         self._clock = clock
         self._write = conn
@@ -155,11 +164,14 @@ class Database:
             raise StoreError(f"store {str(self.path)!r} is closed")
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = connect(self.path)
+            conn = self._open_reader()
             self._local.conn = conn
             with self._lock:
                 self._readers.append(conn)
         return conn
+
+    def _open_reader(self) -> sqlite3.Connection:
+        return connect(self.path)
 
     def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
         """Rows of one read-only statement on this thread's reader connection (the last committed state)."""
@@ -179,7 +191,8 @@ class Database:
             self._closed = True
             for conn in self._readers:
                 conn.close()
-            self._write.close()
+            if self._write is not None:
+                self._write.close()
 
     def __enter__(self) -> Self:
         return self
@@ -229,3 +242,19 @@ def _statements(script: str) -> list[str]:
     if buf.strip():
         out.append(buf.strip())
     return out
+
+
+class ReadOnlyDatabase(Database):
+    """Connections that cannot write, for the status page: each reader opens the file read-only (mode=ro,
+    query_only) and there is no writer; transaction() refuses."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(path, None, clock)
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        raise StoreError(f"store {str(self.path)!r} is open read-only")
+        yield  # a generator, so the refusal comes where a write would begin
+
+    def _open_reader(self) -> sqlite3.Connection:
+        return connect_read_only(self.path)
