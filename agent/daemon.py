@@ -32,11 +32,11 @@ from agent.pidlock import PidLock
 from agent.state import AgentState
 from agent.stop_signals import set_on_signal
 from agent.store import Store, open_store_dir
+from agent.store.rollup import Rollup
 from agent.target_policy import make_discover
 from agent.target_sources import source_factories
 from analysis.window import Window
 from dashboards.app import create_app
-from dashboards.series import Rollup
 
 log = logging.getLogger("infersight.daemon")
 
@@ -211,8 +211,9 @@ class Agent:
             self.registry.register(DetectionCollector(self.detection.snapshot))
             self.burst = BurstPolicy(self.detection.snapshot)
         self.rollup = Rollup(self.store)
-        self.app = create_app({"STATE": self.state, "STORE": self.store, "REGISTRY": self.registry,
-                               "ROLLUP": self.rollup,
+        # The page reads through connections that cannot write; the agent alone writes the store.
+        self.page_store = self.store.read_only()
+        self.app = create_app({"STATE": self.state, "STORE": self.page_store, "REGISTRY": self.registry,
                                "STACKS_RATE_HZ": config.stacks.rate_hz, "INTERVAL_SECONDS": config.interval_seconds,
                                "FINDINGS": self.detection.snapshot if self.detection else None,
                                "ALERTS": self.alerts.view,
@@ -221,6 +222,7 @@ class Agent:
         try:
             self.web = WebServer(self.app, host, port)
         except BaseException:
+            self.page_store.close()
             self.store.close()
             self.lock.release()
             raise
@@ -315,6 +317,7 @@ class Agent:
             self.detection.flush()
         self.web.stop()
         self.alerts.stop()
+        self.page_store.close()
         self.store.close()
         self.lock.release()
         log.info("stopped")

@@ -14,14 +14,14 @@ from dashboards.limits import LIST_SLOTS, PROFILE_SLOTS, SUMMARY_SLOTS, Gate
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
-    """Build the app. config keys: STATE (the agent's live state), STORE (its store), REGISTRY (prometheus),
+    """Build the app. config keys: STATE (the agent's live state), STORE (its store, read-only: a
+    dashboards.reader.StoreReader; the page never writes), REGISTRY (prometheus),
     STACKS_RATE_HZ and INTERVAL_SECONDS (to label and time profiles), FINDINGS (a callable giving the
     detector's latest findings, or None), ALERTS (a callable returning the alert outbox as plain dicts, or
-    None when the agent delivers no alerts), ROLLUP (the minute rollup the agent advances, or None: the page
-    makes its own), READ_SECONDS (how long one request may read stored profiles; dashboards.limits)."""
+    None when the agent delivers no alerts), READ_SECONDS (how long one request may read stored profiles; dashboards.limits)."""
     app = Flask(__name__)
     app.config.update(STATE=None, STORE=None, REGISTRY=None, STACKS_RATE_HZ=None, INTERVAL_SECONDS=5.0,
-                      FINDINGS=None, ALERTS=None, ROLLUP=None, PROFILE_GATE=Gate(PROFILE_SLOTS, "profile"),
+                      FINDINGS=None, ALERTS=None, PROFILE_GATE=Gate(PROFILE_SLOTS, "profile"),
                       LIST_GATE=Gate(LIST_SLOTS, "store read"),
                       SUMMARY_GATE=Gate(SUMMARY_SLOTS, "summary request"))
     if config:

@@ -1,18 +1,12 @@
-"""Time series of stored windows for the charts, downsampled in SQLite; long ranges read the store's minute rollup."""
+"""Time series of stored windows for the charts, downsampled in SQLite; long ranges read the minute rollup the agent
+advances (agent.store.rollup). What it rolls up is defined here: FIELDS, and when a minute is final."""
 
 from __future__ import annotations
 
 import json
-import logging
 import math
-import sqlite3
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-log = logging.getLogger("infersight.page")
 
 # name -> JSON path in a stored window (Store.aggregate's field syntax).
 FIELDS: dict[str, str] = {
@@ -68,9 +62,6 @@ class RollupStore(AggregatingStore, Protocol):
 
     def rollup_minutes(self, target: str, since: float, until: float) -> list[dict]: ...
 
-    def save_rollup(self, target: str, minutes: list[dict], done_until: float, fields: str,
-                    keep_since: float) -> None: ...
-
 
 @dataclass
 class Bucket:
@@ -122,80 +113,32 @@ def derive(b: Bucket) -> dict[str, float | None]:
             "tcp_retransmits_per_s": per_s("tcp"), "runqueue_ms_per_s": per_s("runqueue", 1e3)}
 
 
-class Rollup:
-    """Minute buckets per target, persisted in the store's minute_rollup table once final.
-
-    Decoding a week of window JSON takes seconds; reading a week of rolled-up minutes (10,080 small rows per target)
-    does not. The agent advances the rollup in the background and each long-range request advances it first, so a
-    request reads stored minutes plus the unsettled tail fresh, also right after the agent restarts.
-    """
-
-    def __init__(self, store: RollupStore, clock: Callable[[], float] = time.time) -> None:
-        self._store = store
-        self._clock = clock
-        self._lock = threading.Lock()
-        self.warm_error: str | None = None
-
-    def advance(self, target: str) -> float:
-        """Roll up the target's final minutes not yet stored (within the last CACHE_MAX_SECONDS); returns the
-        time before which every minute is rolled up. A store that cannot be written (read-only, full) leaves the
-        mark where it was: the caller reads the rest straight from the windows."""
-        final = math.floor((self._clock() - SETTLE_SECONDS) / MINUTE) * MINUTE
-        keep = final - CACHE_MAX_SECONDS
-        with self._lock:
-            progress = self._store.rollup_progress(target)
-            done = progress[0] if progress is not None and progress[1] == FIELDS_KEY else keep
-            done = max(done, keep)
-            try:
-                # A day at a time: each write holds the store's writer briefly, and the agent is not starved.
-                while done < final:
-                    end = min(final, done + 86400.0)
-                    minutes = [_minute_row(a) for a in self._store.aggregate(target, done, end, MINUTE, FIELDS)]
-                    self._store.save_rollup(target, minutes, end, FIELDS_KEY, keep)
-                    done = end
-            except (sqlite3.Error, OSError) as exc:
-                self.warm_error = f"{type(exc).__name__}: {exc}"
-                log.warning("minute rollup of %s stopped at %s: %s", target, done, self.warm_error)
-        return done
-
-    def minute_buckets(self, target: str, since: float, until: float) -> list[Bucket]:
-        since = math.floor(since / MINUTE) * MINUTE
-        done = self.advance(target)
-        found = [Bucket.from_row(r) for r in self._store.rollup_minutes(target, since, min(until, done))]
-        if until > done:
-            found += [Bucket.of(a) for a in self._store.aggregate(target, max(done, since), until, MINUTE, FIELDS)]
-        return found
-
-    def warm(self, targets: list[str]) -> None:
-        """Advance every target's rollup (run on a background thread). A failure is kept in `warm_error` and
-        logged: the requests that follow read what they need themselves."""
-        try:
-            for target in targets:
-                self.advance(target)
-        except (sqlite3.Error, OSError) as exc:
-            self.warm_error = f"{type(exc).__name__}: {exc}"
-            log.warning("chart rollup warm-up failed: %s", self.warm_error)
+def minute_buckets(store: RollupStore, target: str, since: float, until: float) -> list[Bucket]:
+    """Minute buckets of [since, until): the agent's rolled-up minutes, then the windows since its last roll
+    (the page never writes the rollup; without one, every minute comes from the windows)."""
+    since = math.floor(since / MINUTE) * MINUTE
+    progress = store.rollup_progress(target)
+    done = progress[0] if progress is not None and progress[1] == FIELDS_KEY else since
+    found = [Bucket.from_row(r) for r in store.rollup_minutes(target, since, min(until, done))]
+    if until > done:
+        found += [Bucket.of(a) for a in store.aggregate(target, max(done, since), until, MINUTE, FIELDS)]
+    return found
 
 
-def _minute_row(a: Any) -> dict[str, Any]:
-    return {"start": a.start, "windows": a.windows, "seconds": a.seconds, "sums": dict(a.sums),
-            "counts": dict(a.counts), "maxes": dict(a.maxes)}
-
-
-def series(store: AggregatingStore, rollup: Rollup | None, target: str, since: float, until: float,
-           points: int, min_step: float = 1.0) -> dict[str, Any]:
+def series(store: RollupStore, target: str, since: float, until: float, points: int,
+           min_step: float = 1.0) -> dict[str, Any]:
     """Aligned arrays for uPlot: bucket starts and one array per SERIES name, at most `points` long.
 
     Buckets are never shorter than `min_step` (the collection interval): shorter ones would alternate between
-    holding one window and none. Without a rollup every range is read straight from the store."""
+    holding one window and none. Ranges over DIRECT_MAX_SECONDS read the agent's minute rollup."""
     span = until - since
     step = max(span / points, min_step)
-    if span <= DIRECT_MAX_SECONDS or rollup is None:
+    if span <= DIRECT_MAX_SECONDS:
         buckets = [Bucket.of(a) for a in store.aggregate(target, since, until, step, FIELDS)]
     else:
         step = math.ceil(step / MINUTE) * MINUTE
         merged: dict[float, Bucket] = {}
-        for b in rollup.minute_buckets(target, since, until):
+        for b in minute_buckets(store, target, since, until):
             key = math.floor(b.start / step) * step
             if key in merged:
                 merged[key].add(b)

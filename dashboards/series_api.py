@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -14,7 +13,7 @@ from dashboards import findings, view
 from dashboards.errors import json_errors, require_store
 from dashboards.limits import Busy, busy, gated, read_deadline
 from dashboards.query import unix_seconds_arg
-from dashboards.series import MAX_POINTS, SERIES, Rollup, series
+from dashboards.series import MAX_POINTS, SERIES, series
 
 bp = Blueprint("series", __name__, url_prefix="/api")
 json_errors(bp, 400, 404, 503)
@@ -24,22 +23,9 @@ MAX_RANGE_SECONDS = 8 * 86400
 SPARK_SECONDS = 3600
 SPARK_POINTS = 60
 HEALTHY_SOURCE_STATES = ("running", "stopped")
-_ROLLUP_LOCK = threading.Lock()
 MAX_CACHED_SERIES = 256
 
 
-def _rollup(store) -> Rollup:
-    ext = current_app.extensions
-    with _ROLLUP_LOCK:
-        if "infersight_rollup" not in ext:
-            # The agent passes the rollup it advances in the background; a page on its own makes one.
-            rollup = current_app.config.get("ROLLUP") or Rollup(store)
-            ext["infersight_rollup"] = rollup
-            # Long ranges read the stored minutes; catching up on the ones not rolled up yet (a week, on a store
-            # that never had a rollup) takes seconds, so it starts at the first chart request, not the 7-day one.
-            names = [t.name for t in store.targets()]
-            threading.Thread(target=rollup.warm, args=(names,), name="rollup-warm", daemon=True).start()
-    return ext["infersight_rollup"]
 
 
 def _range() -> tuple[float, float]:
@@ -89,7 +75,7 @@ def _sparkline(cache: dict, store, target: str, now: float, interval: float) -> 
     hit = cache.get(target)
     if hit is not None and now - hit[0] < interval:
         return hit[1]
-    s = series(store, None, target, now - SPARK_SECONDS, now, SPARK_POINTS, min_step=interval)
+    s = series(store, target, now - SPARK_SECONDS, now, SPARK_POINTS, min_step=interval)
     spark = {"t": s["t"], "p99_ms": s["series"]["p99_ms"], "request_rate": s["series"]["request_rate"]}
     cache[target] = (now, spark)
     return spark
@@ -154,7 +140,7 @@ def target_series():
     try:
         # A cache hit needs no slot; computing reads up to 8 days of windows or minutes.
         with current_app.config["LIST_GATE"].claim():
-            data = series(store, _rollup(store), target, since, until, int(raw), min_step=interval)
+            data = series(store, target, since, until, int(raw), min_step=interval)
             data["regressions"] = [
                 {"id": r.id, "opened_at": r.opened_at, "closed_at": r.closed_at, "severity": r.severity,
                  "top_cause": r.top_cause}

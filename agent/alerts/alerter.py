@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import sqlite3
 import threading
 import time
@@ -12,10 +11,11 @@ from dataclasses import dataclass
 
 from agent.alerts import payloads
 from agent.alerts.config import SEVERITY_ORDER, AlertsConfig, ReceiverConfig
-from agent.alerts.outbox import AGENT_OWNER, enqueue
 from agent.alerts.payloads import AlertEvent
 from agent.store import Store
-from analysis.regression import Regression, regression_from_dict, regression_to_dict
+from agent.store import alerts as table
+from agent.store.alerts import AGENT_OWNER, enqueue
+from analysis.regression import Regression
 
 # A firing alert posted to Alertmanager stays active this long past the next repeat before it lapses.
 ALERTMANAGER_GRACE_SECONDS = 300.0
@@ -32,14 +32,6 @@ class Replaced:
 
 def more_severe(a: str, b: str) -> bool:
     return SEVERITY_ORDER.index(a) > SEVERITY_ORDER.index(b)
-
-
-def regression_to_json(reg: Regression) -> str:
-    return json.dumps(regression_to_dict(reg), separators=(",", ":"))
-
-
-def regression_from_json(text: str) -> Regression:
-    return regression_from_dict(json.loads(text))
 
 
 class Alerter:
@@ -66,12 +58,7 @@ class Alerter:
         Calling it again for a known regression id is an update, so a restarted detector cannot double-alert."""
         now = self._clock()
         with self._lock, self.store.transaction() as conn:
-            conn.execute(
-                "INSERT INTO alerts(regression_id, target, severity, state, opened_at, notify_at, regression) "
-                "VALUES (?, ?, ?, 'waiting', ?, ?, ?) ON CONFLICT(regression_id) DO UPDATE SET "
-                "regression = excluded.regression WHERE alerts.state != 'resolved'",
-                (reg.id, reg.target, reg.severity, reg.opened_at, now + self.config.group_wait_seconds,
-                 regression_to_json(reg)))
+            table.open_alert(conn, reg, now + self.config.group_wait_seconds)
             woken = self._raise_severity(conn, reg, now)
         self._wake_all(woken)
         if reg.closed_at is not None:
@@ -84,8 +71,7 @@ class Alerter:
         is notified at once (an escalation); a lower one changes nothing (the alert keeps the highest)."""
         now = self._clock()
         with self._lock, self.store.transaction() as conn:
-            conn.execute("UPDATE alerts SET regression = ? WHERE regression_id = ? AND state != 'resolved'",
-                         (regression_to_json(reg), reg.id))
+            table.update_regression(conn, reg)
             woken = self._raise_severity(conn, reg, now)
         self._wake_all(woken)
         self.tick()
@@ -96,19 +82,18 @@ class Alerter:
         now = self._clock()
         woken: set[str] = set()
         with self._lock, self.store.transaction() as conn:
-            row = conn.execute("SELECT id, state FROM alerts WHERE regression_id = ?", (reg.id,)).fetchone()
+            row = table.alert_state(conn, reg.id)
             if row is None or row[1] == "resolved":
                 return
             closed = reg if reg.closed_at is not None else dataclasses.replace(reg, closed_at=now)
-            conn.execute("UPDATE alerts SET regression = ?, closed_at = ? WHERE id = ?",
-                         (regression_to_json(closed), closed.closed_at, row[0]))
+            table.close_alert(conn, row[0], closed)
             woken |= self._raise_severity(conn, closed, now)
             if row[1] == "waiting":
                 # Closed inside group_wait: the receivers still hear it began, then that it ended.
                 woken |= self._fire(conn, row[0], now)
             if self.config.resolve:
                 woken |= self._queue(conn, row[0], "resolved", now)
-            conn.execute("UPDATE alerts SET state = 'resolved' WHERE id = ?", (row[0],))
+            table.mark_resolved(conn, row[0])
         self._wake_all(woken)
 
     # ---- time-driven --------------------------------------------------------------------------------------
@@ -118,18 +103,15 @@ class Alerter:
         now = self._clock()
         due_before = now - self.config.repeat_interval_seconds
         # Read first: the scheduler calls this every second, and most calls find nothing to do.
-        if not self.store.query("SELECT 1 FROM alerts WHERE (state = 'waiting' AND notify_at <= ?) OR "
-                                "(state = 'firing' AND last_fired_at <= ?) LIMIT 1", (now, due_before)):
+        if not table.any_due(self.store, now, due_before):
             return
         woken: set[str] = set()
         with self._lock, self.store.transaction() as conn:
-            for (aid,) in conn.execute("SELECT id FROM alerts WHERE state = 'waiting' AND notify_at <= ?",
-                                       (now,)).fetchall():
+            for aid in table.waiting_due(conn, now):
                 woken |= self._fire(conn, aid, now)
-            for (aid,) in conn.execute("SELECT id FROM alerts WHERE state = 'firing' AND last_fired_at <= ?",
-                                       (due_before,)).fetchall():
+            for aid in table.repeats_due(conn, due_before):
                 woken |= self._queue(conn, aid, "firing", now)
-                conn.execute("UPDATE alerts SET last_fired_at = ? WHERE id = ?", (now, aid))
+                table.mark_repeated(conn, aid, now)
         self._wake_all(woken)
 
     def _wake_all(self, receivers: set[str]) -> None:
@@ -142,45 +124,39 @@ class Alerter:
         """Keep the alert's severity the highest the regression reached. Before the first notification that is
         all; after it, an escalation: the alert at the new severity fires now (severity is a label, so it is a
         new alert to Alertmanager) and, in the same notification, the one it replaces is resolved."""
-        row = conn.execute("SELECT id, state, severity, labels, fingerprint FROM alerts WHERE regression_id = ? "
-                           "AND state != 'resolved'", (reg.id,)).fetchone()
-        if row is None or not more_severe(reg.severity, row[2]):
+        alert = table.open_alert_of(conn, reg.id)
+        if alert is None or not more_severe(reg.severity, alert.severity):
             return set()
-        alert_id, state, severity, labels_text, fp = row
-        if state == "waiting":
-            conn.execute("UPDATE alerts SET severity = ? WHERE id = ?", (reg.severity, alert_id))
+        if alert.state == "waiting":
+            table.set_severity(conn, alert.id, reg.severity)
             return set()
-        old = json.loads(labels_text)
+        old = alert.labels or {}
         # Only the severity changes: the other labels (the cause among them) stay as first sent, so routes,
         # silences and inhibit rules that match on them keep matching the escalated alert.
         labels = {**old, "severity": reg.severity}
-        conn.execute("UPDATE alerts SET severity = ?, labels = ?, fingerprint = ?, last_fired_at = ? WHERE id = ?",
-                     (reg.severity, json.dumps(labels), payloads.fingerprint(labels), now, alert_id))
-        return self._queue(conn, alert_id, "firing", now, replaced=Replaced(severity, old, fp))
+        table.escalate(conn, alert.id, reg.severity, labels, payloads.fingerprint(labels), now)
+        return self._queue(conn, alert.id, "firing", now,
+                           replaced=Replaced(alert.severity, old, alert.fingerprint))
 
     def _fire(self, conn: sqlite3.Connection, alert_id: int, now: float) -> set[str]:
         """Freeze the labels (the cause label is the top cause now), then queue the first firing."""
-        text, severity = conn.execute("SELECT regression, severity FROM alerts WHERE id = ?", (alert_id,)).fetchone()
-        reg = regression_from_json(text)
+        reg, severity = table.regression_of(conn, alert_id)
         # The highest severity seen while waiting, even if the latest window was milder.
         if more_severe(reg.severity, severity):
             severity = reg.severity
         labels = payloads.alert_labels(dataclasses.replace(reg, severity=severity), self.host)
-        conn.execute("UPDATE alerts SET state = 'firing', labels = ?, fingerprint = ?, severity = ?, "
-                     "last_fired_at = ? WHERE id = ?",
-                     (json.dumps(labels), payloads.fingerprint(labels), severity, now, alert_id))
+        table.fire(conn, alert_id, labels, payloads.fingerprint(labels), severity, now)
         return self._queue(conn, alert_id, "firing", now)
 
     def _queue(self, conn: sqlite3.Connection, alert_id: int, status: str, now: float,
                replaced: Replaced | None = None) -> set[str]:
-        text, labels_text, fp, severity, target = conn.execute(
-            "SELECT regression, labels, fingerprint, severity, target FROM alerts WHERE id = ?",
-            (alert_id,)).fetchone()
+        alert = table.to_send(conn, alert_id)
+        fp, severity, target = alert.fingerprint, alert.severity, alert.target
         # The alert's severity, not the latest window's: a regression that eased keeps its alert as sent.
-        reg = dataclasses.replace(regression_from_json(text), severity=severity)
+        reg = dataclasses.replace(alert.regression, severity=severity)
         annotations = payloads.alert_annotations(reg, self.external_url, now)
         generator_url = payloads.regression_url(reg, self.external_url)
-        event = AlertEvent(fingerprint=fp, status=status, labels=json.loads(labels_text), annotations=annotations,
+        event = AlertEvent(fingerprint=fp, status=status, labels=alert.labels, annotations=annotations,
                            starts_at=reg.opened_at, ends_at=reg.closed_at if status == "resolved" else None,
                            generator_url=generator_url, causes=tuple(reg.causes), functions=tuple(reg.functions),
                            escalated_from=replaced.severity if replaced else None)

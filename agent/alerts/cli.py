@@ -13,13 +13,13 @@ from pathlib import Path
 
 from agent.alerts.alerter import Alerter
 from agent.alerts.delivery import DeliveryCounters, ReceiverWorker
-from agent.alerts.outbox import Outbox
 from agent.alerts.secrets import load_secret
 from agent.alerts.service import external_url
 from agent.alerts.transport import PostResult
 from agent.alerts.view import alerts_view
 from agent.config import Config, ConfigError
 from agent.store import Store, StoreError
+from agent.store.alerts import Outbox
 from analysis.regression import Cause, Regression
 
 TEST_TARGET = "infersight-test"

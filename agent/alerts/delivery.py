@@ -10,10 +10,10 @@ from collections import Counter
 from collections.abc import Callable
 
 from agent.alerts.config import AlertsConfig, ReceiverConfig
-from agent.alerts.outbox import AGENT_OWNER, Notification, Outbox
 from agent.alerts.secrets import Secret
 from agent.alerts.signing import sign_headers
 from agent.alerts.transport import PostResult, post
+from agent.store.alerts import AGENT_OWNER, Notification, Outbox
 
 log = logging.getLogger("infersight.alerts")
 # How often an idle worker looks at the outbox even without a wake-up (another process may have queued).

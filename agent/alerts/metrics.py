@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent.alerts.delivery import DeliveryCounters
-from agent.alerts.outbox import Outbox
+from agent.store.alerts import Outbox
 
 OUTCOMES = ("sent", "failed", "expired", "retried")
 

@@ -12,11 +12,11 @@ from typing import Any
 from agent.alerts.alerter import Alerter
 from agent.alerts.delivery import DeliveryCounters, ReceiverWorker
 from agent.alerts.metrics import AlertCollector
-from agent.alerts.outbox import Outbox, ReceiverSummary
 from agent.alerts.secrets import load_secret
 from agent.alerts.view import alerts_view
 from agent.config import Config
 from agent.store import Store
+from agent.store.alerts import Outbox, ReceiverSummary
 from analysis.regression import Regression
 
 log = logging.getLogger("infersight.alerts")

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 from agent.alerts.config import ReceiverConfig
-from agent.alerts.outbox import Outbox
+from agent.store.alerts import Outbox
 
 
 def alerts_view(outbox: Outbox, receivers: tuple[ReceiverConfig, ...], now: float, limit: int = 20) -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """Fixtures for the status page: an app over a real AgentState holding a known window."""
 
 import pytest
+from flask import Config, Flask
 
+import dashboards.app
 from agent.metrics import build_registry
 from agent.state import AgentState
+from agent.store import ReadOnlyStore, Store
 from analysis.health import Health
 from analysis.snapshot import TargetStatus
 from analysis.window import (
@@ -74,3 +77,34 @@ def app(state):
 @pytest.fixture
 def client(app):
     return app.test_client()
+
+
+class _ReadOnlyStoreConfig(Config):
+    """The page's config in these tests: any Store handed to create_app reaches the blueprints as its read-only
+    handle (Store.read_only(), as the agent hands it), so every page test also shows the page never writes."""
+
+    opened: list[ReadOnlyStore] = []
+
+    def __setitem__(self, key, value) -> None:
+        if key == "STORE" and isinstance(value, Store):
+            value = value.read_only()
+            self.opened.append(value)
+        super().__setitem__(key, value)
+
+    def update(self, *args, **kwargs) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+
+class _ReadOnlyPage(Flask):
+    config_class = _ReadOnlyStoreConfig
+
+
+@pytest.fixture(scope="session", autouse=True)
+def page_store_read_only():
+    # Session-wide: module-scoped apps are built before any function-scoped fixture runs.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dashboards.app, "Flask", _ReadOnlyPage)
+        yield
+    for store in _ReadOnlyStoreConfig.opened:
+        store.close()

@@ -10,11 +10,12 @@ import pytest
 
 from agent.detection import DetectionSnapshot, TargetFinding
 from agent.state import AgentState
+from agent.store.rollup import Rollup
 from analysis.health import Health
 from analysis.snapshot import TargetStatus
 from dashboards.app import create_app
 from dashboards.security import CSP
-from dashboards.series import FIELDS, FIELDS_KEY, MINUTE, SETTLE_SECONDS, Bucket, Rollup
+from dashboards.series import FIELDS, FIELDS_KEY, MINUTE, SETTLE_SECONDS, Bucket, minute_buckets
 from tests.dashboards.synthetic import HOSTILE_FRAME, fill, regression
 
 NOW = time.time()
@@ -68,9 +69,9 @@ def test_minute_rollup_gives_the_same_answer_as_the_store(tmp_path):
     s = fill(tmp_path / "store", NOW, 3600, slow_from=NOW - 600)
     try:
         direct = [Bucket.of(a) for a in s.aggregate("server", NOW - 3600, NOW + 60, MINUTE, FIELDS)]
-        rolled = Rollup(s, clock=lambda: NOW)
-        # Force the rollup path (it serves ranges above 3 h) by asking it for its minute buckets directly.
-        minutes = rolled.minute_buckets("server", NOW - 3600, NOW + 60)
+        # The agent rolls up; the page reads (asked directly here: it serves ranges above 3 h).
+        Rollup(s, clock=lambda: NOW).advance("server")
+        minutes = minute_buckets(s, "server", NOW - 3600, NOW + 60)
         assert _as_tuples(minutes) == _as_tuples(direct)
         done, fields = s.rollup_progress("server")
         assert fields == FIELDS_KEY and done <= NOW - SETTLE_SECONDS < done + MINUTE
@@ -78,7 +79,8 @@ def test_minute_rollup_gives_the_same_answer_as_the_store(tmp_path):
         stored = s.rollup_minutes("server", 0, NOW + 60)
         assert [m["start"] for m in stored] == [b.start for b in minutes if b.start < done]
         assert minutes[-1].start >= done
-        again = rolled.minute_buckets("server", NOW - 3600, NOW + 60)
+        Rollup(s, clock=lambda: NOW).advance("server")
+        again = minute_buckets(s, "server", NOW - 3600, NOW + 60)
         assert _as_tuples(again) == _as_tuples(minutes)
     finally:
         s.close()
@@ -93,7 +95,7 @@ def test_a_restarted_page_reads_the_stored_minutes_not_the_windows(tmp_path):
     with s.transaction() as conn:
         conn.execute("DELETE FROM profiles")
         conn.execute("DELETE FROM windows WHERE start < ?", (done,))
-    again = Rollup(s, clock=lambda: NOW).minute_buckets("server", NOW - 3600, done)
+    again = minute_buckets(s, "server", NOW - 3600, done)
     assert len(again) == len(first) > 50 and sum(b.windows for b in again) == sum(m["windows"] for m in first)
     s.close()
 
@@ -102,7 +104,8 @@ def test_rollup_of_another_field_set_is_rebuilt_and_old_minutes_are_dropped(tmp_
     s = fill(tmp_path / "store", NOW, 3600)
     s.save_rollup("server", [{"start": 60.0, "windows": 1, "seconds": 5.0, "sums": {"p50": 9.0},
                               "counts": {"p50": 1}, "maxes": {"p50": 9.0}}], NOW, '{"p50":"$.old"}', 0.0)
-    minutes = Rollup(s, clock=lambda: NOW).minute_buckets("server", NOW - 3600, NOW)
+    Rollup(s, clock=lambda: NOW).advance("server")
+    minutes = minute_buckets(s, "server", NOW - 3600, NOW)
     assert s.rollup_progress("server")[1] == FIELDS_KEY
     assert s.rollup_minutes("server", 0, 120) == []  # the stale minute went with its field set
     assert sum(b.windows for b in minutes) == len(s.windows("server", since=NOW - 3600, until=NOW,
@@ -124,7 +127,8 @@ def test_a_store_that_cannot_be_written_still_answers_from_the_windows(tmp_path)
 
     s.save_rollup = refuse
     rollup = Rollup(s, clock=lambda: NOW)
-    minutes = rollup.minute_buckets("server", NOW - 3600, NOW + 60)
+    rollup.advance("server")
+    minutes = minute_buckets(s, "server", NOW - 3600, NOW + 60)
     direct = [Bucket.of(a) for a in s.aggregate("server", NOW - 3600, NOW + 60, MINUTE, FIELDS)]
     assert _as_tuples(minutes) == _as_tuples(direct) and "readonly" in rollup.warm_error
     assert s.rollup_progress("server") is None
@@ -225,3 +229,10 @@ def test_offcpu_kinds_are_the_detectors_a_stopped_server_is_stopped_not_preempte
     data = client.get("/api/offcpu?target=stopper&range=1h&points=12").get_json()
     assert list(data["kinds"]) == ["stopped"], data["kinds"]
     assert data["labels"]["stopped"].startswith("stopped")
+
+
+def test_the_page_reads_long_ranges_without_rolling_up(client, store):
+    # Over DIRECT_MAX_SECONDS the page reads the minute rollup; only the agent (agent.store.rollup) writes it.
+    data = client.get("/api/series?target=server&range=7d&points=600").get_json()
+    assert sum(data["windows"]) == len(store.windows("server", with_profiles=False))
+    assert store.rollup_progress("server") is None

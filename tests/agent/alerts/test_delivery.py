@@ -9,8 +9,8 @@ from pathlib import Path
 
 from agent.alerts.config import AlertsConfig, ReceiverConfig
 from agent.alerts.delivery import IDLE_POLL_SECONDS, DeliveryCounters, ReceiverWorker, backoff_seconds
-from agent.alerts.outbox import Outbox
 from agent.store import Store
+from agent.store.alerts import Outbox
 
 DRAWS = 500
 

@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 from agent.alerts import payloads
-from agent.alerts.alerter import Alerter, regression_from_json, regression_to_json
+from agent.alerts.alerter import Alerter
 from agent.alerts.config import AlertsConfig, ReceiverConfig
 from agent.alerts.payloads import AlertEvent
 from agent.store import Store
+from agent.store.alerts import regression_from_json, regression_to_json
 from analysis.regression import Cause
 
 

@@ -1,12 +1,63 @@
-"""The durable outbox: notifications committed in the store before any attempt, handed out per receiver in order."""
+"""The alert outbox: one alert per regression episode, and the notifications queued for its receivers.
+
+Notifications are committed here before any attempt and handed out per receiver in order (`Outbox`); the
+alerter's moves of an alert (`open_alert`, `fire`, `escalate`, ...) run inside its `Store.transaction()`.
+An alert keeps the latest Regression as JSON (`regression_to_json`) for its next notification.
+"""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import uuid
 from dataclasses import dataclass
 
-from agent.store import Store
+from agent.store.db import Database, Migration
+from analysis.regression import Regression, regression_from_dict, regression_to_dict
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(3, "alert outbox: alerts and their notifications", """
+        CREATE TABLE alerts (
+            id INTEGER PRIMARY KEY,
+            regression_id TEXT NOT NULL UNIQUE,
+            target TEXT NOT NULL,
+            severity TEXT NOT NULL,
+            -- waiting: inside group_wait, nothing queued yet; firing; resolved.
+            state TEXT NOT NULL CHECK (state IN ('waiting', 'firing', 'resolved')),
+            opened_at REAL NOT NULL,
+            closed_at REAL,
+            notify_at REAL NOT NULL,
+            last_fired_at REAL,
+            -- Frozen when the first notification is queued: the alert's identity from then on.
+            fingerprint TEXT,
+            labels TEXT,
+            -- The latest Regression as JSON; its causes are re-ranked while the episode is open.
+            regression TEXT NOT NULL
+        );
+        CREATE INDEX alerts_by_state ON alerts(state, notify_at);
+        CREATE TABLE alert_notifications (
+            id INTEGER PRIMARY KEY,
+            alert_id INTEGER NOT NULL REFERENCES alerts(id),
+            receiver TEXT NOT NULL,
+            -- Who delivers it: the agent, or one `infersight alert test` run.
+            owner TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('firing', 'resolved')),
+            state TEXT NOT NULL CHECK (state IN ('pending', 'sent', 'failed', 'expired')),
+            idempotency_key TEXT NOT NULL UNIQUE,
+            body BLOB NOT NULL,
+            created_at REAL NOT NULL,
+            next_attempt_at REAL NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_attempt_at REAL,
+            http_status INTEGER,
+            last_error TEXT,
+            done_at REAL
+        );
+        CREATE INDEX alert_notifications_due ON alert_notifications(receiver, owner, state, next_attempt_at);
+        CREATE INDEX alert_notifications_by_alert ON alert_notifications(alert_id, receiver, id);
+    """),
+)
+
 
 AGENT_OWNER = "agent"
 STATES = ("pending", "sent", "failed", "expired")
@@ -76,7 +127,7 @@ def enqueue(conn: sqlite3.Connection, *, alert_id: int, receiver: str, status: s
 class Outbox:
     """Reads and updates of alert_notifications; every write is one store transaction."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Database) -> None:
         self.store = store
 
     def expire(self, receiver: str, owner: str, now: float, max_age_s: float) -> int:
@@ -173,3 +224,122 @@ class Outbox:
             conn.execute("DELETE FROM alerts WHERE state = 'resolved' AND closed_at < ? AND NOT EXISTS "
                          "(SELECT 1 FROM alert_notifications n WHERE n.alert_id = alerts.id)", (before,))
         return n
+
+
+# ---- the alerter's moves, inside its transaction -----------------------------------------------------------
+
+
+def regression_to_json(reg: Regression) -> str:
+    return json.dumps(regression_to_dict(reg), separators=(",", ":"))
+
+
+def regression_from_json(text: str) -> Regression:
+    return regression_from_dict(json.loads(text))
+
+
+@dataclass(frozen=True)
+class OpenAlert:
+    """An alert not resolved yet, as the alerter's severity check reads it."""
+
+    id: int
+    state: str
+    severity: str
+    labels: dict[str, str] | None
+    fingerprint: str | None
+
+
+@dataclass(frozen=True)
+class AlertToSend:
+    """What one notification of an alert is built from."""
+
+    regression: Regression
+    labels: dict[str, str]
+    fingerprint: str
+    severity: str
+    target: str
+
+
+def any_due(store: Database, now: float, repeat_before: float) -> bool:
+    """A cheap read: is an alert past its group wait, or a firing one due to repeat?"""
+    return bool(store.query("SELECT 1 FROM alerts WHERE (state = 'waiting' AND notify_at <= ?) OR "
+                            "(state = 'firing' AND last_fired_at <= ?) LIMIT 1", (now, repeat_before)))
+
+
+def open_alert(conn: sqlite3.Connection, reg: Regression, notify_at: float) -> None:
+    """A waiting alert for a new episode; for a known one (a restarted detector) only its regression is updated."""
+    conn.execute(
+        "INSERT INTO alerts(regression_id, target, severity, state, opened_at, notify_at, regression) "
+        "VALUES (?, ?, ?, 'waiting', ?, ?, ?) ON CONFLICT(regression_id) DO UPDATE SET "
+        "regression = excluded.regression WHERE alerts.state != 'resolved'",
+        (reg.id, reg.target, reg.severity, reg.opened_at, notify_at, regression_to_json(reg)))
+
+
+def update_regression(conn: sqlite3.Connection, reg: Regression) -> None:
+    conn.execute("UPDATE alerts SET regression = ? WHERE regression_id = ? AND state != 'resolved'",
+                 (regression_to_json(reg), reg.id))
+
+
+def alert_state(conn: sqlite3.Connection, regression_id: str) -> tuple[int, str] | None:
+    """(alert id, state) of the episode's alert, or None."""
+    row = conn.execute("SELECT id, state FROM alerts WHERE regression_id = ?", (regression_id,)).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def close_alert(conn: sqlite3.Connection, alert_id: int, closed: Regression) -> None:
+    conn.execute("UPDATE alerts SET regression = ?, closed_at = ? WHERE id = ?",
+                 (regression_to_json(closed), closed.closed_at, alert_id))
+
+
+def mark_resolved(conn: sqlite3.Connection, alert_id: int) -> None:
+    conn.execute("UPDATE alerts SET state = 'resolved' WHERE id = ?", (alert_id,))
+
+
+def waiting_due(conn: sqlite3.Connection, now: float) -> list[int]:
+    return [r[0] for r in conn.execute("SELECT id FROM alerts WHERE state = 'waiting' AND notify_at <= ?",
+                                       (now,)).fetchall()]
+
+
+def repeats_due(conn: sqlite3.Connection, before: float) -> list[int]:
+    return [r[0] for r in conn.execute("SELECT id FROM alerts WHERE state = 'firing' AND last_fired_at <= ?",
+                                       (before,)).fetchall()]
+
+
+def mark_repeated(conn: sqlite3.Connection, alert_id: int, now: float) -> None:
+    conn.execute("UPDATE alerts SET last_fired_at = ? WHERE id = ?", (now, alert_id))
+
+
+def open_alert_of(conn: sqlite3.Connection, regression_id: str) -> OpenAlert | None:
+    row = conn.execute("SELECT id, state, severity, labels, fingerprint FROM alerts WHERE regression_id = ? "
+                       "AND state != 'resolved'", (regression_id,)).fetchone()
+    if row is None:
+        return None
+    return OpenAlert(row[0], row[1], row[2], None if row[3] is None else json.loads(row[3]), row[4])
+
+
+def set_severity(conn: sqlite3.Connection, alert_id: int, severity: str) -> None:
+    conn.execute("UPDATE alerts SET severity = ? WHERE id = ?", (severity, alert_id))
+
+
+def escalate(conn: sqlite3.Connection, alert_id: int, severity: str, labels: dict[str, str], fingerprint: str,
+             now: float) -> None:
+    conn.execute("UPDATE alerts SET severity = ?, labels = ?, fingerprint = ?, last_fired_at = ? WHERE id = ?",
+                 (severity, json.dumps(labels), fingerprint, now, alert_id))
+
+
+def regression_of(conn: sqlite3.Connection, alert_id: int) -> tuple[Regression, str]:
+    """The alert's latest regression and its (highest so far) severity."""
+    text, severity = conn.execute("SELECT regression, severity FROM alerts WHERE id = ?", (alert_id,)).fetchone()
+    return regression_from_json(text), severity
+
+
+def fire(conn: sqlite3.Connection, alert_id: int, labels: dict[str, str], fingerprint: str, severity: str,
+         now: float) -> None:
+    """The first firing: the labels and fingerprint are frozen from now on."""
+    conn.execute("UPDATE alerts SET state = 'firing', labels = ?, fingerprint = ?, severity = ?, "
+                 "last_fired_at = ? WHERE id = ?", (json.dumps(labels), fingerprint, severity, now, alert_id))
+
+
+def to_send(conn: sqlite3.Connection, alert_id: int) -> AlertToSend:
+    text, labels_text, fp, severity, target = conn.execute(
+        "SELECT regression, labels, fingerprint, severity, target FROM alerts WHERE id = ?", (alert_id,)).fetchone()
+    return AlertToSend(regression_from_json(text), json.loads(labels_text), fp, severity, target)
