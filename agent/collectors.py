@@ -6,13 +6,16 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.sources.protocol import Begins, Source
 from agent.targets import Target
 from analysis.errors import NoAnswer, ProbeError, Unsupported
 from analysis.health import Health
 from probes.base import Probe
+
+if TYPE_CHECKING:
+    from probes.exits import ExitsProbe
 from probes.pidfd import ProcessHandle
 
 log = logging.getLogger("infersight.collectors")
@@ -60,6 +63,15 @@ PROBE_FACTORIES: dict[str, Callable[[], Probe]] = {
     "tcp": _tcp,
     "runqueue": _runqueue,
 }
+
+def exits_probe(enabled: bool) -> ExitsProbe | None:
+    """The exits probe (how a target's process ended) when `[probes] exits` is on; lazy for the same reason."""
+    if not enabled:
+        return None
+    from probes.exits import ExitsProbe
+
+    return ExitsProbe()
+
 
 # Probes that split intervals still open at read time (off-CPU time belongs to the window it passes in).
 BOUNDARY_FIRST = ("offcpu",)

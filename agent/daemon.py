@@ -21,7 +21,7 @@ from waitress.server import BaseWSGIServer, create_server
 from agent import logs
 from agent.alerts.service import AlertService
 from agent.burst import BurstPolicy
-from agent.collectors import Collectors
+from agent.collectors import Collectors, exits_probe
 from agent.config import Config, check_config_paths
 from agent.detection import Detection, DownState
 from agent.detection_metrics import DetectionCollector
@@ -235,7 +235,7 @@ class Agent:
             sink=self._sink,
             interval=config.interval_seconds,
             on_forget=self._forget,
-            exits=_exits_probe() if config.probes.exits else None,
+            exits=exits_probe(config.probes.exits),
             on_down=self._down,
         )
         self.stop_event = threading.Event()
@@ -321,12 +321,6 @@ class Agent:
         self.store.close()
         self.lock.release()
         log.info("stopped")
-
-
-def _exits_probe():
-    from probes.exits import ExitsProbe  # BCC: imported only when the probe is on
-
-    return ExitsProbe()
 
 
 def _latency_detector(warmup_windows: int):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agent.collectors import Collectors
+from agent.collectors import Collectors, exits_probe
 from agent.config import Config, ProbesConfig
 from agent.loop import CollectionLoop, TickReport, WindowSink
 from agent.state import AgentState
@@ -53,12 +53,8 @@ def watch_one(config: Config, sink: WindowSink = lambda window: None, interval: 
         raise ValueError(f"watch_one takes a config with exactly one target, got {len(config.targets)}")
     state = AgentState()
     collectors = Collectors(config.probes.enabled(), make_sources=lambda t: source_factories(t, config))
-    exits = None
-    if config.probes.exits:
-        from probes.exits import ExitsProbe  # BCC: imported only when the probe is on
-
-        exits = ExitsProbe()
     loop = CollectionLoop(specs=list(config.targets), collectors=collectors, state=state, sink=sink,
-                          interval=interval if interval is not None else config.interval_seconds, exits=exits)
+                          interval=interval if interval is not None else config.interval_seconds,
+                          exits=exits_probe(config.probes.exits))
     loop.start()
     return SingleTarget(name=config.targets[0].name, loop=loop, state=state)
