@@ -36,17 +36,46 @@ class ProcInfo:
 
 
 @dataclass(frozen=True)
-class Target:
-    name: str
+class Member:
+    """One process of a target's family (docs/config.md "Families")."""
+
     pid: int
     start_time: int
+    # What operators recognise the process by: its title from the command line (setproctitle's
+    # `VLLM::EngineCore`, longer than comm's 15 characters), else comm.
+    role: str
     cmdline: tuple[str, ...]
-    spec: TargetSpec
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.pid, self.start_time)
 
+
+@dataclass(frozen=True)
+class Target:
+    """A watched server. `pid` is its leader: the process the spec selected (the one whose latency source
+    answers, and whose exit is the server going down). A family target also lists every process of the family
+    in `members`, the leader first; a single-process target has `members == ()`."""
+
+    name: str
+    pid: int
+    start_time: int
+    cmdline: tuple[str, ...]
+    spec: TargetSpec
+    members: tuple[Member, ...] = ()
+    # Family-level lines for status, the page and the log: members over max_processes, members of users not
+    # allowed, members that could not be read. Never silent.
+    family_problems: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.pid, self.start_time)
+
+    @property
+    def member_keys(self) -> tuple[tuple[int, int], ...]:
+        """(pid, start time) of every process probes and sources measure for this target: the members of a
+        family, else the leader alone."""
+        return tuple(m.key for m in self.members) or (self.key,)
 
 
 
