@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.sources.protocol import Begins, Source
-from agent.targets import Target
+from agent.targets import Member, Target
 from analysis.errors import NoAnswer, ProbeError, Unsupported
+from analysis.family import PER_MEMBER, family_total, member_summary
 from analysis.health import Health
+from analysis.window import MemberReading
 from probes.base import Probe
 
 if TYPE_CHECKING:
@@ -77,6 +79,7 @@ def exits_probe(enabled: bool) -> ExitsProbe | None:
 BOUNDARY_FIRST = ("offcpu",)
 
 SourceFactories = dict[str, Callable[[], Source]]
+MemberKey = tuple[int, int]
 
 
 @dataclass
@@ -90,6 +93,8 @@ class Collected:
     unanswered: set[str] = field(default_factory=set)
     unreachable: set[str] = field(default_factory=set)
     closed: set[str] = field(default_factory=set)
+    # A family target's members, each with its own figures; the readings above are then the family's totals.
+    members: list[MemberReading] = field(default_factory=list)
 
 
 @dataclass
@@ -108,7 +113,8 @@ class Collectors:
 
     def __init__(self, probes: Iterable[str], make_sources: Callable[[Target], SourceFactories] | None = None,
                  probe_factories: dict[str, Callable[[], Probe]] | None = None,
-                 proc_root: Path = Path("/proc")) -> None:
+                 proc_root: Path = Path("/proc"),
+                 make_member_sources: Callable[[Target, Member], SourceFactories] | None = None) -> None:
         factories = probe_factories or PROBE_FACTORIES
         self._enabled = list(probes)
         unknown = [n for n in self._enabled if n not in factories]
@@ -116,6 +122,7 @@ class Collectors:
             raise ValueError(f"unknown probe name(s) {unknown!r}; known: {sorted(factories)}")
         self._factories = factories
         self._make_sources = make_sources or (lambda target: {})
+        self._make_member_sources = make_member_sources or (lambda target, member: {})
         self._proc_root = proc_root
         self._running: dict[str, Probe] = {}
         self._failed: dict[str, Health] = {}
@@ -127,8 +134,11 @@ class Collectors:
         self._target_errors: dict[str, str] = {}
         self._targets: dict[tuple[int, int], Target] = {}
         self._sources: dict[tuple[int, int], _TargetSources] = {}
-        # Each target's process, held by a pidfd: probes attach by pid only while it is alive (see _pids).
-        self._handles: dict[tuple[int, int], ProcessHandle] = {}
+        # A family target's per-process sources (process facts, py-spy), by (target key, member key).
+        self._member_sources: dict[tuple[tuple[int, int], MemberKey], _TargetSources] = {}
+        # Each measured process (a target's, or each member of a family), held by a pidfd: probes attach by pid
+        # only while it is alive (see _pids).
+        self._handles: dict[MemberKey, ProcessHandle] = {}
         # Pid -> why probes do not attach to it (it exited, or its pid now names another process).
         self._not_held: dict[int, str] = {}
         # Host-wide readings of the last read, by Window field (tcp: every retransmit on the host).
@@ -147,14 +157,17 @@ class Collectors:
         self._drop_exited(pids)
 
     def set_targets(self, targets: Iterable[Target]) -> None:
-        """Build sources for new targets, close those of gone ones, and retarget every probe."""
+        """Build sources for new targets and members, close those of gone ones, and retarget every probe."""
         wanted = {t.key: t for t in targets}
         changed = set(wanted) != set(self._targets)
         for key in [k for k in self._targets if k not in wanted]:
             self._remove(key)
         for key, target in wanted.items():
             if key in self._targets:
-                self._targets[key] = target  # renamed (name <-> name#pid): same process, same sources
+                # Renamed (name <-> name#pid) or its family changed: same leader, same target-wide sources.
+                old = self._targets[key]
+                self._targets[key] = target
+                changed |= self._update_members(old, target)
             else:
                 self._add(target)
         if not changed:
@@ -182,7 +195,7 @@ class Collectors:
 
     def read(self) -> dict[tuple[int, int], Collected]:
         """Every target's readings and missing reasons; probes first, so their cut is the window's end."""
-        for entry in self._sources.values():
+        for entry in [*self._sources.values(), *self._member_sources.values()]:
             for source in entry.sources.values():
                 if isinstance(source, Begins):
                     source.begin()
@@ -190,10 +203,38 @@ class Collectors:
         out: dict[tuple[int, int], Collected] = {}
         for key, target in self._targets.items():
             collected = Collected()
-            self._probe_share(target.pid, probe_readings, probe_errors, collected)
+            if target.members:
+                self._family_share(target, probe_readings, probe_errors, collected)
+            else:
+                self._probe_share(target.pid, probe_readings, probe_errors, collected)
             self._read_sources(self._sources[key], collected)
             out[key] = collected
         return out
+
+    def _family_share(self, target: Target, readings: dict[str, dict[int, Any]], errors: dict[str, str],
+                      out: Collected) -> None:
+        """Each member's probe and source readings, kept per member and summed into the family's. A reading the
+        family has from none of its members is missing with the leader's reason (or the first member's)."""
+        parts: dict[str, list[tuple[str, Any]]] = {}
+        reasons: dict[str, str] = {}
+        for member in target.members:
+            own = Collected()
+            self._probe_share(member.pid, readings, errors, own)
+            if (entry := self._member_sources.get((target.key, member.key))) is not None:
+                self._read_sources(entry, own)
+            for name, reading in own.readings.items():
+                parts.setdefault(name, []).append((member.role, reading))
+            for name, why in own.missing.items():
+                reasons.setdefault(name, f"pid {member.pid} ({member.role}): {why}")
+            out.members.append(member_summary(member.pid, member.role, own.readings, own.missing))
+        for name in PER_MEMBER:
+            if name in parts:
+                out.readings[name] = family_total(name, parts[name])
+            elif name in reasons:
+                out.missing[name] = reasons[name]
+        for name, why in reasons.items():
+            if name not in PER_MEMBER:
+                out.missing.setdefault(name, why)  # a probe error that is not a reading (host-wide failures)
 
     def health(self) -> dict[str, Health]:
         """Probes by name; sources by `name:target` (one instance per target)."""
@@ -211,6 +252,13 @@ class Collectors:
                 out[f"{name}:{target}"] = h.copy()
             for name, source in entry.sources.items():
                 out[f"{name}:{target}"] = source.health()
+        for (key, member), entry in self._member_sources.items():
+            # One health per source and member: `stacks:vllm/4242`.
+            where = f"{self._targets[key].name}/{member[0]}"
+            for name, h in entry.broken.items():
+                out[f"{name}:{where}"] = h.copy()
+            for name, source in entry.sources.items():
+                out[f"{name}:{where}"] = source.health()
         return out
 
     def stop(self) -> None:
@@ -223,9 +271,15 @@ class Collectors:
     # -- internals ------------------------------------------------------------------------------
 
     def _pids(self) -> list[int]:
-        """The pids probes may attach to: targets whose own process is held and alive now. A pid whose process
-        exited may already name another user's process, which must not be traced."""
-        return [t.pid for key, t in self._targets.items() if (h := self._handles.get(key)) is not None and h.alive()]
+        """The pids probes may attach to: targets' (and family members') processes that are held and alive now.
+        A pid whose process exited may already name another user's process, which must not be traced."""
+        return sorted({key[0] for t in self._targets.values() for key in t.member_keys
+                       if (h := self._handles.get(key)) is not None and h.alive()})
+
+    def member_pids(self, key: tuple[int, int]) -> tuple[int, ...]:
+        """The current processes of the target with `key` (its members, else its own pid); () once it left."""
+        target = self._targets.get(key)
+        return tuple(k[0] for k in target.member_keys) if target is not None else ()
 
     def _drop_exited(self, attached: list[int]) -> None:
         """After probes attached by pid: a target that exited meanwhile may have left its pid to another process
@@ -241,34 +295,64 @@ class Collectors:
                 self._read_errors[name] = self._read_errors.get(name, 0) + 1
 
     def _add(self, target: Target) -> None:
+        entry = self._build(self._make_sources(target), target.name)
+        self._targets[target.key] = target
+        self._sources[target.key] = entry
+        for key in target.member_keys:
+            self._hold(key)
+        for member in target.members:
+            self._add_member(target, member)
+
+    def _build(self, factories: SourceFactories, label: str) -> _TargetSources:
         entry = _TargetSources()
-        for name, factory in self._make_sources(target).items():
+        for name, factory in factories.items():
             try:
                 entry.sources[name] = factory()
             except COLLECTOR_ERRORS as exc:
-                log.warning("source %s for %s unavailable: %s", name, target.name, exc)
+                log.warning("source %s for %s unavailable: %s", name, label, exc)
                 entry.broken[name] = Health(name=name, state="failed", reason=str(exc), error_count=1)
             except Exception as exc:  # one source's surprise must not stop the others: logged, counted, shown
-                log.error("source %s for %s: starting raised unexpectedly", name, target.name, exc_info=exc)
+                log.error("source %s for %s: starting raised unexpectedly", name, label, exc_info=exc)
                 entry.broken[name] = Health(name=name, state="failed", reason=_unexpected_reason("starting", exc),
                                             error_count=1)
-        self._targets[target.key] = target
-        self._sources[target.key] = entry
-        try:
-            self._handles[target.key] = ProcessHandle.open(target.pid, target.start_time, self._proc_root)
-        except ProbeError as exc:
-            self._not_held[target.pid] = str(exc)
+        return entry
 
-    def _remove(self, key: tuple[int, int]) -> None:
-        self._targets.pop(key)
+    def _add_member(self, target: Target, member: Member) -> None:
+        label = f"{target.name} pid {member.pid}"
+        self._member_sources[(target.key, member.key)] = self._build(self._make_member_sources(target, member), label)
+
+    def _update_members(self, old: Target, new: Target) -> bool:
+        """Hold and build sources for members that joined, release those that left; whether any did."""
+        before, after = set(old.member_keys), set(new.member_keys)
+        if before == after:
+            return False
+        for key in before - after:
+            self._release(key)
+            _close_all(self._member_sources.pop((old.key, key), None))
+        for key in after - before:
+            self._hold(key)
+        for member in new.members:
+            if member.key not in before:
+                self._add_member(new, member)
+        return True
+
+    def _hold(self, key: MemberKey) -> None:
+        try:
+            self._handles[key] = ProcessHandle.open(key[0], key[1], self._proc_root)
+        except ProbeError as exc:
+            self._not_held[key[0]] = str(exc)
+
+    def _release(self, key: MemberKey) -> None:
         if (handle := self._handles.pop(key, None)) is not None:
             handle.close()
         self._not_held.pop(key[0], None)
-        for name, source in self._sources.pop(key).sources.items():
-            try:
-                source.close()
-            except COLLECTOR_ERRORS as exc:
-                log.warning("source %s did not close cleanly: %s", name, exc)
+
+    def _remove(self, key: tuple[int, int]) -> None:
+        target = self._targets.pop(key)
+        for member_key in target.member_keys:
+            self._release(member_key)
+            _close_all(self._member_sources.pop((key, member_key), None))
+        _close_all(self._sources.pop(key))
 
     def _start_probe(self, name: str, pids: list[int]) -> None:
         probe = None
@@ -379,6 +463,14 @@ class Collectors:
                         out.closed.add(name)
         for name, health in entry.broken.items():
             out.missing[name] = f"failed: {health.reason}"
+
+
+def _close_all(entry: _TargetSources | None) -> None:
+    for name, source in (entry.sources.items() if entry is not None else ()):
+        try:
+            source.close()
+        except COLLECTOR_ERRORS as exc:
+            log.warning("source %s did not close cleanly: %s", name, exc)
 
 
 def _unexpected_reason(doing: str, exc: Exception) -> str:

@@ -21,7 +21,7 @@ from waitress.server import BaseWSGIServer, create_server
 from agent import logs
 from agent.alerts.service import AlertService
 from agent.burst import BurstPolicy
-from agent.collectors import Collectors, exits_probe
+from agent.collectors import exits_probe
 from agent.config import Config, check_config_paths
 from agent.detection import Detection, DownState
 from agent.detection_metrics import DetectionCollector
@@ -34,7 +34,7 @@ from agent.stop_signals import set_on_signal
 from agent.store import Store, open_store_dir
 from agent.store.rollup import Rollup
 from agent.target_policy import make_discover
-from agent.target_sources import source_factories
+from agent.target_sources import build_collectors
 from analysis.window import Window
 from dashboards.app import create_app
 
@@ -228,8 +228,7 @@ class Agent:
             raise
         self.loop = CollectionLoop(
             specs=config.targets,
-            collectors=Collectors(config.probes.enabled(), make_sources=lambda t: source_factories(
-                t, config, wants_burst=self.burst.wants_burst if self.burst is not None else None)),
+            collectors=build_collectors(config, self.burst.wants_burst if self.burst is not None else None),
             state=self.state,
             discover_fn=make_discover(config, self.state),
             sink=self._sink,

@@ -206,6 +206,7 @@ class CollectionLoop:
         w.unanswered = sorted(collected.unanswered)
         w.unreachable = sorted(collected.unreachable)
         w.closed = sorted(collected.closed)
+        w.members = collected.members
         return w
 
     def _rediscover(self, now: float, report: TickReport) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agent.collectors import Collectors, exits_probe
+from agent.collectors import exits_probe
 from agent.config import Config, ProbesConfig
 from agent.loop import CollectionLoop, TickReport, WindowSink
 from agent.state import AgentState
-from agent.target_sources import source_factories
+from agent.target_sources import build_collectors
 
 
 def probes_config(names: Iterable[str]) -> ProbesConfig:
@@ -52,7 +52,7 @@ def watch_one(config: Config, sink: WindowSink = lambda window: None, interval: 
     if len(config.targets) != 1:
         raise ValueError(f"watch_one takes a config with exactly one target, got {len(config.targets)}")
     state = AgentState()
-    collectors = Collectors(config.probes.enabled(), make_sources=lambda t: source_factories(t, config))
+    collectors = build_collectors(config)
     loop = CollectionLoop(specs=list(config.targets), collectors=collectors, state=state, sink=sink,
                           interval=interval if interval is not None else config.interval_seconds,
                           exits=exits_probe(config.probes.exits))

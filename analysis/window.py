@@ -156,6 +156,26 @@ class GpuReading:
 
 
 @dataclass
+class MemberReading:
+    """One process of a family target in one window (analysis.family): its own share of the family's readings.
+    None is "not measured" (the reason is in `errors`), never zero."""
+
+    pid: int
+    role: str  # its process title (`VLLM::EngineCore`), else comm
+    cpu_seconds: float | None = None
+    rss_bytes: int | None = None
+    syscalls: dict[str, int] | None = None  # syscall name -> calls
+    offcpu_seconds: float | None = None
+    offcpu_by_kind: dict[str, float] | None = None  # wait kind (analysis.waits) -> seconds, kinds seen only
+    gc_collections: int | None = None
+    gc_pause_seconds: float | None = None
+    runqueue_seconds: float | None = None
+    retransmits: int | None = None
+    stack_samples: int | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Window:
     target: str
     pid: int
@@ -182,6 +202,9 @@ class Window:
     # Of `unreachable`, those whose loopback port had no listening socket at all: the server closed its port (or has
     # not opened it yet). A firewall's reset or drop leaves the listener there. Empty in windows recorded before.
     closed: list[str] = field(default_factory=list)
+    # A family target's processes, each with its own figures (the reading fields above are the family's totals);
+    # empty for a single-process target and in windows recorded before families.
+    members: list[MemberReading] = field(default_factory=list)
 
     @property
     def duration(self) -> float:

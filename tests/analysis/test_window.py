@@ -72,6 +72,6 @@ def test_readings_are_exactly_the_optional_reading_fields_of_window():
 
     from analysis.window import READINGS
 
-    about = {"target", "pid", "start", "end", "errors", "unanswered", "unreachable", "closed"}
+    about = {"target", "pid", "start", "end", "errors", "unanswered", "unreachable", "closed", "members"}
     assert READINGS == tuple(f.name for f in fields(Window) if f.name not in about)
     assert "unanswered" not in READINGS and "unreachable" not in READINGS

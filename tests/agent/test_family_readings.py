@@ -1,0 +1,124 @@
+"""A family target's readings against ground truth: a parent and three children, each making a known number of
+getppid calls, GC collections and sleeps, measured by the real probes through the collection loop. Every count is
+exact per member and in total; the family's reading fields are the members' sums (analysis.family)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.config import Config, ProbesConfig, StacksConfig, TargetSpec
+from agent.loop import CollectionLoop
+from agent.state import AgentState
+from agent.target_sources import build_collectors
+from agent.targets import Member, Target, read_proc
+
+# Per process: (getppid calls, gc.collect() calls, sleeps of 50 ms). Automatic collection is off, so gc.collect()
+# is every collection the process runs; the parent is index 0.
+WORK = [(1000, 3, 2), (2000, 5, 4), (3000, 7, 6), (4000, 9, 8)]
+
+FAMILY = r"""
+import gc, os, sys, time
+gc.disable()
+work = WORK
+go, out = sys.argv[1], sys.argv[2]
+
+def serve(index):
+    calls, collections, sleeps = work[index]
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    for _ in range(calls):
+        os.getppid()
+    for _ in range(collections):
+        gc.collect()
+    for _ in range(sleeps):
+        time.sleep(0.05)
+    open(f"{out}.{index}", "w").close()
+    while True:
+        time.sleep(3600)
+
+for index in (1, 2, 3):
+    if os.fork() == 0:
+        serve(index)
+serve(0)
+""".replace("WORK", repr(WORK))
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
+                found.append(int(name))
+    return sorted(found)
+
+
+@pytest.mark.bpf
+def test_every_count_is_exact_per_member_and_in_total(require_bpf, tmp_path):
+    go, out = tmp_path / "go", tmp_path / "done"
+    parent = subprocess.Popen([sys.executable, "-c", FAMILY, str(go), str(out)])
+    try:
+        _wait(lambda: len(_children(parent.pid)) == 3, 20, "three children")
+        pids = [parent.pid, *_children(parent.pid)]
+        infos = [read_proc(pid) for pid in pids]
+        members = tuple(Member(pid=i.pid, start_time=i.start_time, role=f"worker-{n}", cmdline=i.cmdline)
+                        for n, i in enumerate(infos))
+        spec = TargetSpec(name="family", pid=parent.pid)
+        family = Target(name="family", pid=parent.pid, start_time=infos[0].start_time, cmdline=infos[0].cmdline,
+                        spec=spec, members=members)
+        config = Config(interval_seconds=1.0, targets=(spec,), stacks=StacksConfig(enabled=False),
+                        probes=ProbesConfig(tcp=False, runqueue=False, exits=False))
+        windows = []
+        loop = CollectionLoop(specs=[spec], collectors=build_collectors(config), state=AgentState(),
+                              sink=windows.append, interval=1.0, discover_fn=lambda specs, problems: [family])
+        try:
+            loop.start()
+            go.touch()
+            _wait(lambda: all(Path(f"{out}.{n}").exists() for n in range(4)), 60, "the work to finish")
+            loop.tick()
+            time.sleep(0.3)
+            loop.tick()
+        finally:
+            loop.close()
+    finally:
+        parent.kill()
+        for pid in _children(parent.pid):
+            os.kill(pid, 9)
+        parent.wait()
+
+    assert len(windows) == 2
+    for n, (calls, collections, sleeps) in enumerate(WORK):
+        got = [next(m for m in w.members if m.pid == pids[n]) for w in windows]
+        assert all(m.role == f"worker-{n}" for m in got)
+        assert sum(m.syscalls.get("getppid", 0) for m in got) == calls, n
+        assert sum(m.gc_collections for m in got) == collections, n
+        slept = sum(m.offcpu_by_kind.get("sleep", 0.0) for m in got)
+        # Each 50 ms sleep is at least 50 ms off-CPU in clock_nanosleep; the rest of the process's life it sleeps
+        # in the 10 ms poll for the go file and then in its final long sleep, also `sleep`: at least the work's.
+        assert slept >= 0.05 * sleeps, (n, slept)
+    # The family's fields are the sums of its members'.
+    total_calls = sum(w.syscalls.counts.get("getppid", 0) for w in windows)
+    assert total_calls == sum(c for c, _, _ in WORK)
+    assert sum(w.gc.collections for w in windows) == sum(g for _, g, _ in WORK)
+    for w in windows:
+        assert w.gc.collections == sum(m.gc_collections for m in w.members)
+        assert abs(w.offcpu.seconds - sum(m.offcpu_seconds for m in w.members)) < 1e-6
+        # Family stacks carry the member's role as their root frame.
+        assert all(stack.split(";")[0].startswith("worker-") for stack in w.offcpu.stacks)
