@@ -11,6 +11,7 @@ from analysis.baseline import Baseline, BaselineRow, cpu_wait
 from analysis.cause_signals import SIGNALS, read_all
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
+from analysis.members import MemberBaseline, locate, member_measures
 from analysis.profile import leaf_counts, merge, top_shifts
 from analysis.regression import Cause, FunctionShift, Regression
 from analysis.robust import median
@@ -132,6 +133,7 @@ class LatencyDetector:
         self.moved_to_ = "unknown"  # the cause those windows name first
         self.moved_leaves_: list[dict[str, float]] = []  # those windows' stacks: the next regression's functions
         self.last_id_: str | None = None
+        self.members_base_ = MemberBaseline()
 
     def get_state(self) -> dict:
         """JSON-serialisable: baseline rows, profile, and the open episode with its debouncing state."""
@@ -152,6 +154,7 @@ class LatencyDetector:
             "moved_to": self.moved_to_,
             "moved_leaves": list(self.moved_leaves_),
             "last_id": self.last_id_,
+            "members_base": self.members_base_.to_dict(),
             "recent": list(self.recent_),
             "pending": [{"row": row.to_dict(), "leaves": leaves} for row, leaves in self.pending_],
         }
@@ -190,6 +193,7 @@ class LatencyDetector:
         self.moved_to_ = str(state.get("moved_to", "unknown"))
         self.moved_leaves_ = [{str(k): float(v) for k, v in leaves.items()} for leaves in state.get("moved_leaves", [])]
         self.last_id_ = state.get("last_id")
+        self.members_base_.load(state.get("members_base", {}))
         self.recent_.extend(state.get("recent", []))
         self.pending_.extend((BaselineRow.from_dict(p["row"]), p.get("leaves")) for p in state.get("pending", []))
 
@@ -228,6 +232,8 @@ class LatencyDetector:
         expected_all = model.expected(f.request_rate, f.tokens_per_request)
         expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
         values = {**read_all(f), "jsd": self.baseline_.jsd(leaves)}
+        if window.members:
+            values["members"] = member_measures(window)  # where a family's causes live (analysis.members)
         score = self._score(f, expected_all, values) if usable else None
         strength = self._corroboration(values)
         explained = strength > 0
@@ -259,6 +265,8 @@ class LatencyDetector:
                 return Verdict("regression", score, expected, reg, reg, None)
             if score is not None and score < self.close_score and not any(self.history_):
                 self._learn_later(window, f, leaves)
+                if "members" in values:
+                    self.members_base_.learn(values["members"])
             return Verdict("healthy", score, expected, None, None, None)
 
         closed = None
@@ -399,6 +407,17 @@ class LatencyDetector:
                           max_causes=self.max_causes)
 
     def _causes(self, samples: list[dict], window: Window) -> list[Cause]:
+        return [self._placed(c, samples) for c in self._ranked_causes(samples, window)]
+
+    def _placed(self, cause: Cause, samples: list[dict]) -> Cause:
+        """A family's cause with the member its evidence is in (analysis.members); others as they are."""
+        found = locate(cause.label, samples, self.members_base_)
+        if found is None:
+            return cause
+        return dataclasses.replace(cause, evidence=f"{cause.evidence}; {found.words(cause.label)}", pid=found.pid,
+                                   process=found.role)
+
+    def _ranked_causes(self, samples: list[dict], window: Window) -> list[Cause]:
         agg: dict[str, float | None] = {}
         for name in [s.name for s in SIGNALS] + ["jsd"]:
             xs = [v[name] for v in samples if v.get(name) is not None and math.isfinite(v[name])]

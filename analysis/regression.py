@@ -23,6 +23,9 @@ class Cause:
     evidence: str
     value: float | None = None
     baseline: float | None = None
+    # For a family target: the process the evidence is in (analysis.members), its pid and role; None otherwise.
+    pid: int | None = None
+    process: str | None = None
 
     def __post_init__(self) -> None:
         if self.label not in CAUSE_LABELS:

@@ -1,0 +1,87 @@
+"""A family's causes name the member their evidence is in (analysis.members), by growth over the member's own
+usual level, not by which member is biggest; the member baseline survives get_state/set_state and a restart."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis.detector import LatencyDetector
+from analysis.window import MemberReading, Window
+from tests.analysis import synth
+from tests.analysis.synth import Load
+
+API, ENGINE = (100, "infersight-api"), (101, "infersight::EngineCore")
+# Of a healthy window's figures, the API's share; the engine has the rest (it is the bigger process).
+API_SHARE = 0.25
+HEALTHY = synth.window(0, Load(), seed=1)
+
+
+def _split(w: Window, hot: tuple[int, str], engine_pid: int = ENGINE[0], api_share: float = API_SHARE) -> Window:
+    """`w` as a two-process family: each member has its usual share of a healthy window's figures, and whatever
+    `w` has beyond a healthy window goes to `hot`."""
+    def parts(now: float, usual: float) -> dict[str, float]:
+        extra = max(now - usual, 0.0)
+        api, engine = api_share * min(now, usual), (1 - api_share) * min(now, usual)
+        return {API[1]: api + (extra if hot[1] == API[1] else 0.0),
+                ENGINE[1]: engine + (extra if hot[1] == ENGINE[1] else 0.0)}
+
+    gc = parts(w.gc.pause_seconds, HEALTHY.gc.pause_seconds)
+    cpu = parts(w.process.cpu_seconds, HEALTHY.process.cpu_seconds)
+    w.members = [MemberReading(pid=pid, role=role, cpu_seconds=cpu[role], gc_pause_seconds=gc[role], gc_collections=1)
+                 for pid, role in ((API[0], API[1]), (engine_pid, ENGINE[1]))]
+    return w
+
+
+def _armed(seed: int = 3, api_share: float = API_SHARE) -> LatencyDetector:
+    det = LatencyDetector()
+    for w in synth.windows(0, 60, seed=seed):
+        det.update(_split(w, ENGINE, api_share=api_share))
+    return det
+
+
+@pytest.mark.parametrize("hot", [ENGINE, API])
+def test_a_gc_fault_names_the_member_it_is_in(hot):
+    det = _armed()
+    verdicts = [det.update(_split(w, hot)) for w in synth.windows(60, 10, Load(slowdown=2.0, gc_pause=0.05), seed=3)]
+    reg = verdicts[-1].regression
+    assert reg is not None and reg.top_cause == "gc", reg
+    cause = reg.causes[0]
+    assert (cause.pid, cause.process) == hot
+    assert f"in pid {hot[0]} ({hot[1]})" in cause.evidence
+
+
+def test_compute_names_the_member_that_grew_not_the_one_that_is_biggest():
+    det = _armed(api_share=0.1)
+    fault = Load(slowdown=2.0, cpu_per_token=0.0035, hot_function="attention_without_cache")
+    verdicts = [det.update(_split(w, API, api_share=0.1)) for w in synth.windows(60, 10, fault, seed=3)]
+    reg = verdicts[-1].regression
+    compute = next(c for c in reg.causes if c.label == "compute")
+    # The engine still uses more CPU than the API in every window; the API is where it grew.
+    last = synth.window(69, fault, seed=3)
+    members = {m.role: m.cpu_seconds for m in _split(last, API, api_share=0.1).members}
+    assert members[ENGINE[1]] > members[API[1]]
+    assert (compute.pid, compute.process) == API, compute
+
+
+def test_a_member_restarted_under_a_new_pid_keeps_its_baseline_across_a_saved_state():
+    det = _armed()
+    restored = LatencyDetector()
+    restored.set_state(json.loads(json.dumps(det.get_state())))
+    assert restored.members_base_.usual == det.members_base_.usual and restored.members_base_.usual
+    new_pid = 555
+    verdicts = [restored.update(_split(w, ENGINE, engine_pid=new_pid))
+                for w in synth.windows(60, 10, Load(slowdown=2.0, gc_pause=0.05), seed=3)]
+    cause = verdicts[-1].regression.causes[0]
+    assert (cause.pid, cause.process) == (new_pid, ENGINE[1])
+    assert "usual" in cause.evidence  # judged against the role's baseline, not as a stranger
+
+
+def test_a_single_process_target_has_no_member_in_its_causes():
+    det = LatencyDetector()
+    for w in synth.windows(0, 60, seed=3):
+        det.update(w)
+    verdicts = [det.update(w) for w in synth.windows(60, 10, Load(slowdown=2.0, gc_pause=0.05), seed=3)]
+    cause = verdicts[-1].regression.causes[0]
+    assert cause.pid is None and cause.process is None and "in pid" not in cause.evidence
