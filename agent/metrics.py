@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from agent.state import AgentState
+from analysis.snapshot import TargetTotals
 from analysis.window import Log2Histogram
 
 # Fixed bucket bounds so every scrape exposes the same `le` set: 2 us .. ~33 s in powers of two.
@@ -99,6 +100,7 @@ class TargetCollector(Collector):
                 rate.add_metric([name], w.latency.request_rate)
         yield from (syscalls, offcpu, gc_count, gc_pause, runq, retrans, cpu, requests, rss, threads, latency,
                     rate, pid)
+        yield from _member_metrics(totals)
 
         up = GaugeMetricFamily("infersight_target_up",
                                "1 while a process of the target is watched and serving; 0 while it is down (its "
@@ -123,6 +125,33 @@ class TargetCollector(Collector):
         host = CounterMetricFamily("infersight_host_tcp_retransmits", "TCP retransmits on the whole host.")
         host.add_metric([], snap.host_tcp_retransmits)
         yield host
+
+
+def _member_metrics(totals: dict[str, TargetTotals]) -> Iterator[Metric]:
+    """A family target's processes by role (`process`, capped per target; no pid labels): what each one costs."""
+    labels = ["target", "process"]
+    processes = GaugeMetricFamily("infersight_member_processes",
+                                  "Processes of a family target with this role (process title or comm), latest window.",
+                                  labels=labels)
+    cpu = CounterMetricFamily("infersight_member_cpu_seconds", "CPU seconds used by a family's processes of this role.",
+                              labels=labels)
+    offcpu = CounterMetricFamily("infersight_member_offcpu_seconds",
+                                 "Seconds a family's processes of this role spent off-CPU.", labels=labels)
+    gc_count = CounterMetricFamily("infersight_member_gc_collections",
+                                   "Python GC collections in a family's processes of this role.", labels=labels)
+    gc_pause = CounterMetricFamily("infersight_member_gc_pause_seconds",
+                                   "Python GC pause seconds in a family's processes of this role.", labels=labels)
+    rss = GaugeMetricFamily("infersight_member_resident_memory_bytes",
+                            "Resident memory of a family's processes of this role, latest window.", labels=labels)
+    for name, t in sorted(totals.items()):
+        for role, m in sorted(t.members.items()):
+            processes.add_metric([name, role], m.processes)
+            # Not measured is never 0: a figure no member of the role measured has no series.
+            for family, value in ((cpu, m.cpu_seconds), (offcpu, m.offcpu_seconds), (gc_count, m.gc_collections),
+                                  (gc_pause, m.gc_pause_seconds), (rss, m.rss_bytes)):
+                if value is not None:
+                    family.add_metric([name, role], value)
+    yield from (processes, cpu, offcpu, gc_count, gc_pause, rss)
 
 
 class AgentCollector(Collector):

@@ -7,7 +7,37 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from analysis.health import Health
-from analysis.window import READINGS, Log2Histogram, Window
+from analysis.window import READINGS, Log2Histogram, MemberReading, Window
+
+# Process labels per target on /metrics: a family's roles beyond these are summed under OTHER_PROCESSES, so a
+# family that spawns processes with ever new titles cannot grow the series without bound.
+MAX_PROCESS_LABELS = 32
+OTHER_PROCESSES = "other"
+
+
+@dataclass
+class MemberTotals:
+    """Monotonic totals of a family's processes of one role (the `process` label): what each member costs."""
+
+    processes: int = 0  # members of this role in the latest window
+    cpu_seconds: float | None = None
+    offcpu_seconds: float | None = None
+    gc_collections: int | None = None
+    gc_pause_seconds: float | None = None
+    rss_bytes: int | None = None  # latest window's, summed over the role's members
+
+    def add(self, m: MemberReading) -> None:
+        self.cpu_seconds = _plus(self.cpu_seconds, m.cpu_seconds)
+        self.offcpu_seconds = _plus(self.offcpu_seconds, m.offcpu_seconds)
+        self.gc_collections = _plus(self.gc_collections, m.gc_collections)
+        self.gc_pause_seconds = _plus(self.gc_pause_seconds, m.gc_pause_seconds)
+
+
+def _plus(total, value):
+    """A total stays None (not measured) until a member measured it once."""
+    if value is None:
+        return total
+    return value if total is None else total + value
 
 
 @dataclass
@@ -29,9 +59,12 @@ class TargetTotals:
     # The Window fields that gave at least one reading: a counter of a source that never measured this target
     # (no libpython, `tcp = false`) is not exported at all, never as 0.
     measured: set[str] = field(default_factory=set)
+    # A family's processes by role (capped at MAX_PROCESS_LABELS, the rest under "other"); empty otherwise.
+    members: dict[str, MemberTotals] = field(default_factory=dict)
 
     def add(self, w: Window) -> None:
         self.pid = w.pid
+        self._add_members(w.members)
         self.windows += 1
         self.measured.update(name for name in READINGS if getattr(w, name) is not None)
         if w.syscalls:
@@ -51,6 +84,16 @@ class TargetTotals:
             self.cpu_seconds += w.process.cpu_seconds
         if w.latency:
             self.requests += w.latency.requests
+
+    def _add_members(self, members: list[MemberReading]) -> None:
+        for t in self.members.values():
+            t.processes, t.rss_bytes = 0, None
+        for m in members:
+            role = m.role if m.role in self.members or len(self.members) < MAX_PROCESS_LABELS else OTHER_PROCESSES
+            t = self.members.setdefault(role, MemberTotals())
+            t.processes += 1
+            t.rss_bytes = _plus(t.rss_bytes, m.rss_bytes)
+            t.add(m)
 
 
 @dataclass

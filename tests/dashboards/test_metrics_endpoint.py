@@ -57,3 +57,36 @@ def test_a_source_that_never_measured_a_target_exports_no_series_for_it_never_a_
               "infersight_runqueue_latency_seconds_count", "infersight_requests_total",
               "infersight_request_latency_seconds", "infersight_request_rate_per_second")
     assert [(n, labels) for n, labels in native if n in absent] == []
+
+
+def test_a_family_exports_its_processes_by_role_capped_and_never_a_zero_for_what_a_role_did_not_measure():
+    from agent.metrics import build_registry
+    from agent.state import AgentState
+    from analysis.snapshot import MAX_PROCESS_LABELS, OTHER_PROCESSES
+    from analysis.window import MemberReading
+    from dashboards.app import create_app
+    from tests.dashboards.conftest import make_window
+
+    state = AgentState()
+    for start in (1000.0, 1005.0):
+        w = make_window(target="vllm", start=start, end=start + 5)
+        w.members = [MemberReading(pid=10, role="vllm serve", cpu_seconds=0.5, rss_bytes=100),
+                     MemberReading(pid=11, role="VLLM::EngineCore", cpu_seconds=2.0, gc_collections=4,
+                                   gc_pause_seconds=0.25, rss_bytes=300),
+                     *[MemberReading(pid=100 + i, role=f"worker-{i}", cpu_seconds=0.1) for i in range(40)]]
+        state.record_window(w)
+    s = _samples(create_app({"STATE": state, "REGISTRY": build_registry(state), "TESTING": True}).test_client())
+    engine = (("process", "VLLM::EngineCore"), ("target", "vllm"))
+    api = (("process", "vllm serve"), ("target", "vllm"))
+    assert s[("infersight_member_cpu_seconds_total", engine)] == 4.0
+    assert s[("infersight_member_gc_collections_total", engine)] == 8
+    assert s[("infersight_member_gc_pause_seconds_total", engine)] == 0.5
+    assert s[("infersight_member_resident_memory_bytes", engine)] == 300  # the latest window's, not a sum over time
+    assert s[("infersight_member_processes", api)] == 1
+    # The API process measured no GC: no series, never 0.
+    assert ("infersight_member_gc_collections_total", api) not in s
+    roles = {dict(labels)["process"] for name, labels in s if name == "infersight_member_processes"}
+    assert len(roles) == MAX_PROCESS_LABELS + 1 and OTHER_PROCESSES in roles
+    other = (("process", OTHER_PROCESSES), ("target", "vllm"))
+    assert s[("infersight_member_processes", other)] == 42 - MAX_PROCESS_LABELS
+    assert not any("pid" in dict(labels) for _, labels in s if _.startswith("infersight_member"))
