@@ -119,8 +119,12 @@ def alert_annotations(reg: Regression, external_url: str, now: float) -> dict[st
         return {"summary": f"{reg.target} is down, {reg.severity}, {state}: {how}", "description": how,
                 "regression_url": regression_url(reg, external_url),
                 "flamegraph_url": flamegraph_url(reg, external_url, now)}
+    top = reg.causes[0] if reg.causes else None
+    # A family's top cause names the process its evidence is in (its role is the process title: the target's own).
+    where = (f" in pid {top.pid} ({shorten(printable(top.process), MAX_EVIDENCE_CHARS)})"
+             if top is not None and top.pid is not None and top.process is not None else "")
     summary = (f"Latency regression on {reg.target} (pid {reg.pid}), {reg.severity}, {state}: "
-               f"top cause {reg.top_cause}, score {reg.score:.2f}")
+               f"top cause {reg.top_cause}{where}, score {reg.score:.2f}")
     lines = [cause_line(i, c) for i, c in enumerate(reg.causes[:MAX_CAUSES], 1)]
     if not lines:
         lines = ["no cause ranked yet"]

@@ -77,3 +77,15 @@ def test_description_ranks_causes_and_functions(make_reg) -> None:
     text = payloads.alert_annotations(reg, "http://x", now=0)["description"].splitlines()
     assert [line.split(" ")[1] for line in text[:3]] == ["gc", "cpu_contention", "network"]
     assert text[3] == "functions that grew: gc_heavy (workload/model.py:42) 1%->30%"
+
+
+def test_a_family_regression_names_the_process_of_its_top_cause_in_the_summary(make_reg) -> None:
+    reg = make_reg("f")
+    plain = payloads.alert_annotations(reg, "http://x", now=0)["summary"]
+    assert "top cause gc, score" in plain  # a single-process target: no process named
+    top = reg.causes[0]
+    reg.causes[0] = Cause(top.label, top.score, top.evidence + "; in pid 4243 (VLLM::EngineCore): 210 ms/s", pid=4243,
+                          process="VLLM::EngineCore")
+    summary = payloads.alert_annotations(reg, "http://x", now=0)["summary"]
+    assert "top cause gc in pid 4243 (VLLM::EngineCore), score" in summary
+    assert payloads.alert_labels(reg, "h") == payloads.alert_labels(make_reg("f"), "h")  # labels keep the alert's identity
