@@ -11,6 +11,7 @@ from flask import Blueprint, Response, abort, current_app, jsonify, request
 from dashboards import view
 from dashboards.errors import json_errors, require_store
 from dashboards.limits import Busy
+from dashboards.members import members_view
 from dashboards.query import unix_seconds_arg
 
 bp = Blueprint("api", __name__, url_prefix="/api")
@@ -38,6 +39,32 @@ def alerts():
     if source is None:
         abort(503, description="this agent delivers no alerts")
     return jsonify(source())
+
+
+# /api/members reads at most this many windows: enough for 15 minutes at the default 5 s interval.
+MEMBERS_WINDOWS = 180
+
+
+@bp.get("/members")
+def members():
+    """A family target's processes over the last `minutes` (default 15): roles, pids, shares (dashboards.members)."""
+    store = require_store()
+    target = request.args.get("target") or ""
+    raw = request.args.get("minutes", "15")
+    if not _LIMIT_RE.fullmatch(raw) or not 1 <= int(raw) <= 1440:
+        abort(400, description=f"minutes must be an integer in 1..1440, got {raw!r}")
+    latest = store.latest(target) if target else None
+    if latest is None:
+        abort(404, description=f"no stored window for target {target!r}")
+    try:
+        with current_app.config["LIST_GATE"].claim():
+            found = store.windows(target=target, since=latest.end - 60 * int(raw), limit=MEMBERS_WINDOWS,
+                                  with_profiles=False)
+    except Busy as exc:
+        resp = jsonify(error=str(exc))
+        resp.status_code, resp.headers["Retry-After"] = 429, "2"
+        return resp
+    return jsonify({"target": target, **members_view(found)})
 
 
 @bp.get("/windows")
