@@ -141,6 +141,8 @@ class Collectors:
         self._handles: dict[MemberKey, ProcessHandle] = {}
         # Pid -> why probes do not attach to it (it exited, or its pid now names another process).
         self._not_held: dict[int, str] = {}
+        # Child process -> parent, of the children probes followed in the kernel (families), as of the last read.
+        self._children: dict[int, int] = {}
         # Host-wide readings of the last read, by Window field (tcp: every retransmit on the host).
         self.host: dict[str, Any] = {}
         # Running probe -> the targets it said it cannot measure, as of the last read.
@@ -177,6 +179,7 @@ class Collectors:
             self._target_errors.pop(name, None)
             try:
                 probe.set_targets(pids)
+                self._follow(probe, pids)
             except Unsupported as exc:
                 log.info("probe %s cannot trace a new target: %s", name, exc)
             except COLLECTOR_ERRORS as exc:
@@ -211,17 +214,36 @@ class Collectors:
             out[key] = collected
         return out
 
+    def _forked(self, target: Target, roles: dict[int, str]) -> list[Member]:
+        """Children the probes followed in the kernel from the family's members and that discovery has not listed
+        (most often: they lived and ended between two windows). A child's role is its parent's: a fork runs the
+        parent's program until it execs, and one that exec'd and lived on is listed by the next discovery."""
+        found: list[Member] = []
+        pending = {c: p for c, p in self._children.items() if c not in roles}
+        while True:
+            placed = [(c, p) for c, p in pending.items() if p in roles]
+            if not placed:
+                return found
+            for child, parent in sorted(placed):
+                roles[child] = roles[parent]
+                found.append(Member(pid=child, start_time=0, role=roles[parent], cmdline=()))
+                del pending[child]
+
     def _family_share(self, target: Target, readings: dict[str, dict[int, Any]], errors: dict[str, str],
                       out: Collected) -> None:
         """Each member's probe and source readings, kept per member and summed into the family's. A reading the
         family has from none of its members is missing with the leader's reason (or the first member's)."""
         parts: dict[str, list[tuple[str, Any]]] = {}
         reasons: dict[str, str] = {}
-        for member in target.members:
+        roles = {m.pid: m.role for m in target.members}
+        for member in [*target.members, *self._forked(target, roles)]:
             own = Collected()
             self._probe_share(member.pid, readings, errors, own)
             if (entry := self._member_sources.get((target.key, member.key))) is not None:
                 self._read_sources(entry, own)
+            elif member.pid not in {m.pid for m in target.members}:
+                own.missing.setdefault("process", "a child process the kernel followed from its fork; it was not "
+                                                  "found by discovery (it ended first), so only the probes saw it")
             for name, reading in own.readings.items():
                 parts.setdefault(name, []).append((member.role, reading))
             for name, why in own.missing.items():
@@ -275,6 +297,14 @@ class Collectors:
         A pid whose process exited may already name another user's process, which must not be traced."""
         return sorted({key[0] for t in self._targets.values() for key in t.member_keys
                        if (h := self._handles.get(key)) is not None and h.alive()})
+
+    def _follow(self, probe: Probe, attached: list[int]) -> None:
+        """Probes that can follow forks in the kernel follow every family member: a child a member forks is counted
+        from its first instruction, even one that lives and ends between two windows."""
+        if (set_followed := getattr(probe, "set_followed", None)) is None:
+            return
+        alive = set(attached)
+        set_followed(sorted(m.pid for t in self._targets.values() for m in t.members if m.pid in alive))
 
     def member_pids(self, key: tuple[int, int]) -> tuple[int, ...]:
         """The current processes of the target with `key` (its members, else its own pid); () once it left."""
@@ -359,6 +389,7 @@ class Collectors:
         try:
             probe = self._factories[name]()
             probe.start(pids)
+            self._follow(probe, pids)
         except Unsupported as exc:
             if probe is not None and probe.health().state == "running":
                 log.info("probe %s cannot trace some targets: %s", name, exc)
@@ -417,6 +448,10 @@ class Collectors:
                 self.host[name] = host
             self._probe_unsupported[name] = probe.health().unsupported
         self._probe_unsupported = {n: u for n, u in self._probe_unsupported.items() if n in readings}
+        self._children = {}
+        for probe in self._running.values():
+            if (children := getattr(probe, "children", None)) is not None:
+                self._children.update(children())
         for name, health in self._failed.items():
             if health.state != "unsupported":  # per-target reasons are in health.unsupported
                 errors[name] = f"{health.state}: {health.reason}"

@@ -160,9 +160,16 @@ class CollectionLoop:
     def _watch(self, t: Target, now: float) -> None:
         self._gone.discard(t.name)
         self._watched[t.key] = Watched(target=t, window_start=now)
-        self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="watching", since=now,
-                                            detail=redact_cmdline(t.cmdline)[:300]))
+        self._state.set_target(self._watching(t, now))
         log.info("watching target %s pid %d", t.name, t.pid)
+        for problem in t.family_problems:
+            log.warning("target %s: %s", t.name, problem)
+
+    @staticmethod
+    def _watching(t: Target, since: float) -> TargetStatus:
+        return TargetStatus(name=t.name, pid=t.pid, state="watching", since=since,
+                            detail=redact_cmdline(t.cmdline)[:300], members=len(t.members) or None,
+                            problems=t.family_problems)
 
     def tick(self) -> TickReport:
         """One window per watched target; then pick up new targets and drop vanished ones."""
@@ -217,8 +224,14 @@ class CollectionLoop:
             if (old := self._watched[t.key].target.name) != t.name:
                 self._state.forget_target(old)
                 self._on_forget(old)
-                self._state.set_target(TargetStatus(name=t.name, pid=t.pid, state="watching", since=now,
-                                                    detail=redact_cmdline(t.cmdline)[:300]))
+                self._state.set_target(self._watching(t, now))
+            before = self._watched[t.key].target
+            if (before.members, before.family_problems) != (t.members, t.family_problems):
+                # The family changed (a member came or went, a problem appeared or cleared): shown at once, and
+                # each new problem logged once.
+                for problem in set(t.family_problems) - set(before.family_problems):
+                    log.warning("target %s: %s", t.name, problem)
+                self._state.set_target(self._watching(t, self._state.target_since(t.name, now)))
             self._watched[t.key].target = t
         for t in diff.removed:
             self._watched.pop(t.key)

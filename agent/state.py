@@ -49,6 +49,12 @@ class AgentState:
         with self._lock:
             self._targets[status.name] = status
 
+    def target_since(self, name: str, default: float) -> float:
+        """Since when the target has been in its current state; `default` for one not known."""
+        with self._lock:
+            status = self._targets.get(name)
+            return status.since if status is not None else default
+
     def set_skipped(self, skipped: dict[str, Skipped]) -> None:
         with self._lock:
             self._skipped = dict(skipped)

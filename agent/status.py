@@ -40,8 +40,10 @@ def format_status(data: dict) -> str:
     for t in data["targets"]:
         # How it ended (or why it serves no one), the reason it waits: the one line an operator needs first.
         why = t.get("down") or (t.get("detail") if t["state"] != "watching" else None)
-        lines.append(f"target {t['name']}: {'down' if t.get('down') else t['state']} (pid {t['pid']})"
+        family = f", {t['members']} processes" if t.get("members") else ""
+        lines.append(f"target {t['name']}: {'down' if t.get('down') else t['state']} (pid {t['pid']}{family})"
                      + (f" — {why}" if why else ""))
+        lines.extend(f"target {t['name']}: {problem}" for problem in t.get("problems") or ())
     for s in data["sources"]:
         reason = f" — {s['reason']}" if s.get("reason") else ""
         lines.append(f"source {s['source']}: {s.get('state')}{reason}")

@@ -103,6 +103,10 @@ class TargetStatus:
     state: str  # watching | waiting (never seen yet) | down (its process ended; `detail` says how)
     since: float
     detail: str = ""
+    # A family target: how many processes it has now, and what about them the agent could not do (over
+    # max_processes, a member of a user not allowed, one it cannot read); None and () for a single process.
+    members: int | None = None
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ def _status(snapshot: Snapshot) -> dict[str, Any]:
             # `down`: why it serves no one while its down episode is open (its process ended, or its port is
             # closed), else null.
             {"name": t.name, "pid": t.pid, "state": t.state, "since": t.since, "detail": t.detail,
-             "down": snapshot.down.get(t.name)}
+             "down": snapshot.down.get(t.name), "members": t.members, "problems": list(t.problems)}
             for t in sorted(snapshot.targets.values(), key=lambda t: t.name)
         ],
         # A process_regex that matched more than the agent watches says so (allowed_users, max_targets).

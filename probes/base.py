@@ -172,6 +172,16 @@ class TargetSlots:
         self._free.append(slot)
         return slot
 
+    def reserve(self) -> int | None:
+        """A free slot set aside (for the kernel to give a followed child), or None when none is free."""
+        return self._free.popleft() if self._free else None
+
+    def adopt(self, tgid: int, slot: int) -> None:
+        """`tgid` owns `slot`, a reserved one the kernel gave it."""
+        if tgid in self._by_tgid:
+            raise ValueError(f"tgid {tgid} already has slot {self._by_tgid[tgid]}")
+        self._by_tgid[tgid] = slot
+
 
 # struct bpf_prog_info (uapi linux/bpf.h, kernel >= 5.12): recursion_misses is a u64 at byte 208.
 PROG_INFO_SIZE = 232

@@ -47,7 +47,7 @@ from analysis.window import Log2Histogram, OffCpuReading
 from probes import c_helpers
 from probes.base import RawTracepointRunner, load_bpf, prog_recursion_misses, require_tracepoints
 
-TRACEPOINTS = ("sched:sched_switch",)
+TRACEPOINTS = ("sched:sched_switch", "task:task_newtask")
 
 BPF_TEXT = r"""
 #include <uapi/linux/ptrace.h>
@@ -71,6 +71,10 @@ struct stack_key_t { u32 tgid; int kstack; int ustack; u32 parity; };
 struct hist_key_t { u32 tgid; u32 slot; u32 parity; };
 
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
+/* Families (probes/target_filter.py says why): a followed target's child processes are targets from birth. */
+BPF_HASH(follow, u32, u8, MAX_TARGETS);
+BPF_HASH(newborn, u32, u32, MAX_TARGETS);  /* child tgid -> parent tgid, until user space reads it */
+BPF_ARRAY(follow_missed, u64, 1);
 BPF_HASH(start, u32, struct start_t, MAX_THREADS);
 BPF_HASH(thread_ns, struct thread_key_t, u64, MAX_THREADS);
 BPF_HASH(stack_ns, struct stack_key_t, u64, MAX_STACK_KEYS);
@@ -96,6 +100,26 @@ static inline void add_ns(u32 parity, u32 tgid, u32 tid, int kstack, int ustack,
         __sync_fetch_and_add(s, delta);
     else
         count_failure(3);
+}
+
+TRACEPOINT_PROBE(task, task_newtask) {
+    if (args->clone_flags & 0x00010000)  /* CLONE_THREAD: a thread, counted in its process */
+        return 0;
+    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    if (!follow.lookup(&parent))
+        return 0;
+    u32 child = args->pid;
+    u8 one = 1;
+    if (targets.update(&child, &one) || newborn.update(&child, &parent)) {
+        targets.delete(&child);
+        u32 zero = 0;
+        u64 *n = follow_missed.lookup(&zero);
+        if (n)
+            __sync_fetch_and_add(n, 1);
+        return 0;
+    }
+    follow.update(&child, &one);
+    return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_switch) {
@@ -262,6 +286,11 @@ class OffCpuProbe:
         self.window_start_ns: int | None = None
         self.window_end_ns: int | None = None
         self._targets: set[int] = set()
+        # Followed targets (a family's members), the children the kernel made targets (child -> parent), and the
+        # exited ones whose last reading went out at the previous read.
+        self._followed: set[int] = set()
+        self._parents: dict[int, int] = {}
+        self._reported_gone: set[int] = set()
         # Targets beyond max_targets, left out: pid -> reason (their windows say so instead of reading zero).
         self._unsupported: dict[int, str] = {}
         self._state = "stopped"
@@ -321,15 +350,51 @@ class OffCpuProbe:
         start = self._bpf[b"start"]
         for key in list(start.keys()):
             self._runner.run(key.value, cut, closing)
-        for tgid in [t for t in self._targets if not (self._proc / str(t)).exists()]:
+        self._adopt()
+        gone = {t for t in self._targets if not (self._proc / str(t)).exists()}
+        # A family member that exited has its last off-CPU time in the maps: it goes out in this reading and the
+        # member is dropped at the next read. Any other target that exited is dropped first (its pid may be reused).
+        last = {t for t in gone if t in self._parents or t in self._followed}
+        for tgid in [t for t in gone if t not in last or t in self._reported_gone]:
             self._drop_target(tgid)
             self._targets.discard(tgid)
+            self._parents.pop(tgid, None)
+        self._reported_gone = last - self._reported_gone
         readings = {tgid: OffCpuReading() for tgid in self._targets}
         self._read_threads(readings, closing)
         self._read_hist(readings, closing)
         self._read_stacks(readings, closing)
         return readings
 
+    def set_followed(self, tgids: Iterable[int]) -> None:
+        """The targets whose new child processes the kernel makes targets the moment they are forked."""
+        self._followed = {int(t) for t in tgids}
+        if self._bpf is None:
+            return
+        follow = self._bpf[b"follow"]
+        kernel = {int(k.value) for k in follow.keys()}
+        for tgid in kernel - self._followed - set(self._parents):
+            try:
+                del follow[follow.Key(tgid)]
+            except KeyError:
+                pass  # gone with its process meanwhile
+        for tgid in self._followed - kernel:
+            follow[follow.Key(tgid)] = follow.Leaf(1)
+
+    def children(self) -> dict[int, int]:
+        """Child tgid -> parent tgid of the followed children among the current targets."""
+        return dict(self._parents)
+
+    def _adopt(self) -> None:
+        newborn = self._bpf[b"newborn"]
+        for key, parent in list(newborn.items()):
+            child = int(key.value)
+            self._targets.add(child)
+            self._parents[child] = int(parent.value)
+            try:
+                del newborn[key]
+            except KeyError:
+                pass
     def host(self) -> None:
         return None
 
@@ -348,8 +413,11 @@ class OffCpuProbe:
             failed, lost = counts[0] + counts[1], counts[2] + counts[3]
             # Runs the kernel skipped because another tracing program was active on that CPU.
             lost += prog_recursion_misses(self._bpf.funcs[b"tracepoint__sched__sched_switch"].fd, "sched_switch")
-        return Health(name=self.name, state=self._state, reason=self._reason, targets=len(self._targets),
-                           lost_events=lost, failed_stacks=failed, unsupported=dict(self._unsupported))
+        health = Health(name=self.name, state=self._state, reason=self._reason, targets=len(self._targets),
+                        lost_events=lost, failed_stacks=failed, unsupported=dict(self._unsupported))
+        if self._bpf is not None:
+            health.detail["followed_children_missed"] = int(self._bpf[b"follow_missed"][0].value)
+        return health
 
     def _read_threads(self, readings: dict[int, OffCpuReading], parity: int) -> None:
         table = self._bpf[b"thread_ns"]

@@ -36,7 +36,7 @@ from probes import c_helpers, target_filter
 from probes.slotted import SlottedProbe
 
 HIST_SLOTS = 32
-TRACEPOINTS = ("sched:sched_wakeup", "sched:sched_wakeup_new", "sched:sched_switch")
+TRACEPOINTS = ("sched:sched_wakeup", "sched:sched_wakeup_new", "sched:sched_switch", "task:task_newtask")
 
 BPF_TEXT = r"""
 // sched_switch's prev_state: 0 = runnable ("R"), TASK_REPORT_MAX (0x100) = preempted ("R+");
@@ -84,11 +84,13 @@ TRACEPOINT_PROBE(sched, sched_wakeup)
 
 TRACEPOINT_PROBE(sched, sched_wakeup_new)
 {
+    u32 tid = args->pid;
+    /* A followed child process's first wakeup is its own (its slot from task_newtask), not its parent's. */
+    struct newborn_t *nb = newborn.lookup(&tid);
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    u32 *slot = target_slot(tgid);
+    u32 *slot = nb ? &nb->slot : target_slot(tgid);
     if (!slot)
         return 0;
-    u32 tid = args->pid;
     u32 s = *slot;
     if (threads.update(&tid, &s))
         count_lost();
@@ -146,7 +148,7 @@ TRACEPOINT_PROBE(sched, sched_switch)
 
 @dataclass(frozen=True)
 class RunqlatConfig:
-    max_targets: int = 16
+    max_targets: int = 64  # processes: each member of a family target takes a slot
     thread_entries: int = 65536
 
     def __post_init__(self) -> None:

@@ -12,6 +12,10 @@ from analysis.health import Health
 from probes.base import TargetSlots, load_bpf, recursion_misses, require_tracepoints
 from probes.target_filter import TargetTable
 
+# Slots kept offered to the kernel for children of followed targets (a quarter of the slots at most): how many
+# children a family may fork between two reads and still have each counted from its first instruction.
+FOLLOW_POOL = 16
+
 
 class SlottedProbe(ABC):
     """start/set_targets/read/stop for a BPF program that filters with target_slot() (tgid -> slot,
@@ -32,6 +36,12 @@ class SlottedProbe(ABC):
         self._table: TargetTable | None = None
         self._slots = TargetSlots(config.max_targets)
         self._health = Health(name=self.name)
+        # Slots offered to the kernel for followed children (probes/target_filter.py), and the children it placed:
+        # child tgid -> parent tgid, until the child is no longer a target.
+        self._offered: set[int] = set()
+        self._parents: dict[int, int] = {}
+        self._followed: set[int] = set()
+        self._reported_gone: set[int] = set()
 
     @abstractmethod
     def _render(self) -> str:
@@ -61,6 +71,44 @@ class SlottedProbe(ABC):
         self._health.state, self._health.reason = "running", None
         self.set_targets(targets)
 
+    def set_followed(self, tgids: Iterable[int]) -> None:
+        """The targets whose new child processes become targets the moment they are forked (a family's members).
+        The kernel gives each child a slot from a small pool offered ahead; the next read() adopts them."""
+        self._require_started()
+        self._followed = set(tgids)
+        self._table.set_followed(self._followed)
+        self._offer()
+
+    def children(self) -> dict[int, int]:
+        """Child tgid -> parent tgid of the followed children among the current targets."""
+        return dict(self._parents)
+
+    def _offer(self) -> None:
+        """Keep FOLLOW_POOL baselined slots in the kernel's queue while any target is followed."""
+        if not self._followed:
+            return
+        want = min(FOLLOW_POOL, self._slots.capacity // 4) - len(self._offered)
+        slots = [s for s in (self._slots.reserve() for _ in range(max(0, want))) if s is not None]
+        if not slots:
+            return
+        self._take_baseline([(0, slot) for slot in slots])
+        for slot in slots:
+            self._table.offer_slot(slot)
+            self._offered.add(slot)
+
+    def _adopt(self) -> None:
+        """Children the kernel placed since the last read become ordinary targets in the slots it gave them."""
+        for child, slot, parent in self._table.newborns():
+            if child in self._slots or slot not in self._offered:
+                continue  # a pid already a target, or a slot not ours: never two owners of one slot
+            self._offered.discard(slot)
+            self._slots.adopt(child, slot)
+            self._table.adopt(child, slot)
+            self._parents[child] = parent
+        self._table.settle_newborns()
+        self._health.detail["followed_children_missed"] = self._table.missed_children()
+        self._offer()
+
     def set_targets(self, targets: Iterable[int]) -> None:
         """Targets beyond the slots are left out and named in health().unsupported, so their windows
         say why they have no reading; they get a slot on a later call once one is free."""
@@ -84,9 +132,16 @@ class SlottedProbe(ABC):
 
     def read(self) -> dict[int, Any]:
         self._require_started()
-        for tgid in [t for t, _ in self._slots.items() if not (self._proc_root / str(t)).exists()]:
+        self._adopt()
+        gone = [t for t, _ in self._slots.items() if not (self._proc_root / str(t)).exists()]
+        # A family member that exited (a followed target, or a child the kernel placed) has its last counts in its
+        # slot: they go out in this reading and it is dropped at the next read. Any other target that exited is
+        # dropped before reading, as its pid may already name another process.
+        last = {t for t in gone if t in self._parents or t in self._followed}
+        for tgid in [t for t in gone if t not in last or t in self._reported_gone]:
             self._drop(tgid)
         readings = self._read_slots()
+        self._reported_gone = last - self._reported_gone
         self._health.lost_events = int(sum(self._bpf[b"lost"][0])) + recursion_misses(self._bpf)
         return readings
 
@@ -111,4 +166,5 @@ class SlottedProbe(ABC):
     def _drop(self, tgid: int) -> None:
         self._table.remove(tgid)
         self._forget(self._slots.remove(tgid))
+        self._parents.pop(tgid, None)
         self._health.targets = len(self._slots)

@@ -38,7 +38,7 @@ from probes.syscall_names import SYSCALL_NAMES
 
 SYSCALL_SLOTS = 512
 OTHER_ID = SYSCALL_SLOTS - 1
-TRACEPOINTS = ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit")
+TRACEPOINTS = ("raw_syscalls:sys_enter", "raw_syscalls:sys_exit", "task:task_newtask")
 
 BPF_TEXT = r"""
 BPF_PERCPU_ARRAY(counts, u64, MAX_TARGETS * SYSCALL_SLOTS);
@@ -118,7 +118,7 @@ RAW_TRACEPOINT_PROBE(sys_exit)
 
 @dataclass(frozen=True)
 class SyscallsConfig:
-    max_targets: int = 16
+    max_targets: int = 64  # processes: each member of a family target takes a slot
     latency: bool = False
     top_n: int = 10
     start_entries: int = 16384

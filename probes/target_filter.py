@@ -15,6 +15,15 @@ Updates never show a program a half-written entry that matches: an entry is fill
 `used` is 0 and switched on by a second write that changes only `used` (and is emptied by
 switching `used` off first). Array updates copy 8 bytes at a time, and `used` never shares
 those 8 bytes with `tgid` or `slot`.
+
+Families (docs/window.md "members"): a process of a family target that forks a child process makes that
+child a target from its first instruction, in the kernel, so a child that lives 200 ms between two windows
+is counted and not missed. `task:task_newtask` runs in the parent before the child can run; when the parent
+is in `follow` and the clone is a process (no CLONE_THREAD), the child takes a slot from `free_slots` (a
+queue of slots whose baseline user space already took) into `newborn`, and is followed in turn. Lookups
+find it there until user space adopts it into the array (at its next read); while any newborn waits
+(`newborns` non-zero) a tgid that misses the array pays one hash lookup more, otherwise one inlined array
+read. `follow_missed` counts children the kernel could not place (no free slot, a full map).
 """
 
 from __future__ import annotations
@@ -33,6 +42,16 @@ struct target_t {
 BPF_ARRAY(targets, struct target_t, TARGET_BUCKETS);
 BPF_HASH(target_spill, u32, u32, MAX_TARGETS);
 
+struct newborn_t {
+    u32 slot;
+    u32 parent;
+};
+BPF_HASH(follow, u32, u8, MAX_TARGETS);
+BPF_QUEUE(free_slots, u32, MAX_TARGETS);
+BPF_HASH(newborn, u32, struct newborn_t, MAX_TARGETS);
+BPF_ARRAY(newborns, u32, 1);
+BPF_ARRAY(follow_missed, u64, 1);
+
 /* The slot of `tgid` when it is a target, else NULL. */
 static __always_inline u32 *target_slot(u32 tgid)
 {
@@ -42,9 +61,55 @@ static __always_inline u32 *target_slot(u32 tgid)
         return 0;
     if (t->used && t->tgid == tgid)
         return &t->slot;
-    if (!t->spilled)
+    if (t->spilled) {
+        u32 *spilled = target_spill.lookup(&tgid);
+        if (spilled)
+            return spilled;
+    }
+    u32 zero = 0;
+    u32 *waiting = newborns.lookup(&zero);
+    if (!waiting || !*waiting)
         return 0;
-    return target_spill.lookup(&tgid);
+    struct newborn_t *nb = newborn.lookup(&tgid);
+    return nb ? &nb->slot : 0;
+}
+
+static __always_inline void follow_missed_one(void)
+{
+    u32 zero = 0;
+    u64 *n = follow_missed.lookup(&zero);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+
+#define CLONE_THREAD_FLAG 0x00010000
+
+TRACEPOINT_PROBE(task, task_newtask)
+{
+    if (args->clone_flags & CLONE_THREAD_FLAG)
+        return 0;
+    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    if (!follow.lookup(&parent))
+        return 0;
+    u32 slot;
+    if (free_slots.pop(&slot)) {
+        follow_missed_one();
+        return 0;
+    }
+    u32 child = args->pid;
+    struct newborn_t nb = {.slot = slot, .parent = parent};
+    if (newborn.update(&child, &nb)) {
+        free_slots.push(&slot, 0);
+        follow_missed_one();
+        return 0;
+    }
+    u8 one = 1;
+    follow.update(&child, &one);
+    u32 zero = 0;
+    u32 *waiting = newborns.lookup(&zero);
+    if (waiting)
+        __sync_fetch_and_add(waiting, 1);
+    return 0;
 }
 """
 
@@ -70,6 +135,11 @@ class TargetTable:
         self._home: dict[int, int] = {}          # bucket -> the tgid living in it
         self._spilled: dict[int, set[int]] = {}  # bucket -> tgids of that bucket in target_spill
         self._slots: dict[int, int] = {}
+        self._follow = bpf[b"follow"]
+        self._free_slots = bpf[b"free_slots"]
+        self._newborn = bpf[b"newborn"]
+        self._waiting = bpf[b"newborns"]
+        self._missed = bpf[b"follow_missed"]
 
     def add(self, tgid: int, slot: int) -> None:
         if tgid in self._slots:
@@ -98,6 +168,47 @@ class TargetTable:
         self._write(bucket, used=int(bucket in self._home))
         del self._spill[self._spill.Key(tgid)]
         del self._slots[tgid]
+
+    def set_followed(self, tgids: set[int]) -> None:
+        """The tgids whose new child processes the kernel makes targets (and follows in turn)."""
+        follow = self._follow
+        kernel = {int(k.value) for k in follow.keys()}
+        for tgid in kernel - tgids:
+            try:
+                del follow[follow.Key(tgid)]
+            except KeyError:
+                pass  # the kernel's child entry went with its process (adopted and dropped meanwhile)
+        for tgid in tgids - kernel:
+            follow[follow.Key(tgid)] = follow.Leaf(1)
+
+    def offer_slot(self, slot: int) -> None:
+        """A free slot, its baseline taken, for the kernel to give the next followed child."""
+        self._free_slots.push(self._free_slots.Leaf(slot))
+
+    def newborns(self) -> list[tuple[int, int, int]]:
+        """(child tgid, slot, parent tgid) of the children the kernel placed since the last adopt()."""
+        return sorted((int(k.value), int(v.slot), int(v.parent)) for k, v in self._newborn.items())
+
+    def adopt(self, child: int, slot: int) -> None:
+        """Move a newborn into the array (or spill): from then on it is a target like any other."""
+        self.add(child, slot)
+        try:
+            del self._newborn[self._newborn.Key(child)]
+        except KeyError:
+            pass
+
+    def settle_newborns(self) -> None:
+        """Lookups stop trying `newborn` once it is empty. Cleared, then looked at again: a child the kernel placed
+        between the two is seen, and the flag set again (the kernel counts up; the flag only needs to be non-zero)."""
+        if len(self._newborn.items()):
+            return
+        zero = self._waiting.Key(0)
+        self._waiting[zero] = self._waiting.Leaf(0)
+        if len(self._newborn.items()):
+            self._waiting[zero] = self._waiting.Leaf(1)
+
+    def missed_children(self) -> int:
+        return int(self._missed[self._missed.Key(0)].value)
 
     def _write(self, bucket: int, used: int) -> None:
         entry = self._array.Leaf()

@@ -50,7 +50,9 @@ def run_loop(procs: list[subprocess.Popen], probes: list[str], factories: dict |
 def test_seventeenth_target_of_a_sixteen_slot_probe_has_no_reading(require_bpf):
     procs = sleepers(17)
     try:
-        windows = run_loop(procs, ["syscalls"])
+        from probes.syscalls import SyscallsConfig, SyscallsProbe
+
+        windows = run_loop(procs, ["syscalls"], {"syscalls": lambda: SyscallsProbe(SyscallsConfig(max_targets=16))})
     finally:
         stop(procs)
     assert len(windows) == 17

@@ -36,10 +36,12 @@
       el("p", {}, "p50 ", el("b", {}, num(t.p50_ms, 1)), " ms", band(t.p50_ms, exp.p50),
         " · p99 ", el("b", {class: "p99"}, num(t.p99_ms, 1)), " ms", band(t.p99_ms, exp.p99)),
       el("p", {}, num(t.request_rate, 2), " requests/s · pid ", t.pid === null ? "–" : String(t.pid),
-        t.detail ? " · " + t.detail : ""),
+        t.members ? " · " + t.members + " processes" : "", t.detail ? " · " + t.detail : ""),
       sparkline(t.sparkline),
       Object.keys(t.errors || {}).length ? el("ul", {class: "errors"},
         Object.entries(t.errors).map(([src, err]) => el("li", {}, src + ": " + err))) : null,
+      (t.problems || []).length ? el("ul", {class: "errors problems"},
+        t.problems.map((p) => el("li", {}, p))) : null,
       el("p", {class: "links"}, el("a", {href: "/targets/" + encodeURIComponent(t.name)}, "charts"), " · ",
         el("a", {href: IS.url("/flamegraph", {target: t.name})}, "flame graph")));
   }
