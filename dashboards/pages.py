@@ -19,6 +19,7 @@ ENDPOINTS = {
     "/api/offcpu?target=&range= (or from=&to=)&points=": "off-CPU seconds per second by wait kind, up to 24 h",
     "/api/windows?target=&since=&until=&limit=": "stored windows, whole",
     "/api/targets": "stored targets and their time span",
+    "/api/members?target=&minutes=": "a family target's processes by role, with their share of CPU, off-CPU and GC",
     "/api/regressions?target=&open=1&limit=": "regression episodes, newest first",
     "/api/regressions/<id>": "one episode",
     "/api/alerts": "alert receivers and their delivery state",

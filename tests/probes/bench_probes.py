@@ -380,6 +380,18 @@ def _tool_text(tool: str) -> str:
     return subprocess.run([tool, "--ebpf"], capture_output=True, text=True, check=True).stdout
 
 
+class _PreFamilySyscalls(SyscallsProbe):
+    def _render(self) -> str:
+        return "#define NO_FAMILY_LOOKUP 1\n" + super()._render()
+
+
+class _ChildWaitingSyscalls(SyscallsProbe):
+    def start(self, targets) -> None:
+        super().start(targets)
+        waiting = self._bpf[b"newborns"]
+        waiting[waiting.Key(0)] = waiting.Leaf(1)
+
+
 def toggle_switches(pids: Pids) -> tuple[dict[str, Switch | TargetSwitch], list[Callable[[], None]], dict[str, str]]:
     from probes.base import load_bpf
 
@@ -387,6 +399,10 @@ def toggle_switches(pids: Pids) -> tuple[dict[str, Switch | TargetSwitch], list[
     cleanups: list[Callable[[], None]] = []
     kinds: dict[str, str] = {}
     ours = [("ours syscalls count", "syscall", lambda: SyscallsProbe()),
+            # The same probe with the filter as it was before families (no newborn check): its side-by-side cost.
+            ("ours syscalls count, pre-family filter", "syscall", lambda: _PreFamilySyscalls()),
+            # Every miss pays the newborn hash: the filter while a followed child waits to be adopted (<= 1 window).
+            ("ours syscalls count, a child waiting", "syscall", lambda: _ChildWaitingSyscalls()),
             ("ours syscalls +latency", "syscall", lambda: SyscallsProbe(SyscallsConfig(latency=True))),
             ("ours runqlat", "sched", lambda: RunqlatProbe()),
             ("ours offcpu", "sched", lambda: OffCpuProbe())]
