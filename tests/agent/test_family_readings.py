@@ -109,9 +109,10 @@ def test_every_count_is_exact_per_member_and_in_total(require_bpf, tmp_path):
         finally:
             loop.close()
     finally:
-        parent.kill()
+        # The children first: once the parent is gone they belong to init and are not found as its children.
         for pid in _children(parent.pid):
             os.kill(pid, 9)
+        parent.kill()
         parent.wait()
 
     assert len(windows) == 2
