@@ -360,8 +360,11 @@ def _family_leader(spec: TargetSpec, families: Families, proc_root: Path, own: i
         assert value is not None
         where = families.cgroup_of(spec.selector, value)
         pids, notes = cgroup_procs(where)
+        # The agent inside the cgroup it watches (a sidecar, a unit that runs both) is not a member, nor are
+        # its own children (py-spy).
+        inside = own in pids
         stats = [st for pid in pids if pid != own and (st := families.stat(pid)) is not None and st.live
-                 and st.ppid != own]
+                 and not (inside and st.ppid == own)]
         if not stats:
             raise FamilyNotFound(f"no process runs in {spec.selector} {value!r} (cgroup {where})")
         ordered = roots_first(stats)
@@ -391,15 +394,17 @@ def family_members(leader: ProcInfo, pool: Iterable[int], *, spec: TargetSpec, s
     """The members of `leader`'s family from the candidate pids `pool`: the leader first, the others by pid,
     each with its role; and a line for every process left out (over max_processes, of a user not allowed,
     unreadable, already another target's). Processes that exited meanwhile, zombies, kernel threads, the agent
-    and its own children (py-spy) are not members and need no line."""
+    and (when the agent is in the pool itself) its own children, py-spy, are not members and need no line."""
     own = os.getpid() if own is None else own
+    pool = list(pool)
+    own_inside = own in pool
     problems = list(notes)
     others: list[ProcStat] = []
     for pid in pool:
         if pid in (leader.pid, own):
             continue
         st = stat(pid)
-        if st is None or not st.live or st.ppid == own:
+        if st is None or not st.live or (own_inside and st.ppid == own):
             continue
         if claimed is not None and pid in claimed:
             problems.append(f"pid {pid} ({st.comm}) is already watched as target {claimed[pid]!r}: not a member")
