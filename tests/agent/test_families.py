@@ -467,3 +467,24 @@ def test_port_nobody_listens_on_is_a_problem(require_root) -> None:
         problems: dict[str, str] = {}
         assert discover([TargetSpec(name="web", port=free)], problems=problems) == []
     assert problems == {"web": f"nothing listens on TCP port {free} in the agent's network namespace"}
+
+
+def test_loadtest_and_collect_selectors_resolve_the_family(cleanup: list[subprocess.Popen]) -> None:
+    """`infersight loadtest --port N` watches the master and its workers; `--pid N` alone only the master."""
+    from agent.cli import build_parser
+    from agent.loadtest.command import _resolve_target
+
+    server = subprocess.Popen([sys.executable, "-c", PREFORK], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    cleanup.append(server)
+    assert server.stdout is not None
+    port = int(server.stdout.readline())
+    wait_for("the workers", lambda: len(ProcTable.scan().descendants(server.pid)) == 4)
+    below = ProcTable.scan().descendants(server.pid)
+    for argv in (["--port", str(port)], ["--pid", str(server.pid), "--children"]):
+        args = build_parser().parse_args(["loadtest", "--url", f"http://127.0.0.1:{port}", *argv])
+        pid, spec, members = _resolve_target(args)
+        assert (pid, members) == (server.pid, (server.pid, *below)) and spec.family
+    args = build_parser().parse_args(["loadtest", "--url", f"http://127.0.0.1:{port}", "--pid", str(server.pid)])
+    pid, spec, members = _resolve_target(args)
+    assert (pid, spec.family, members) == (server.pid, False, ())
