@@ -488,3 +488,27 @@ def test_loadtest_and_collect_selectors_resolve_the_family(cleanup: list[subproc
     args = build_parser().parse_args(["loadtest", "--url", f"http://127.0.0.1:{port}", "--pid", str(server.pid)])
     pid, spec, members = _resolve_target(args)
     assert (pid, spec.family, members) == (server.pid, False, ())
+
+
+def test_allowed_users_checked_again_every_discovery(cleanup: list[subprocess.Popen], tmp_path: Path) -> None:
+    """A member that turns into another user after it was admitted (setresuid) is left out the next window."""
+    flag = tmp_path / "drop"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import os, subprocess, sys, time\n"
+         "code = 'import os, sys, time\\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)\\n"
+         "os.setresuid(65534, 65534, 65534)\\ntime.sleep(600)'\n"
+         "subprocess.Popen([sys.executable, '-c', code, sys.argv[1]])\n"
+         "time.sleep(600)", str(flag)], start_new_session=True)
+    cleanup.append(parent)
+    spec = TargetSpec(name="svc", pid=parent.pid, children=True)
+    allowed = frozenset({0})
+    [child] = wait_for("the child", lambda: ProcTable.scan().descendants(parent.pid))
+    families = Families()
+    [before] = discover([spec], allowed_uids=allowed, families=families)
+    assert [m.pid for m in before.members] == [parent.pid, child] and before.family_problems == ()
+    flag.touch()
+    wait_for("the uid change", lambda: Path(f"/proc/{child}/status").read_text().split("Uid:")[1].split()[0] == "65534")
+    [after] = discover([spec], allowed_uids=allowed, families=families)
+    assert [m.pid for m in after.members] == [parent.pid]
+    assert after.family_problems == (f"pid {child} (python) runs as uid {NOBODY}, not root or a user in "
+                                     f"allowed_users: left out of the family",)
