@@ -30,6 +30,10 @@ _CONTAINER_ID = re.compile(r"(?:docker-|cri-containerd-|crio-|libpod-)?([0-9a-f]
 _CONTAINER_NAME = re.compile(r"machine-(.+)\.scope|lxc\.payload\.(.+)")
 
 
+NO_CGROUP_V2 = ("no cgroup v2 hierarchy is mounted (no cgroup2 line in /proc/self/mountinfo); cgroup, systemd_unit "
+                "and container targets need it")
+
+
 class FamilyNotFound(Exception):
     """The selector finds no process right now; the message is the one line for the target's problems."""
 
@@ -189,8 +193,7 @@ def cgroup_dir(value: str, mount: Path | None) -> Path:
     """The directory a `cgroup` selector names: a path under the v2 mount as it is, any other path relative to the
     v2 root (`system.slice/x.service`, or `/system.slice/x.service` as /proc/PID/cgroup writes it)."""
     if mount is None:
-        raise FamilyNotFound("no cgroup v2 hierarchy is mounted (no cgroup2 line in /proc/self/mountinfo); "
-                             "cgroup, systemd_unit and container targets need it")
+        raise FamilyNotFound(NO_CGROUP_V2)
     path = Path(value)
     if path.is_absolute() and path.is_relative_to(mount):
         return path
@@ -358,7 +361,9 @@ class Families:
         """The cgroup directory of a cgroup, systemd_unit or container selector; FamilyNotFound if none."""
         if selector == "cgroup":
             return cgroup_dir(value, self.mount)
-        mount = cgroup_dir("/x", self.mount).parent  # the same "no cgroup v2" line when there is none
+        mount = self.mount
+        if mount is None:
+            raise FamilyNotFound(NO_CGROUP_V2)
         cached = self._cgroup_cache.get((selector, value))
         if cached is not None and (mount / cached / "cgroup.procs").is_file():
             return mount / cached

@@ -357,6 +357,15 @@ def test_container_found_by_id_prefix_from_its_cgroup_path(cgroup_root: Path,
     discover([TargetSpec(name="ctr", container=ident[:12])], families=families)
     assert (cgroup_root / f"docker-{ident}.scope").relative_to(families.mount) == Path(
         families._cgroup_cache[("container", ident[:12])])
+    # The container stops: its processes end and the runtime removes its cgroup. A line, not an error.
+    end(app)
+    cleanup.remove(app)
+    wait_for("the scope to empty", lambda: not (scope / "cgroup.procs").read_text().strip())
+    scope.rmdir()
+    problems = {}
+    assert discover([TargetSpec(name="ctr", container=ident[:12])], problems=problems, families=families) == []
+    assert problems == {"ctr": f"no container matches {ident[:12]!r} (no host process's cgroup v2 path holds a "
+                               f"container id or name starting so): it is stopped, or runs elsewhere"}
 
 
 def test_unit_found_from_host_cgroup_paths(cgroup_root: Path, cleanup: list[subprocess.Popen],
@@ -370,6 +379,34 @@ def test_unit_found_from_host_cgroup_paths(cgroup_root: Path, cleanup: list[subp
     problems: dict[str, str] = {}
     [target] = discover([TargetSpec(name="u", systemd_unit=unit.removesuffix(".service"))], problems=problems)
     assert problems == {} and target.pid == app.pid and len(target.members) == 2
+
+
+def test_unit_in_system_slice_is_found_without_a_scan(cgroup_root: Path, cleanup: list[subprocess.Popen],
+                                                       tmp_path: Path) -> None:
+    """systemd puts a service without Slice= at system.slice/NAME: that directory is tried first. The test's own
+    cgroup stands for the v2 root (a mountinfo that mounts it there), so the host's system.slice is not touched."""
+    unit = f"infersight-test-{uuid.uuid4().hex[:8]}.service"
+    service = cgroup_root / "system.slice" / unit
+    service.mkdir(parents=True)
+    app = spawn_family(tmp_path / "ready", "-", "engine", preexec=join(service))
+    cleanup.append(app)
+    wait_ready(tmp_path / "ready", 2)
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"41 31 0:38 / {cgroup_root} rw,relatime - cgroup2 cgroup2 rw\n")
+    families = Families(mountinfo=mountinfo, proc_root=Path("/nonexistent-proc-for-the-scan"))
+    # With no /proc to scan, only the system.slice path can find it.
+    assert families.cgroup_of("systemd_unit", unit) == service
+
+
+def test_cgroup_v1_directory_is_refused_with_the_v2_mount_named(tmp_path: Path) -> None:
+    from agent.families import FamilyNotFound, cgroup_dir
+
+    (tmp_path / "v1" / "cpu").mkdir(parents=True)
+    (tmp_path / "unified").mkdir()
+    with pytest.raises(FamilyNotFound, match=rf"'{tmp_path}/v1/cpu' is not in the cgroup v2 hierarchy "
+                                             rf"\(mounted at {tmp_path}/unified\)"):
+        cgroup_dir(str(tmp_path / "v1" / "cpu"), tmp_path / "unified")
+    assert cgroup_dir("/system.slice/x.service", tmp_path / "unified") == tmp_path / "unified/system.slice/x.service"
 
 
 def test_cgroup_paths_name_units_and_containers() -> None:
