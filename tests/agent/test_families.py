@@ -549,3 +549,25 @@ def test_allowed_users_checked_again_every_discovery(cleanup: list[subprocess.Po
     assert [m.pid for m in after.members] == [parent.pid]
     assert after.family_problems == (f"pid {child} (python) runs as uid {NOBODY}, not root or a user in "
                                      f"allowed_users: left out of the family",)
+
+
+def test_daemon_discovery_applies_allowed_users_to_members(cleanup: list[subprocess.Popen]) -> None:
+    """The daemon's discover function (agent/target_policy.py) with the default allowed_users (root only)."""
+    from agent.config import Config
+    from agent.state import AgentState
+    from agent.target_policy import make_discover
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, time\n"
+         "subprocess.Popen(['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', 'sleep', '600'])\n"
+         "time.sleep(600)"], start_new_session=True)
+    cleanup.append(parent)
+    wait_for("the nobody child", lambda: any(os.stat(f"/proc/{p}").st_uid == NOBODY
+                                             for p in ProcTable.scan().descendants(parent.pid)))
+    spec = TargetSpec(name="svc", pid=parent.pid, children=True)
+    run = make_discover(Config(targets=(spec,)), AgentState())
+    for _ in range(2):
+        problems: dict[str, str] = {}
+        [target] = run([spec], problems)
+        assert [m.pid for m in target.members] == [parent.pid] and problems == {}
+        assert len(target.family_problems) == 1 and f"runs as uid {NOBODY}" in target.family_problems[0]
