@@ -9,9 +9,11 @@ from dataclasses import dataclass
 
 from agent.collectors import Collectors, exits_probe
 from agent.config import Config, FieldError, ProbesConfig, TargetSpec
+from agent.families import Families
 from agent.loop import CollectionLoop, TickReport, WindowSink
 from agent.state import AgentState
 from agent.target_sources import source_factories
+from agent.targets import discover
 
 # The command line's selectors (docs/config.md, "Families"): option -> TargetSpec key.
 SELECTOR_OPTIONS = {"pid": "pid", "unit": "systemd_unit", "cgroup": "cgroup", "container": "container", "port": "port"}
@@ -109,8 +111,11 @@ def watch_one(config: Config, sink: WindowSink = lambda window: None, interval: 
         raise ValueError(f"watch_one takes a config with exactly one target, got {len(config.targets)}")
     state = AgentState()
     collectors = Collectors(config.probes.enabled(), make_sources=lambda t: source_factories(t, config))
+    # One Families for the run: a unit's or container's cgroup and a port's holder are looked up once.
+    families = Families()
     loop = CollectionLoop(specs=list(config.targets), collectors=collectors, state=state, sink=sink,
                           interval=interval if interval is not None else config.interval_seconds,
-                          exits=exits_probe(config.probes.exits))
+                          exits=exits_probe(config.probes.exits),
+                          discover_fn=lambda specs, problems: discover(specs, problems=problems, families=families))
     loop.start()
     return SingleTarget(name=config.targets[0].name, loop=loop, state=state)

@@ -347,13 +347,13 @@ def _selected(spec: TargetSpec) -> object:
 def _family_leader(spec: TargetSpec, families: Families, proc_root: Path, own: int,
                    allowed: frozenset[int] | None) -> tuple[list[ProcInfo], list[tuple[int, int]], list[int], list[str]]:
     """The leader of a port, cgroup, systemd_unit or container spec, as discover() handles a selected process:
-    ([its ProcInfo] or [], [(pid, uid not allowed)] when no process may lead, the family's other candidates (None
-    for a port family: its leader's descendants), lines from reading the cgroup). FamilyNotFound when the selector
-    finds no process."""
+    ([its ProcInfo] or [], [(pid, uid not allowed)] when no process may lead, the family's candidate pids (a
+    port's: its holder's descendants), lines from reading the cgroup). FamilyNotFound when the selector finds
+    no process."""
     if spec.port is not None:
         holder = families.port_holder(spec.port)
         ordered: list[ProcStat] = [holder]
-        pool: list[int] | None = families.table.descendants(holder.pid) if spec.family else []
+        pool = families.table.descendants(holder.pid) if spec.family else []
         notes: list[str] = []
     else:
         value = spec.unit_name or spec.cgroup or spec.container
@@ -379,8 +379,10 @@ def _family_leader(spec: TargetSpec, families: Families, proc_root: Path, own: i
                 refused.append((st.pid, bad))
                 continue
             info = read_proc(st.pid, proc_root)
-        except (TargetGone, AccessDenied, FileNotFoundError, ProcessLookupError, PermissionError) as exc:
-            notes.append(f"cannot read pid {st.pid}: {exc}")
+        except (TargetGone, FileNotFoundError, ProcessLookupError):
+            continue  # exited since the cgroup was read
+        except (AccessDenied, PermissionError) as exc:
+            notes.append(f"cannot read pid {st.pid} ({st.comm}): {exc}")
             continue
         if _not_live(info) is None:
             return [info], [], pool, notes
