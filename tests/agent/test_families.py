@@ -214,7 +214,7 @@ def test_max_processes_keeps_the_leader_and_the_oldest(cleanup: list[subprocess.
                                       f"raise max_processes to watch them",)
 
 
-def test_member_of_a_user_not_allowed_is_left_out_with_a_line(cleanup: list[subprocess.Popen]) -> None:
+def test_member_of_a_user_not_allowed_is_left_out_with_a_line(require_root: None, cleanup: list[subprocess.Popen]) -> None:
     parent = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, sys, time\n"
          "subprocess.Popen(['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', 'sleep', '600'])\n"
@@ -527,7 +527,8 @@ def test_loadtest_and_collect_selectors_resolve_the_family(cleanup: list[subproc
     assert (pid, spec.family, members) == (server.pid, False, ())
 
 
-def test_allowed_users_checked_again_every_discovery(cleanup: list[subprocess.Popen], tmp_path: Path) -> None:
+def test_allowed_users_checked_again_every_discovery(require_root: None, cleanup: list[subprocess.Popen],
+                                                     tmp_path: Path) -> None:
     """A member that turns into another user after it was admitted (setresuid) is left out the next window."""
     flag = tmp_path / "drop"
     parent = subprocess.Popen(
@@ -551,7 +552,7 @@ def test_allowed_users_checked_again_every_discovery(cleanup: list[subprocess.Po
                                      f"allowed_users: left out of the family",)
 
 
-def test_daemon_discovery_applies_allowed_users_to_members(cleanup: list[subprocess.Popen]) -> None:
+def test_daemon_discovery_applies_allowed_users_to_members(require_root: None, cleanup: list[subprocess.Popen]) -> None:
     """The daemon's discover function (agent/target_policy.py) with the default allowed_users (root only)."""
     from agent.config import Config
     from agent.state import AgentState
