@@ -91,11 +91,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
+    from agent.single_target import SelectorError, selector_spec
+
+    try:
+        spec = selector_spec(args)
+    except SelectorError as exc:
+        return _fail(str(exc))
+    assert spec is not None  # the group is required
     if (code := _require_root("collect")) is not None:
         return code
     from agent import collect
 
-    return collect.main(pid=args.pid, duration=args.duration, interval=args.interval, as_json=args.json,
+    return collect.main(spec=spec, duration=args.duration, interval=args.interval, as_json=args.json,
                         probes=args.probes, stacks=not args.no_pyspy, stacks_rate_hz=args.pyspy_rate)
 
 
@@ -187,6 +194,7 @@ def _time_arg(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     from agent.collectors import PROBE_FACTORIES
+    from agent.single_target import add_selector_arguments
 
     parser = Parser(prog="infersight", description="eBPF + py-spy observability for inference hosts")
     parser.add_argument("--version", action="version", version=f"infersight {_version()}")
@@ -206,8 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the agent's JSON status")
     status.set_defaults(func=_cmd_status)
 
-    collect = sub.add_parser("collect", help="print windows for one process without the daemon (root)")
-    collect.add_argument("--pid", type=_ranged(int, 1, 2**22), required=True, help="process to watch")
+    collect = sub.add_parser("collect", help="print windows for one target (a process or a family) without the "
+                                             "daemon (root)")
+    add_selector_arguments(collect, collect.add_mutually_exclusive_group(required=True), "process to watch")
     collect.add_argument("--duration", type=_ranged(float, 0.1, 86400), default=None,
                          help="seconds to run (default: until Ctrl-C)")
     collect.add_argument("--interval", type=_ranged(float, 0.1, 60), default=5.0, help="window length in seconds")

@@ -1,4 +1,4 @@
-"""`infersight collect`: the probes and sources for one pid, printed as Windows, without the daemon."""
+"""`infersight collect`: the probes and sources for one target, printed as Windows, without the daemon."""
 
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ from analysis.window import Window
 log = logging.getLogger("infersight.collect")
 
 
-def main(pid: int, duration: float | None, interval: float, as_json: bool, probes: list[str],
+def main(spec: TargetSpec, duration: float | None, interval: float, as_json: bool, probes: list[str],
          stacks: bool = True, stacks_rate_hz: int = 49) -> int:
     logs.setup("warning")
-    spec = TargetSpec(name=f"pid{pid}", pid=pid)
     # One py-spy segment per window at the asked rate: `collect` is a short look, not the always-on agent.
     config = Config(interval_seconds=max(interval, 1.0), probes=probes_config(probes), targets=(spec,),
                     stacks=StacksConfig(enabled=stacks, rate_hz=stacks_rate_hz,
@@ -43,7 +42,7 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
     loop = watch.loop
     if not loop.watched:
         loop.close()
-        print(f"infersight: no process with pid {pid}", file=sys.stderr)
+        print(f"infersight: {watch.target_detail() or 'no process selected'}", file=sys.stderr)
         return 1
     for name, problem in watch.problems().items():
         print(f"infersight: {name}: {problem}", file=sys.stderr)
@@ -57,7 +56,7 @@ def main(pid: int, duration: float | None, interval: float, as_json: bool, probe
                 break
             report = loop.tick()
             if report.gone:
-                print(f"infersight: {watch.target_detail() or f'pid {pid} exited'}", file=sys.stderr)
+                print(f"infersight: {watch.target_detail() or f'{spec.name} exited'}", file=sys.stderr)
                 break
             if deadline is not None and time.monotonic() >= deadline - 1e-3:
                 break

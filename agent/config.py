@@ -158,25 +158,48 @@ class LatencySpec:
         return cls(**{**base, **overrides})
 
 
+# The selectors of a target: exactly one per [[targets]] table (docs/config.md, "Families").
+SELECTORS = ("pid", "pidfile", "process_regex", "systemd_unit", "cgroup", "container", "port")
+# Selectors whose family is a cgroup: every process in it, whatever their parentage.
+CGROUP_SELECTORS = ("systemd_unit", "cgroup", "container")
+DEFAULT_MAX_PROCESSES = 64
+MAX_PROCESSES_LIMIT = 4096
+# systemd's unit name characters (systemd.unit(5)); a name without a unit type is a service, as systemctl reads it.
+_UNIT_RE = re.compile(r"[A-Za-z0-9:_.@\\-]{1,255}")
+_PROCESS_UNIT_TYPES = (".service", ".scope", ".slice")
+_CONTAINER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
 @dataclass(frozen=True)
 class TargetSpec:
-    """How to find one watched server: exactly one of pid, pidfile, process_regex."""
+    """How to find one watched server: exactly one selector of SELECTORS; with `children` (the default for
+    systemd_unit, cgroup, container and port) the target is the selected process's whole family."""
 
     name: str
     pid: int | None = None
     pidfile: Path | None = None
     # re.search()ed against the process name (comm) and against the full command line joined by spaces.
     process_regex: str | None = None
+    systemd_unit: str | None = None
+    # A directory of the cgroup v2 hierarchy: a path under its mount, or one relative to its root.
+    cgroup: str | None = None
+    # A container id prefix (Docker, containerd, CRI-O, Podman) or a name prefix where the runtime puts the
+    # name in the cgroup path (systemd-nspawn, LXC).
+    container: str | None = None
+    port: int | None = None
+    # None: the selector's default (off for pid, pidfile and process_regex, so an old config watches what it did).
+    children: bool | None = None
+    max_processes: int = DEFAULT_MAX_PROCESSES
     latency: LatencySpec | None = None
     pattern: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if not _NAME_RE.fullmatch(self.name):
             raise FieldError("name", f"must be 1-64 of A-Z a-z 0-9 _ . -, got {self.name!r}")
-        chosen = [k for k in ("pid", "pidfile", "process_regex") if getattr(self, k) is not None]
+        chosen = [k for k in SELECTORS if getattr(self, k) is not None]
         if len(chosen) != 1:
             got = " and ".join(chosen) if chosen else "none"
-            raise FieldError("", f"set exactly one of pid, pidfile, process_regex (got {got})")
+            raise FieldError("", f"set exactly one of {', '.join(SELECTORS)} (got {got})")
         if self.pid is not None and not 1 <= self.pid <= 2**22:
             raise FieldError("pid", f"must be within [1, {2**22}], got {self.pid!r}")
         if self.process_regex is not None:
@@ -185,6 +208,45 @@ class TargetSpec:
             except re.error as exc:
                 raise FieldError("process_regex", f"is not a valid regular expression ({exc}), "
                                                   f"got {self.process_regex!r}") from None
+        if self.systemd_unit is not None and not _UNIT_RE.fullmatch(self.systemd_unit):
+            raise FieldError("systemd_unit", f"must be a systemd unit name such as 'vllm.service' (1-255 of "
+                                             f"A-Z a-z 0-9 : _ . @ \\ -), got {self.systemd_unit!r}")
+        if self.cgroup is not None:
+            parts = self.cgroup.split("/")
+            if not self.cgroup.strip("/"):
+                raise FieldError("cgroup", f"names the root cgroup, which holds every process of the host; name "
+                                           f"a cgroup below it, got {self.cgroup!r}")
+            if "\0" in self.cgroup or ".." in parts or len(self.cgroup) > 4096:
+                raise FieldError("cgroup", f"must be a cgroup directory: a path under the cgroup v2 mount or one "
+                                           f"relative to its root, without '..', got {self.cgroup!r}")
+        if self.container is not None and not _CONTAINER_RE.fullmatch(self.container):
+            raise FieldError("container", f"must be a container id or name prefix (1-128 of A-Z a-z 0-9 _ . -, "
+                                          f"not starting with . _ -), got {self.container!r}")
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise FieldError("port", f"must be within [1, 65535], got {self.port!r}")
+        if self.children is False and chosen[0] in CGROUP_SELECTORS:
+            raise FieldError("children", f"cannot be false with {chosen[0]}: its family is every process of "
+                                         f"the cgroup, whoever their parent")
+        _require_range("max_processes", self.max_processes, 1, MAX_PROCESSES_LIMIT)
+
+    @property
+    def selector(self) -> str:
+        """The one key of SELECTORS this spec sets."""
+        return next(k for k in SELECTORS if getattr(self, k) is not None)
+
+    @property
+    def family(self) -> bool:
+        """Whether the target is a family of processes (Target.members filled) rather than one process."""
+        if self.selector in CGROUP_SELECTORS:
+            return True
+        return self.children if self.children is not None else self.selector == "port"
+
+    @property
+    def unit_name(self) -> str | None:
+        """systemd_unit with its type: 'vllm' is 'vllm.service', as systemctl reads it."""
+        if self.systemd_unit is None:
+            return None
+        return self.systemd_unit if self.systemd_unit.endswith(_PROCESS_UNIT_TYPES) else f"{self.systemd_unit}.service"
 
 
 def default_targets() -> tuple[TargetSpec, ...]:

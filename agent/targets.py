@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.config import ConfigError, TargetSpec
+from agent.families import Families, FamilyNotFound, ProcStat, cgroup_procs, role_of, roots_first, topmost
 from agent.trust import StatFn, open_trusted
 from analysis.errors import AccessDenied, ProbeError, TargetGone
 from analysis.snapshot import Skipped
@@ -214,7 +215,7 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
              readlink: Callable[[str], str] = os.readlink,
              trusted_uids: frozenset[int] | None = None, allowed_uids: frozenset[int] | None = None,
              max_targets: int | None = None, skipped: dict[str, Skipped] | None = None,
-             hold: bool = True) -> list[Target]:
+             hold: bool = True, families: Families | None = None) -> list[Target]:
     """The processes that the specs select right now, in spec order.
 
     A spec that selects nothing leaves one line in `problems[spec.name]` (pidfile missing or untrusted,
@@ -231,15 +232,27 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
     With `hold` (the default), each selected process is checked once more under a pidfd: its pid still
     names the process that was read (same start time) and its uids are still allowed. `hold=False` is for
     fixture /proc trees, whose pids are not real processes.
+
+    A family spec (`spec.family`: children, systemd_unit, cgroup, container, port) gives targets with
+    `members`: the leader and every process of its family, each checked against `allowed_uids`, at most
+    `spec.max_processes`; what was left out is said in `family_problems`. A regex family that matches a
+    process and its descendant is one target led by the topmost. `families` keeps what is costly to find
+    between discoveries (the daemon passes the same one every window).
     """
     own = os.getpid() if own_pid is None else own_pid
     found: list[Target] = []
     claimed: dict[int, str] = {}
     scanned: _Scan | None = None
+    families = families if families is not None else Families(proc_root)
+    families.begin()
 
     def note(spec: TargetSpec, why: str) -> None:
         if problems is not None:
             problems[spec.name] = why
+
+    # For cgroup, systemd_unit and container specs: the cgroup's processes, and the lines from reading it.
+    pools: dict[str, list[int]] = {}
+    pool_notes: dict[str, list[str]] = {}
 
     for spec in specs:
         left = None if max_targets is None else max(0, max_targets - len(found))
@@ -253,6 +266,24 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
             others = [(pid, uid) for pid, uid, front in scanned.others if spec.pattern.search(front)]
             if not infos and not others:
                 note(spec, f"no process matches process_regex {spec.process_regex!r}")
+            if spec.family and infos:
+                top = topmost([i.pid for i in infos], families.table)
+                infos = [i for i in infos if top[i.pid] == i.pid]
+                # A match of another user below a leader is reported as that family's member, not as skipped.
+                leaders = {i.pid for i in infos}
+                others = [(pid, uid) for pid, uid in others
+                          if not any(up in leaders for up in families.table.ancestors(pid))]
+        elif spec.selector not in ("pid", "pidfile"):
+            try:
+                infos, others, pool, notes = _family_leader(spec, families, proc_root, own, allowed_uids)
+            except (FamilyNotFound, TargetGone, AccessDenied) as exc:
+                note(spec, str(exc))
+                continue
+            if not infos and not others:
+                note(spec, notes[0] if notes else f"no process of {spec.selector} {_selected(spec)!r} can be watched")
+                continue
+            pools[spec.name] = pool
+            pool_notes[spec.name] = notes
         else:
             try:
                 pid = spec.pid if spec.pid is not None else read_pidfile(
@@ -293,9 +324,131 @@ def discover(specs: Iterable[TargetSpec], proc_root: Path = PROC, *, own_pid: in
         for info in infos:
             name = spec.name if len(infos) == 1 else f"{spec.name}#{info.pid}"
             claimed[info.pid] = name
+            members: tuple[Member, ...] = ()
+            family_problems: tuple[str, ...] = ()
+            if spec.family:
+                pool = pools.get(spec.name)
+                if pool is None:
+                    pool = families.table.descendants(info.pid)
+                members, family_problems = family_members(
+                    info, pool, spec=spec, stat=families.stat, proc_root=proc_root, own=own,
+                    allowed=allowed_uids, claimed=claimed, notes=pool_notes.get(spec.name, ()))
+                for m in members:
+                    claimed.setdefault(m.pid, name)
             found.append(Target(name=name, pid=info.pid, start_time=info.start_time, cmdline=info.cmdline,
-                                spec=spec))
+                                spec=spec, members=members, family_problems=family_problems))
     return found
+
+
+def _selected(spec: TargetSpec) -> object:
+    return getattr(spec, spec.selector)
+
+
+def _family_leader(spec: TargetSpec, families: Families, proc_root: Path, own: int,
+                   allowed: frozenset[int] | None) -> tuple[list[ProcInfo], list[tuple[int, int]], list[int], list[str]]:
+    """The leader of a port, cgroup, systemd_unit or container spec, as discover() handles a selected process:
+    ([its ProcInfo] or [], [(pid, uid not allowed)] when no process may lead, the family's candidate pids (a
+    port's: its holder's descendants), lines from reading the cgroup). FamilyNotFound when the selector finds
+    no process."""
+    if spec.port is not None:
+        holder = families.port_holder(spec.port)
+        ordered: list[ProcStat] = [holder]
+        pool = families.table.descendants(holder.pid) if spec.family else []
+        notes: list[str] = []
+    else:
+        value = spec.unit_name or spec.cgroup or spec.container
+        assert value is not None
+        where = families.cgroup_of(spec.selector, value)
+        pids, notes = cgroup_procs(where)
+        # The agent inside the cgroup it watches (a sidecar, a unit that runs both) is not a member, nor are
+        # its own children (py-spy).
+        inside = own in pids
+        stats = [st for pid in pids if pid != own and (st := families.stat(pid)) is not None and st.live
+                 and not (inside and st.ppid == own)]
+        if not stats:
+            raise FamilyNotFound(f"no process runs in {spec.selector} {value!r} (cgroup {where})")
+        ordered = roots_first(stats)
+        pool = [st.pid for st in stats]
+    refused: list[tuple[int, int]] = []
+    # The oldest process started from outside the family leads; one not allowed or unreadable cannot, and the next
+    # is tried (at most max_processes of them: the cost stays bounded however large the cgroup).
+    for st in ordered[:spec.max_processes]:
+        try:
+            bad = _first_not_allowed(st.pid, allowed, proc_root) if allowed is not None else None
+            if bad is not None:
+                refused.append((st.pid, bad))
+                continue
+            info = read_proc(st.pid, proc_root)
+        except (TargetGone, FileNotFoundError, ProcessLookupError):
+            continue  # exited since the cgroup was read
+        except (AccessDenied, PermissionError) as exc:
+            notes.append(f"cannot read pid {st.pid} ({st.comm}): {exc}")
+            continue
+        if _not_live(info) is None:
+            return [info], [], pool, notes
+    return [], refused[:1], [], notes
+
+
+def family_members(leader: ProcInfo, pool: Iterable[int], *, spec: TargetSpec, stat: Callable[[int], ProcStat | None],
+                   proc_root: Path = PROC, own: int | None = None, allowed: frozenset[int] | None = None,
+                   claimed: dict[int, str] | None = None,
+                   notes: Iterable[str] = ()) -> tuple[tuple[Member, ...], tuple[str, ...]]:
+    """The members of `leader`'s family from the candidate pids `pool`: the leader first, the others by pid,
+    each with its role; and a line for every process left out (over max_processes, of a user not allowed,
+    unreadable, already another target's). Processes that exited meanwhile, zombies, kernel threads, the agent
+    and (when the agent is in the pool itself) its own children, py-spy, are not members and need no line."""
+    own = os.getpid() if own is None else own
+    pool = list(pool)
+    own_inside = own in pool
+    problems = list(notes)
+    others: list[ProcStat] = []
+    for pid in pool:
+        if pid in (leader.pid, own):
+            continue
+        st = stat(pid)
+        if st is None or not st.live or (own_inside and st.ppid == own):
+            continue
+        if claimed is not None and pid in claimed:
+            problems.append(f"pid {pid} ({st.comm}) is already watched as target {claimed[pid]!r}: not a member")
+            continue
+        others.append(st)
+    # The oldest are kept: a burst of new processes never pushes out members already watched.
+    others.sort(key=lambda st: (st.start_time, st.pid))
+    keep = spec.max_processes - 1
+    if len(others) > keep:
+        over = sorted(st.pid for st in others[keep:])
+        shown = ", ".join(map(str, over[:5])) + (", ..." if len(over) > 5 else "")
+        problems.append(f"{len(over)} processes over max_processes ({spec.max_processes}) left out "
+                        f"(pids {shown}); raise max_processes to watch them")
+        others = others[:keep]
+    try:
+        members = [_member(leader.pid, leader.start_time, leader.comm, proc_root)]
+    except (TargetGone, OSError):
+        # Exited (or denied) since it was selected: the next discovery drops it; its role from what was read.
+        members = [Member(pid=leader.pid, start_time=leader.start_time, cmdline=leader.cmdline,
+                          role=role_of(leader.comm, b"\0".join(a.encode() for a in leader.cmdline)))]
+    for st in others:
+        try:
+            if allowed is not None and (bad := _first_not_allowed(st.pid, allowed, proc_root)) is not None:
+                problems.append(f"pid {st.pid} ({st.comm}) runs as uid {bad}, not root or a user in allowed_users: "
+                                f"left out of the family")
+                continue
+            members.append(_member(st.pid, st.start_time, st.comm, proc_root))
+        except (TargetGone, FileNotFoundError, ProcessLookupError):
+            continue  # exited since it was listed: simply not a member any more
+        except (AccessDenied, PermissionError, OSError) as exc:
+            problems.append(f"cannot read pid {st.pid} ({st.comm}): {getattr(exc, 'strerror', None) or exc}")
+    head = [m for m in members if m.pid == leader.pid]
+    return tuple(head + sorted((m for m in members if m.pid != leader.pid), key=lambda m: m.pid)), tuple(problems)
+
+
+def _member(pid: int, start_time: int, comm: str, proc_root: Path) -> Member:
+    try:
+        raw = _read(f"{proc_root}/{pid}/cmdline", CMDLINE_MAX_BYTES)
+    except (FileNotFoundError, ProcessLookupError):
+        raise TargetGone(f"process {pid} does not exist") from None
+    cmdline = tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+    return Member(pid=pid, start_time=start_time, role=role_of(comm, raw), cmdline=cmdline)
 
 
 def _held(info: ProcInfo, allowed: frozenset[int] | None, proc_root: Path) -> int | None:

@@ -22,16 +22,16 @@ class Collection:
     problems: dict[str, str] = field(default_factory=dict)
 
 
-def open_collection(pid: int, probes: list[str], pyspy: bool, pyspy_rate: int) -> Collection:
+def open_collection(pid: int, probes: list[str], pyspy: bool, pyspy_rate: int, spec=None) -> Collection:
     """The one place that knows the agent's collection loop (the lead adapts it when the loop's API moves).
 
-    Builds a loop for this one pid, starts its probes and sources, and hands back a cut function
-    that runs one tick and returns that tick's window of the target.
+    Builds a loop for this one pid (or the family `spec` selects, led by `pid`), starts its probes and
+    sources, and hands back a cut function that runs one tick and returns that tick's window of the target.
     """
     from agent.config import Config, StacksConfig, TargetSpec
     from agent.single_target import probes_config, watch_one
 
-    spec = TargetSpec(name=f"pid{pid}", pid=pid)
+    spec = spec if spec is not None else TargetSpec(name=f"pid{pid}", pid=pid)
     # 1 s py-spy segments: a step's stacks must be cut at its end, and a step may be shorter than the daemon's
     # 5 s segment.
     watch = watch_one(Config(interval_seconds=5.0, probes=probes_config(probes), targets=(spec,),

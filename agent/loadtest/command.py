@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from agent.loadtest.schedule import parse_range, parse_schedule, parse_sweep
+from agent.single_target import SELECTOR_OPTIONS
 
 DEFAULT_SCHEDULE = "2:15,4:15,6:15,8:15,12:15"
 EXIT_USAGE, EXIT_FAIL = 2, 1
@@ -24,8 +25,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("loadtest", help="stepped load until the SLO breaks; the knee and its bottleneck")
     p.add_argument("--url", help="the server's base URL (OpenAI completions API), e.g. http://127.0.0.1:8000")
+    from agent.single_target import add_selector_arguments
+
     who = p.add_mutually_exclusive_group()
-    who.add_argument("--pid", type=int, help="the server's process id (watched with the agent's probes)")
+    add_selector_arguments(p, who, "the server's process id (watched with the agent's probes)")
     who.add_argument("--target", help="a target name from the agent's config")
     p.add_argument("--config", metavar="FILE", help="agent config, for --target")
     p.add_argument("--schedule", default=DEFAULT_SCHEDULE, help=f"RATE:SECONDS,... (default {DEFAULT_SCHEDULE})")
@@ -90,8 +93,11 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--url", args.url or ""]
         if args.target:
             parts += ["--target", args.target, *(["--config", str(args.config)] if args.config else [])]
-        elif args.pid is not None:
-            parts += ["--pid", str(args.pid)]
+        else:
+            for option in SELECTOR_OPTIONS:
+                if getattr(args, option, None) is not None:
+                    parts += [f"--{option}", str(getattr(args, option))]
+            parts += ["--children"] if getattr(args, "children", False) else []
     parts += ["--schedule", args.schedule, "--slo-p95", f"{args.slo_p95:g}", "--max-error-rate",
               f"{args.max_error_rate:g}", "--prompt-bytes", args.prompt_bytes, "--max-tokens", args.max_tokens,
               "--timeout", f"{args.timeout:g}"]
@@ -108,7 +114,8 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
-def _options(args: argparse.Namespace, url: str, pid: int | None, settings: dict):
+def _options(args: argparse.Namespace, url: str, pid: int | None, settings: dict, spec=None,
+             members: tuple[int, ...] = ()):
     from agent.loadtest.client import Endpoint, Shape
     from agent.loadtest.runner import Options
     from analysis.capacity import Slo
@@ -136,7 +143,8 @@ def _options(args: argparse.Namespace, url: str, pid: int | None, settings: dict
     return Options(url=url, pid=pid, schedule=schedule, schedule_text=args.schedule, slo=slo, shape=shape,
                    metrics_url=args.metrics_url, probes=probes, pyspy=not args.no_pyspy and pid is not None,
                    pyspy_rate=args.pyspy_rate, seed=args.seed, repeats=args.repeats, all_steps=args.all_steps,
-                   label=args.label, settings=settings, max_batch=args.server_max_batch)
+                   label=args.label, settings=settings, max_batch=args.server_max_batch, spec=spec,
+                   members=members)
 
 
 def _probe_names(text: str) -> list[str]:
@@ -149,28 +157,39 @@ def _probe_names(text: str) -> list[str]:
     return names
 
 
-def _resolve_pid(args: argparse.Namespace) -> int | None:
-    if args.target is None:
-        return args.pid
+def _resolve_target(args: argparse.Namespace):
+    """(leader pid, TargetSpec, member pids) of the server the options select: a plain --pid is watched as
+    it is; a family (--pid --children, --unit, --cgroup, --container, --port, a config target) is looked up
+    now, so a selector that finds nothing is one line before any load is sent."""
     from agent.config import ConfigError, load_config
+    from agent.single_target import SelectorError, selector_spec
     from agent.targets import discover
 
-    try:
-        config = load_config(Path(args.config) if args.config else None)
-    except ConfigError as exc:
-        raise UsageError(f"config error: {exc}") from None
-    spec = next((t for t in config.targets if t.name == args.target), None)
-    if spec is None:
-        raise UsageError(f"no target {args.target!r} in the config (known: "
-                         f"{', '.join(t.name for t in config.targets) or 'none'})")
+    if args.target is None:
+        try:
+            spec = selector_spec(args)
+        except SelectorError as exc:
+            raise UsageError(str(exc)) from None
+        if spec is None or spec.selector == "pid" and not spec.family:
+            return args.pid, spec, ()
+    else:
+        try:
+            config = load_config(Path(args.config) if args.config else None)
+        except ConfigError as exc:
+            raise UsageError(f"config error: {exc}") from None
+        spec = next((t for t in config.targets if t.name == args.target), None)
+        if spec is None:
+            raise UsageError(f"no target {args.target!r} in the config (known: "
+                             f"{', '.join(t.name for t in config.targets) or 'none'})")
     problems: dict[str, str] = {}
     found = discover([spec], problems=problems)
+    what = f"target {args.target!r}" if args.target else "the server"
     if not found:
-        raise UsageError(f"target {args.target!r} is not running: {problems.get(spec.name, 'no process')}")
+        raise UsageError(f"{what} is not running: {problems.get(spec.name, 'no process')}")
     if len(found) > 1:
-        raise UsageError(f"target {args.target!r} matches {len(found)} processes "
+        raise UsageError(f"{what} matches {len(found)} processes "
                          f"({', '.join(str(t.pid) for t in found[:8])}); choose one with --pid")
-    return found[0].pid
+    return found[0].pid, spec, tuple(pid for pid, _ in found[0].member_keys)
 
 
 def _needs_root(options) -> str | None:
@@ -197,9 +216,8 @@ def main(args: argparse.Namespace) -> int:
             return _sweep(args)
         if not args.url:
             raise UsageError("--url is required (the server's base URL), or --sweep for the bundled server")
-        if args.pid is not None and not 1 <= args.pid <= 2**22:
-            raise UsageError(f"--pid must be within [1, {2**22}], got {args.pid!r}")
-        options = _options(args, args.url, _resolve_pid(args), {})
+        pid, spec, members = _resolve_target(args)
+        options = _options(args, args.url, pid, {}, spec=spec, members=members)
     except UsageError as exc:
         return _fail(str(exc), EXIT_USAGE)
     if (why := _needs_root(options)) is not None:
@@ -238,8 +256,9 @@ def _sweep(args: argparse.Namespace) -> int:
     from agent.loadtest.runner import Runner, TargetError
     from agent.loadtest.sweep import ServerStartError, SweepResult, point, start_server
 
-    if args.url or args.pid or args.target:
-        raise UsageError("--sweep starts the bundled server itself; drop --url/--pid/--target")
+    if args.url or args.target or any(getattr(args, o, None) is not None for o in SELECTOR_OPTIONS):
+        raise UsageError("--sweep starts the bundled server itself; drop --url/--pid/--unit/--cgroup/--container/"
+                         "--port/--target")
     try:
         spec = parse_sweep(args.sweep)
     except ValueError as exc:

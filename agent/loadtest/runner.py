@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 import psutil
 
+from agent.config import TargetSpec
 from agent.loadtest.client import Endpoint, Shape, complete, run_step
 from agent.loadtest.collection import Collection, busiest_thread, open_collection, thread_cpu
 from agent.loadtest.figures import add_server, add_window, clearly_broken, client_figures
@@ -44,6 +45,8 @@ class Options:
     label: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
     max_batch: int | None = None  # the server's batch limit; no endpoint exports it, so the user (or sweep) says
+    spec: TargetSpec | None = None  # how the agent finds the server (a family); None: `pid` alone
+    members: tuple[int, ...] = ()  # a family's processes when the test started (any of them may hold the port)
 
     @property
     def scrape_url(self) -> str:
@@ -58,8 +61,10 @@ def _listening_ports(proc: psutil.Process) -> set[int]:
     return {c.laddr.port for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
 
 
-def check_target(endpoint: Endpoint, sampler: ServerSampler, pid: int | None, shape: Shape) -> None:
-    """Raise TargetError with one line unless the URL answers, completes a request, and `pid` serves its port."""
+def check_target(endpoint: Endpoint, sampler: ServerSampler, pid: int | None, shape: Shape,
+                 members: tuple[int, ...] = ()) -> None:
+    """Raise TargetError with one line unless the URL answers, completes a request, and `pid` (or one of a
+    family's `members`) serves its port."""
     try:
         sampler.check()
     except ReadingError as exc:
@@ -74,6 +79,12 @@ def check_target(endpoint: Endpoint, sampler: ServerSampler, pid: int | None, sh
         proc = psutil.Process(pid)
         name = proc.name()
         ports = _listening_ports(proc)
+        for member in members:
+            if member != pid and endpoint.port not in ports:
+                try:
+                    ports |= _listening_ports(psutil.Process(member))
+                except psutil.NoSuchProcess:
+                    continue  # a member that exited since discovery holds no port
     except psutil.NoSuchProcess:
         raise TargetError(f"no process with pid {pid}") from None
     except psutil.AccessDenied:
@@ -102,13 +113,13 @@ class Runner:
 
     def run(self) -> LoadTestReport:
         o = self.o
-        check_target(self.endpoint, self.sampler, o.pid, o.shape)
+        check_target(self.endpoint, self.sampler, o.pid, o.shape, o.members)
         started = time.time()
         problems: dict[str, str] = {}
         if o.pid is not None and (o.probes or o.pyspy):
             self._say(f"loadtest: attaching to pid {o.pid} (probes: {', '.join(o.probes) or 'none'}, "
                       f"py-spy: {'on' if o.pyspy else 'off'})")
-            self.collection = open_collection(o.pid, o.probes, o.pyspy, o.pyspy_rate)
+            self.collection = open_collection(o.pid, o.probes, o.pyspy, o.pyspy_rate, spec=o.spec)
             problems = self.collection.problems
             for name, why in sorted(problems.items()):
                 self._say(f"loadtest: {name}: {why}")

@@ -19,6 +19,17 @@ def infersight(*args, **kw):
     (["collect", "--pid", "1", "--interval", "61"], "'61'"),
     (["collect", "--pid", "1", "--probes", "syscalls,kprobes"], "kprobes"),
     (["collect", "--pid", "-5"], "-5"),
+    (["collect", "--pid", "1", "--port", "80"], "argument --port: not allowed with argument --pid"),
+    (["collect", "--port", "0"], "argument --port: must be within [1, 65535], got 0"),
+    (["collect", "--unit", "vllm service"], "argument --unit: must be a systemd unit name"),
+    (["collect", "--cgroup", "a/../b"], "argument --cgroup: must be a cgroup directory"),
+    (["collect", "--cgroup", "/"], "argument --cgroup: names the root cgroup"),
+    (["collect", "--container", "a b"], "argument --container: must be a container id or name prefix"),
+    (["collect", "--unit", "vllm", "--children"], "--children goes with --pid"),
+    (["loadtest", "--url", "http://127.0.0.1:1", "--port", "x"], "argument --port: expected an integer, got 'x'"),
+    (["loadtest", "--url", "http://127.0.0.1:1", "--children"], "--children goes with --pid"),
+    (["loadtest", "--url", "http://127.0.0.1:1", "--cgroup", "no/such/infersight-cg", "--no-probes", "--no-pyspy"],
+     "the server is not running: cgroup '"),
     (["run", "--nope"], "--nope"),
     (["frobnicate"], "frobnicate"),
     ([], "COMMAND"),
@@ -68,7 +79,30 @@ def test_world_writable_config_is_refused(tmp_path):
 def test_collect_of_a_missing_pid_says_so(require_root):
     proc = infersight("collect", "--pid", str(2**22), "--duration", "1", "--no-pyspy", "--probes", "syscalls")
     assert proc.returncode == 1
-    assert f"no process with pid {2**22}" in proc.stderr
+    assert f"process {2**22} does not exist" in proc.stderr
+
+
+def test_collect_of_a_missing_unit_says_so_in_one_line(require_root):
+    proc = infersight("collect", "--unit", "no-such-infersight", "--duration", "1", "--no-pyspy", "--probes",
+                      "syscalls")
+    assert proc.returncode == 1
+    assert proc.stderr == ("infersight: no process runs in systemd unit 'no-such-infersight.service' (no cgroup v2 "
+                           "path of a host process names it: the unit is stopped, or not a unit of this host's "
+                           "systemd)\n")
+
+
+def test_selector_options_make_the_config_target_spec():
+    from agent.cli import build_parser
+    from agent.single_target import selector_spec
+
+    def spec(*argv: str):
+        return selector_spec(build_parser().parse_args(["collect", *argv]))
+
+    assert (spec("--pid", "42").name, spec("--pid", "42").family) == ("pid42", False)
+    assert (spec("--pid", "42", "--children").pid, spec("--pid", "42", "--children").family) == (42, True)
+    assert (spec("--unit", "vllm").unit_name, spec("--unit", "vllm").name) == ("vllm.service", "unit-vllm")
+    assert spec("--cgroup", "/sys/fs/cgroup/system.slice/x.service").name == "cgroup-sys_fs_cgroup_system.slice_x.service"
+    assert (spec("--container", "3f2a").container, spec("--port", "8000").port) == ("3f2a", 8000)
 
 
 def test_status_without_agent_says_nobody_answers():

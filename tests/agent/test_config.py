@@ -171,9 +171,37 @@ def test_example_config_in_docs_loads() -> None:
     ("targets = 3", "targets: expected an array of tables, got 3 (integer)"),
     ("[[targets]]\npid = 3", "targets[0].name: missing (required)"),
     ('[[targets]]\nname = "a b"\npid = 3', "targets[0].name: must be 1-64 of A-Z a-z 0-9 _ . -, got 'a b'"),
-    ('[[targets]]\nname = "a"', "targets[0]: set exactly one of pid, pidfile, process_regex (got none)"),
+    ('[[targets]]\nname = "a"', "targets[0]: set exactly one of pid, pidfile, process_regex, systemd_unit, "
+                                 "cgroup, container, port (got none)"),
     ('[[targets]]\nname = "a"\npid = 3\nprocess_regex = "x"',
-     "targets[0]: set exactly one of pid, pidfile, process_regex (got pid and process_regex)"),
+     "targets[0]: set exactly one of pid, pidfile, process_regex, systemd_unit, cgroup, container, port "
+     "(got pid and process_regex)"),
+    ('[[targets]]\nname = "a"\nport = 8000\nsystemd_unit = "vllm.service"',
+     "targets[0]: set exactly one of pid, pidfile, process_regex, systemd_unit, cgroup, container, port "
+     "(got systemd_unit and port)"),
+    ('[[targets]]\nname = "a"\nport = 70000', "targets[0].port: must be within [1, 65535], got 70000"),
+    ('[[targets]]\nname = "a"\nport = "8000"', "targets[0].port: expected an integer, got '8000' (string)"),
+    ('[[targets]]\nname = "a"\npid = 3\nchildren = "yes"',
+     "targets[0].children: expected a boolean, got 'yes' (string)"),
+    ('[[targets]]\nname = "a"\ncgroup = "x"\nchildren = false',
+     "targets[0].children: cannot be false with cgroup: its family is every process of the cgroup, whoever "
+     "their parent"),
+    ('[[targets]]\nname = "a"\ncgroup = "system.slice/../x"',
+     "targets[0].cgroup: must be a cgroup directory: a path under the cgroup v2 mount or one relative to its "
+     "root, without '..', got 'system.slice/../x'"),
+    ('[[targets]]\nname = "a"\ncgroup = "/"',
+     "targets[0].cgroup: names the root cgroup, which holds every process of the host; name a cgroup below "
+     "it, got '/'"),
+    ('[[targets]]\nname = "a"\nsystemd_unit = "vllm service"',
+     "targets[0].systemd_unit: must be a systemd unit name such as 'vllm.service' (1-255 of A-Z a-z 0-9 : _ . "
+     "@ \\ -), got 'vllm service'"),
+    ('[[targets]]\nname = "a"\ncontainer = "-abc"',
+     "targets[0].container: must be a container id or name prefix (1-128 of A-Z a-z 0-9 _ . -, not starting "
+     "with . _ -), got '-abc'"),
+    ('[[targets]]\nname = "a"\ncontainer = "abc"\nmax_processes = 0',
+     "targets[0].max_processes: must be within [1, 4096], got 0"),
+    ('[[targets]]\nname = "a"\ncontainer = "abc"\nmax_processse = 8',
+     "unknown key targets[0].max_processse (did you mean 'max_processes'?)"),
     ('[[targets]]\nname = "a"\npid = 0', "targets[0].pid: must be within [1, 4194304], got 0"),
     ('[[targets]]\nname = "a"\npid = "12"', "targets[0].pid: expected an integer, got '12' (string)"),
     ('[[targets]]\nname = "a"\npid = 1\n[[targets]]\nname = "b"\nprocess_regex = "("',
@@ -438,3 +466,22 @@ def test_a_config_without_credentials_may_stay_world_readable(conf_dir: Path) ->
     path = write(conf_dir, '[[receivers]]\nname = "w"\nurl = "https://h/hook"\n'
                            '[[targets]]\nname = "a"\npid = 1\nlatency = {metric = "m", url = "http://h:9/m"}')
     assert load_config(path).receivers[0].url == "https://h/hook"
+
+
+def test_family_selectors_load_with_their_children_defaults(conf_dir: Path) -> None:
+    """The old selectors stay single-process unless `children = true`; the new ones are families by default."""
+    path = conf_dir / "families.toml"
+    path.write_text('[[targets]]\nname = "old"\nprocess_regex = "vllm serve"\n'
+                    '[[targets]]\nname = "folded"\nprocess_regex = "vllm serve"\nchildren = true\n'
+                    '[[targets]]\nname = "unit"\nsystemd_unit = "vllm"\nmax_processes = 8\n'
+                    '[[targets]]\nname = "cg"\ncgroup = "system.slice/x.service"\n'
+                    '[[targets]]\nname = "ctr"\ncontainer = "3f2a"\n'
+                    '[[targets]]\nname = "port"\nport = 8000\n'
+                    '[[targets]]\nname = "listener"\nport = 8001\nchildren = false\n')
+    targets = {t.name: t for t in load_config(path).targets}
+    assert {n: (t.selector, t.family) for n, t in targets.items()} == {
+        "old": ("process_regex", False), "folded": ("process_regex", True), "unit": ("systemd_unit", True),
+        "cg": ("cgroup", True), "ctr": ("container", True), "port": ("port", True), "listener": ("port", False)}
+    assert targets["unit"].unit_name == "vllm.service" and targets["unit"].max_processes == 8
+    assert targets["old"].max_processes == 64
+    assert TargetSpec(name="s", systemd_unit="job.scope").unit_name == "job.scope"

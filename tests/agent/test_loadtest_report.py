@@ -221,6 +221,11 @@ def test_a_recorded_report_draws_a_point_for_every_figure_it_measured(browser, t
     ["--url", "http://h:1", "--target", "srv", "--config", "a.toml", "--no-probes", "--no-pyspy", "--all-steps",
      "--server-max-batch", "4", "--model", "m", "--timeout", "12.5", "--repeats", "0", "--html", "r.html"],
     ["--sweep", "max-batch=1,4", "--server-arg=--no-cache", "--probes", "gc,offcpu", "--pyspy-rate", "99"],
+    ["--url", "http://h:1", "--pid", "5", "--children"],
+    ["--url", "http://h:1", "--port", "8000"],
+    ["--url", "http://h:1", "--unit", "vllm.service"],
+    ["--url", "http://h:1", "--cgroup", "system.slice/x.service"],
+    ["--url", "http://h:1", "--container", "3f2a"],
 ])
 def test_the_command_line_saved_in_a_report_parses_back_to_the_same_run(argv):
     from agent.cli import build_parser
