@@ -61,7 +61,7 @@ def _host_pid_of_python(unshare_pid: int, timeout: float = 20) -> int:
 @pytest.mark.bpf
 def test_probes_gc_uprobes_and_pyspy_work_across_a_pid_namespace(require_bpf, tmp_path):
     go, out = tmp_path / "go", tmp_path / "pid"
-    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", INSIDE,
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", INSIDE,
                               str(go), str(out)])
     try:
         pid = _host_pid_of_python(outer.pid)
