@@ -141,3 +141,47 @@ def test_every_count_is_exact_per_member_and_in_total(require_bpf, tmp_path):
         assert abs(w.offcpu.seconds - sum(m.offcpu_seconds for m in w.members)) < 1e-6
         # Family stacks carry the member's role as their root frame.
         assert all(stack.split(";")[0].startswith("worker-") for stack in w.offcpu.stacks)
+
+
+TITLED = r"""
+import gc, os, sys, time
+from setproctitle import setproctitle
+gc.disable()
+for role in ("infersight::EngineCore", "infersight::Worker_TP1"):
+    if os.fork() == 0:
+        setproctitle(role)
+        while True:
+            for _ in range(500):
+                os.getppid()
+            gc.collect()
+            time.sleep(0.05)
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.bpf
+def test_collect_with_children_gives_one_window_per_tick_with_each_titled_member(require_bpf):
+    import json
+
+    parent = subprocess.Popen([sys.executable, "-c", TITLED])
+    try:
+        _wait(lambda: len(_children(parent.pid)) == 2, 20, "two titled children")
+        out = subprocess.run([sys.executable, "-m", "agent.cli", "collect", "--pid", str(parent.pid), "--children",
+                              "--duration", "4", "--interval", "2", "--json"],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+    finally:
+        for pid in _children(parent.pid):
+            os.kill(pid, 9)
+        parent.kill()
+        parent.wait()
+    windows = [json.loads(line) for line in out.splitlines()]
+    assert len(windows) == 2
+    for w in windows:
+        roles = {m["role"]: m for m in w["members"]}
+        assert set(roles) >= {"infersight::EngineCore", "infersight::Worker_TP1"}, roles
+        assert w["pid"] == parent.pid and roles["infersight::EngineCore"]["pid"] != parent.pid
+        # The family's figures are its members' sums; the children are where the GC and the syscalls are.
+        assert w["gc"]["collections"] == sum(m["gc_collections"] or 0 for m in w["members"]) > 0
+        assert w["syscalls"]["counts"]["getppid"] == sum((m["syscalls"] or {}).get("getppid", 0) for m in w["members"])
+        assert roles["infersight::EngineCore"]["gc_collections"] > 0
