@@ -110,3 +110,11 @@ def test_status_says_why_a_target_is_down():
             "for 2 windows") in lines
     assert "target fine: watching (pid 9)" in lines
     assert "target later: waiting (pid None) — no process matches 'x'" in lines
+
+
+def test_status_shows_a_cpu_only_hosts_gpu_neutrally():
+    from agent.status import format_status
+
+    data = {"uptime_seconds": 5, "windows_written": 1, "late_ticks": 0, "dropped_windows": 0, "latest": {},
+            "targets": [], "sources": [{"source": "gpu:w", "state": "absent", "reason": "no GPU on this host"}]}
+    assert "source gpu:w: absent — no GPU on this host" in format_status(data).splitlines()

@@ -57,3 +57,14 @@ def test_a_source_that_never_measured_a_target_exports_no_series_for_it_never_a_
               "infersight_runqueue_latency_seconds_count", "infersight_requests_total",
               "infersight_request_latency_seconds", "infersight_request_rate_per_second")
     assert [(n, labels) for n, labels in native if n in absent] == []
+
+
+def test_a_host_without_a_gpu_has_no_source_up_series_for_it(state, client):
+    from analysis.health import Health
+
+    state.set_health("gpu:server", Health(name="gpu", state="absent", reason="no GPU on this host"))
+    state.set_health("gpu:other", Health(name="gpu", state="failed", reason="cannot read the GPU"))
+    s = _samples(client)
+    # No series, so no InferenceSourceDown alert for a host that simply has no GPU; a broken one is down.
+    assert not any(name == "infersight_source_up" and ("source", "gpu:server") in labels for name, labels in s)
+    assert s[("infersight_source_up", (("source", "gpu:other"),))] == 0
