@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.sources.gpu import NO_GPU, GpuSource, gpu_device_nodes
 from probes import offcpu, runqlat, syscalls, tcpretrans
 
 PASS, FAIL, WARN, INFO = "ok", "FAIL", "warn", "info"
@@ -66,6 +67,7 @@ class Host:
     import_module: Callable[[str], Any] = importlib.import_module
     pyspy: str | None = field(default_factory=lambda: _find_pyspy())
     python: str = sys.executable
+    dev: Path = Path("/dev")
 
 
 def _find_pyspy() -> str | None:
@@ -239,6 +241,23 @@ def check_torch(host: Host) -> CheckResult:
     return CheckResult("torch", PASS, f"version {torch.__version__}; {where}")
 
 
+def check_gpu(host: Host) -> CheckResult:
+    """Never a failure: a CPU-only host is a fact about the host (info); a GPU NVML cannot read is a warning."""
+    source = GpuSource(loader=lambda: host.import_module("pynvml"), device_nodes=lambda: gpu_device_nodes(host.dev))
+    try:
+        health = source.health()
+    finally:
+        source.close()
+    if health.state == "running":
+        return CheckResult("gpu", PASS, f"{health.detail['devices']} NVIDIA device(s) readable through NVML",
+                           required=False)
+    if health.state == "absent":
+        return CheckResult("gpu", INFO, health.reason or NO_GPU, required=False)
+    return CheckResult("gpu", WARN, health.reason or "NVML cannot read the GPU",
+                       "install the NVIDIA driver matching the kernel and nvidia-ml-py (pip), then restart the agent",
+                       required=False)
+
+
 def run_checks(host: Host | None = None) -> list[CheckResult]:
     host = host or Host()
     results = [check_root(host), check_kernel(host), check_tracefs(host), check_btf(host)]
@@ -248,7 +267,7 @@ def run_checks(host: Host | None = None) -> list[CheckResult]:
     # Loading the probes only makes sense once a trivial program does.
     if not results[-1].failed:
         results += check_probes(host)
-    results += [check_pyspy(host), check_torch(host)]
+    results += [check_pyspy(host), check_torch(host), check_gpu(host)]
     return results
 
 

@@ -198,10 +198,12 @@ class AgentCollector(Collector):
                                       "measure that target; each window's errors say which.", labels=["source"])
         for source, n in sorted(snap.missing_readings.items()):
             missing.add_metric([source], n)
-        up = GaugeMetricFamily("infersight_source_up", "1 when a source or probe is running, else 0.",
-                               labels=["source"])
+        up = GaugeMetricFamily("infersight_source_up", "1 when a source or probe is running, else 0; no series "
+                               "for one the host has nothing for (no GPU).", labels=["source"])
         for source, health in sorted(snap.health.items()):
-            up.add_metric([source], 1.0 if health.up else 0.0)
+            # A CPU-only host has no GPU to watch: a fact, not a source that is down (no alert fires on it).
+            if health.state != "absent":
+                up.add_metric([source], 1.0 if health.up else 0.0)
         yield from (cpu, children, rss, peak, uptime, windows, late, dropped, tick, errors, missing, up)
 
 

@@ -91,10 +91,10 @@ class SingleTarget:
         self.loop.close()
 
     def problems(self) -> dict[str, str]:
-        """Collectors that are not running, by health name, as "state: reason". No GPU is a normal host, not a
-        problem: each window says so."""
+        """Collectors that are not running, by health name, as "state: reason". A host without a GPU (health
+        "absent") is a normal host, not a problem: each window says so."""
         return {name: f"{h.state}: {h.reason}" for name, h in self.state.snapshot().health.items()
-                if not h.up and not name.startswith("gpu:")}
+                if not h.up and h.state != "absent"}
 
     def target_detail(self) -> str | None:
         """What the loop last said of the target: its command line while watched, how it ended once down."""

@@ -6,9 +6,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 # running: measuring (per-target gaps are in `unsupported`); failed: cannot run, `reason` says why;
-# unsupported: runs on this host but can measure none of its targets; stopped: not started or stopped.
-State = Literal["running", "failed", "unsupported", "stopped"]
-STATES: tuple[str, ...] = ("running", "failed", "unsupported", "stopped")
+# unsupported: runs on this host but can measure none of its targets; stopped: not started or stopped;
+# absent: the host has nothing for it to read (no GPU): a fact about the host, shown neutrally, never an error.
+State = Literal["running", "failed", "unsupported", "stopped", "absent"]
+STATES: tuple[str, ...] = ("running", "failed", "unsupported", "stopped", "absent")
+# States that are not a fault: the page, `infersight status` and /metrics do not count them as failing.
+NOT_FAULTS: tuple[str, ...] = ("running", "stopped", "absent")
 
 
 @dataclass

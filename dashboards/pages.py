@@ -8,8 +8,10 @@ from flask import Blueprint, abort, current_app, jsonify, render_template
 
 from dashboards import findings
 from dashboards.errors import json_errors, require_store
+from dashboards.series_api import RANGES
 
 bp = Blueprint("pages", __name__)
+DEFAULT_RANGE = "1h"
 json_errors(bp, 404, 503)
 
 ENDPOINTS = {
@@ -30,9 +32,22 @@ ENDPOINTS = {
 }
 
 
+def default_range(first_start: float | None, now: float) -> str:
+    """The smallest preset range that holds every stored window, so a freshly started agent's minutes fill the
+    charts instead of a sliver at the right edge; 1h when there is nothing yet or more than the longest preset."""
+    if first_start is not None:
+        for name, seconds in RANGES.items():
+            if now - first_start <= seconds:
+                return name
+    return DEFAULT_RANGE
+
+
 @bp.get("/targets/<name>")
 def target(name: str):
-    return render_template("target.html", target=name, interval=current_app.config.get("INTERVAL_SECONDS") or 5.0)
+    store = current_app.config.get("STORE")
+    first = store.first_start(name) if store is not None else None
+    return render_template("target.html", target=name, interval=current_app.config.get("INTERVAL_SECONDS") or 5.0,
+                           ranges=list(RANGES), default_range=default_range(first, time.time()))
 
 
 @bp.get("/regressions")

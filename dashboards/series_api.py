@@ -8,6 +8,7 @@ from typing import Any
 from flask import Blueprint, abort, current_app, jsonify, request
 
 from analysis.flamegraph.profile import DEFAULT_LIMITS
+from analysis.health import NOT_FAULTS
 from analysis.waits import WAIT_KINDS, WAIT_LABELS, by_kind
 from dashboards import findings, view
 from dashboards.errors import json_errors, require_store
@@ -22,7 +23,6 @@ RANGES = {"15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
 MAX_RANGE_SECONDS = 8 * 86400
 SPARK_SECONDS = 3600
 SPARK_POINTS = 60
-HEALTHY_SOURCE_STATES = ("running", "stopped")
 MAX_CACHED_SERIES = 256
 
 
@@ -61,7 +61,7 @@ def target_state(t: dict[str, Any], latest: dict[str, Any] | None, open_targets:
         return "regression open"
     if t["state"] != "watching":
         return t["state"]
-    failing = [s for s in sources if s.get("state") not in HEALTHY_SOURCE_STATES]
+    failing = [s for s in sources if s.get("state") not in NOT_FAULTS]
     if failing or (latest and latest["errors"]):
         return "source failing"
     if detector.get(t["name"]) == "warmup":

@@ -55,7 +55,11 @@ class Alerter:
 
     def regression_opened(self, reg: Regression) -> None:
         """A new episode: remembered now, notified after group_wait (with the causes ranked by then).
-        Calling it again for a known regression id is an update, so a restarted detector cannot double-alert."""
+        Calling it again for a known regression id is an update, so a restarted detector cannot double-alert.
+
+        Every call takes an episode already saved in the store (agent.detection saves, then tells its
+        listeners): an alert holds the regression's id, and each notification is built from the row as last
+        saved. An episode that is not there is refused (StoreError)."""
         now = self._clock()
         with self._lock, self.store.transaction() as conn:
             table.open_alert(conn, reg, now + self.config.group_wait_seconds)
@@ -67,11 +71,11 @@ class Alerter:
             self.tick()
 
     def regression_updated(self, reg: Regression) -> None:
-        """Re-ranked causes or a new score: kept for the next notification. A higher severity than the alert's
-        is notified at once (an escalation); a lower one changes nothing (the alert keeps the highest)."""
+        """Re-ranked causes or a new score: the next notification reads them from the store. A higher severity
+        than the alert's is notified at once (an escalation); a lower one changes nothing (the alert keeps the
+        highest)."""
         now = self._clock()
         with self._lock, self.store.transaction() as conn:
-            table.update_regression(conn, reg)
             woken = self._raise_severity(conn, reg, now)
         self._wake_all(woken)
         self.tick()
@@ -86,7 +90,7 @@ class Alerter:
             if row is None or row[1] == "resolved":
                 return
             closed = reg if reg.closed_at is not None else dataclasses.replace(reg, closed_at=now)
-            table.close_alert(conn, row[0], closed)
+            table.close_alert(conn, row[0], closed.closed_at)
             woken |= self._raise_severity(conn, closed, now)
             if row[1] == "waiting":
                 # Closed inside group_wait: the receivers still hear it began, then that it ended.

@@ -105,8 +105,13 @@ def send_test(config: Config, name: str, *, store_dir: Path | None = None) -> in
         reg = Regression(id=f"test-{uuid.uuid4().hex[:12]}", target=TEST_TARGET, pid=os.getpid(), opened_at=now,
                          severity="warning", score=0.0,
                          causes=[Cause("unknown", 1.0, "a test alert from 'infersight alert test'")])
+        # An alert references its regression in the store, so the test episode is saved too, marked as a test:
+        # it exists for this alert only, and no listing (page, API, `infersight regressions`) shows it.
+        store.save_regression(reg, test=True)
         alerter.regression_opened(reg)
-        alerter.regression_closed(dataclasses.replace(reg, closed_at=time.time()))
+        closed = dataclasses.replace(reg, closed_at=time.time())
+        store.save_regression(closed, test=True)
+        alerter.regression_closed(closed)
         print(f"receiver {receiver.name} ({receiver.kind} {receiver.safe_url}), test alert {reg.id}")
         ok = True
         for label in ("firing", "resolved"):

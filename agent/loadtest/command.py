@@ -234,14 +234,20 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _at_server(report, offered_rps: float) -> str:
+    total = report.at_server(offered_rps)
+    return "" if total is None else f" (+ background = {total:.2f} req/s at the server)"
+
+
 def summary(report) -> str:
     knee = report.knee()
     good, bad = report.step(knee.last_good), report.step(knee.first_bad)
-    lines = []
+    lines = [report.background.text()] if report.background is not None else []
     if knee.found and good and bad:
-        lines.append(f"knee: {good.offered_rps:g} req/s offered ({good.achieved_rps:.2f} req/s, "
-                     f"{good.tokens_per_s:.0f} tokens/s, p95 {good.client_p95_s * 1000:.0f} ms); "
-                     f"{bad.offered_rps:g} req/s breaks the SLO: {knee.reason}")
+        lines.append(f"knee: {good.offered_rps:g} req/s offered{_at_server(report, good.offered_rps)} "
+                     f"({good.achieved_rps:.2f} req/s, {good.tokens_per_s:.0f} tokens/s, p95 "
+                     f"{good.client_p95_s * 1000:.0f} ms); {bad.offered_rps:g} req/s"
+                     f"{_at_server(report, bad.offered_rps)} breaks the SLO: {knee.reason}")
     else:
         lines.append(f"no knee: {knee.reason}")
     lines.append(f"bottleneck: {report.bottleneck().summary}")

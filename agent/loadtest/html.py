@@ -41,6 +41,7 @@ h1{font-size:22px}h2{font-size:17px;margin-top:28px}table{border-collapse:collap
 td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}td.l,th.l{text-align:left}
 .charts{display:flex;flex-wrap:wrap;gap:10px}.bad{color:#b00}.good{color:#070}
 .verdict{font-size:15px;padding:8px;background:#f7f7f0;border-left:4px solid #c90}
+.warning{padding:8px;background:#fff0f0;border-left:4px solid #a40000}
 img.flame{width:100%;border:1px solid #ccc}.flames{display:grid;grid-template-columns:1fr 1fr;gap:10px}"""
 
 
@@ -151,15 +152,23 @@ def bottleneck_section(report: LoadTestReport) -> str:
 def render(report: LoadTestReport) -> str:
     knee = report.knee()
     good, bad = report.step(knee.last_good), report.step(knee.first_bad)
+    def at_server(offered: float) -> str:
+        total = report.at_server(offered)
+        return "" if total is None else f" (+ background = {total:.2f} req/s at the server)"
+
     if knee.found and good and bad:
-        knee_text = (f"Knee: {good.offered_rps:g} req/s offered is the highest step meeting the SLO "
-                     f"({good.achieved_rps:.2f} req/s, {good.tokens_per_s:.0f} tokens/s); "
-                     f"{bad.offered_rps:g} req/s breaks it: {knee.reason}.")
+        knee_text = (f"Knee: {good.offered_rps:g} req/s offered{at_server(good.offered_rps)} is the highest step "
+                     f"meeting the SLO ({good.achieved_rps:.2f} req/s, {good.tokens_per_s:.0f} tokens/s); "
+                     f"{bad.offered_rps:g} req/s{at_server(bad.offered_rps)} breaks it: {knee.reason}.")
     else:
         knee_text = f"No knee: {knee.reason}."
     noise = ", ".join(f"{k} {v:.1%}" for k, v in report.noise().items() if v is not None) or "no repeated step"
     problems = "".join(f"<li>{escape(k)}: {escape(v)}</li>" for k, v in sorted(report.collection_problems.items()))
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(report.started))
+    b = report.background
+    warn = b is not None and bool(b.rps)
+    background = "" if b is None else (f'<p id="background" class="{"warning" if warn else "meta"}">'
+                                       f"{escape(b.text())}</p>\n")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>infersight loadtest {escape(report.label)}</title>
 <style>{CSS}</style></head><body>
@@ -167,7 +176,7 @@ def render(report: LoadTestReport) -> str:
 <p>{when}; pid {report.pid if report.pid is not None else 'n/a'}; schedule {escape(report.schedule)};
 SLO p95 &le; {report.slo.p95_s * 1000:g} ms and errors &le; {report.slo.max_error_rate:.1%}.
 Run-to-run noise from repeated steps: {escape(noise)}.</p>
-<p class="verdict" id="knee">{escape(knee_text)}</p>
+{background}<p class="verdict" id="knee">{escape(knee_text)}</p>
 <h2>What saturated first</h2>{bottleneck_section(report)}
 <h2>Figures against offered load</h2><div class="charts">{"".join(charts(report))}</div>
 <h2>Flame graphs: last good step vs first failing step</h2>{flame_section(report)}

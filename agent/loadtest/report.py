@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from agent.loadtest.server_metrics import BackgroundLoad
 from analysis.capacity import Bottleneck, Knee, Slo, StepFigures, find_knee, name_bottleneck
 from analysis.capacity_compare import Run, measure_noise
 
@@ -35,6 +36,14 @@ class LoadTestReport:
     flame_good: dict[str, int] = field(default_factory=dict)
     flame_bad: dict[str, int] = field(default_factory=dict)
     flame_note: str = ""
+    # The server's request rate before the first step (other traffic); None in reports older than the field.
+    background: BackgroundLoad | None = None
+
+    def at_server(self, offered_rps: float) -> float | None:
+        """A step's load as the server saw it: offered + the background rate; None when there was none measured."""
+        if self.background is None or not self.background.rps:
+            return None
+        return offered_rps + self.background.rps
 
     def knee(self) -> Knee:
         return find_knee(self.steps, self.slo)
@@ -63,6 +72,8 @@ class LoadTestReport:
             "bottleneck": self.bottleneck().to_dict(),
             "noise": self.noise(),
             "flame": {"good": self.flame_good, "bad": self.flame_bad, "note": self.flame_note},
+            # Absent, not null, in a report from before it was measured: such a file loads and saves unchanged.
+            **({} if self.background is None else {"background": asdict(self.background)}),
         }
 
 
@@ -78,7 +89,8 @@ def from_dict(data: Any) -> LoadTestReport:
     record = {k: data[k] for k in ("url", "pid", "slo", "schedule", "started", "finished", "steps") if k in data}
     record.update(label=data.get("label") or "", settings=data.get("settings") or {},
                   collection_problems=data.get("collection_problems") or {}, flame_good=flame.get("good") or {},
-                  flame_bad=flame.get("bad") or {}, flame_note=flame.get("note") or "")
+                  flame_bad=flame.get("bad") or {}, flame_note=flame.get("note") or "",
+                  background=data.get("background"))
     try:
         return msgspec.convert(record, LoadTestReport)
     except msgspec.ValidationError as exc:

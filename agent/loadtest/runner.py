@@ -17,7 +17,7 @@ from agent.loadtest.figures import add_server, add_window, clearly_broken, clien
 from agent.loadtest.idle_threads import idle_since, switches
 from agent.loadtest.report import LoadTestReport
 from agent.loadtest.schedule import Step
-from agent.loadtest.server_metrics import ServerSampler
+from agent.loadtest.server_metrics import BACKGROUND_SECONDS, ServerSampler
 from analysis.capacity import Slo, StepFigures, find_knee, verdict
 from analysis.errors import ReadingError
 from analysis.window import Window
@@ -47,6 +47,7 @@ class Options:
     max_batch: int | None = None  # the server's batch limit; no endpoint exports it, so the user (or sweep) says
     spec: TargetSpec | None = None  # how the agent finds the server (a family); None: `pid` alone
     members: tuple[int, ...] = ()  # a family's processes when the test started (any of them may hold the port)
+    background_s: float = BACKGROUND_SECONDS  # how long the server's own request rate is measured before step 1
 
     @property
     def scrape_url(self) -> str:
@@ -61,18 +62,21 @@ def _listening_ports(proc: psutil.Process) -> set[int]:
     return {c.laddr.port for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
 
 
-def check_target(endpoint: Endpoint, sampler: ServerSampler, pid: int | None, shape: Shape,
-                 members: tuple[int, ...] = ()) -> None:
-    """Raise TargetError with one line unless the URL answers, completes a request, and `pid` (or one of a
-    family's `members`) serves its port."""
-    try:
-        sampler.check()
-    except ReadingError as exc:
-        raise TargetError(f"cannot reach the server's metrics: {exc}") from None
+def check_completes(endpoint: Endpoint, shape: Shape) -> None:
+    """Raise TargetError with one line unless the server completes one small request."""
     kind, _, _, _, detail = complete(endpoint, "the model", 2, 0, Shape(timeout_s=min(shape.timeout_s, 30.0),
                                                                       model=shape.model), threading.Event())
     if kind != "ok":
         raise TargetError(f"{endpoint.url} did not complete a test request ({kind}: {detail.strip()[:160]})")
+
+
+def check_target(endpoint: Endpoint, sampler: ServerSampler, pid: int | None, members: tuple[int, ...] = ()) -> None:
+    """Raise TargetError with one line unless the metrics URL answers and `pid` (or one of a family's `members`)
+    serves the URL's port."""
+    try:
+        sampler.check()
+    except ReadingError as exc:
+        raise TargetError(f"cannot reach the server's metrics: {exc}") from None
     if pid is None:
         return
     try:
@@ -106,6 +110,7 @@ class Runner:
         self.sampler = ServerSampler(options.scrape_url)
         self.collection: Collection | None = None
         self.stacks: dict[int, dict[str, int]] = {}
+        self.background_rps = 0.0
 
     def _say(self, line: str) -> None:
         self.progress.write(line + "\n")
@@ -113,7 +118,12 @@ class Runner:
 
     def run(self) -> LoadTestReport:
         o = self.o
-        check_target(self.endpoint, self.sampler, o.pid, o.shape, o.members)
+        check_target(self.endpoint, self.sampler, o.pid, o.members)
+        # Before our own first request (the check below): what the server serves is then someone else's.
+        background = self.sampler.background(o.background_s)
+        self._say(f"loadtest: {background.text()}")
+        self.background_rps = background.rps or 0.0
+        check_completes(self.endpoint, o.shape)
         started = time.time()
         problems: dict[str, str] = {}
         if o.pid is not None and (o.probes or o.pyspy):
@@ -148,7 +158,7 @@ class Runner:
         knee = find_knee(steps, o.slo)
         report = LoadTestReport(url=o.url, pid=o.pid, slo=o.slo, schedule=o.schedule_text, started=started,
                                 finished=time.time(), steps=steps, label=o.label, settings=o.settings,
-                                collection_problems=problems)
+                                collection_problems=problems, background=background)
         report.flame_good = self.stacks.get(knee.last_good, {}) if knee.last_good is not None else {}
         report.flame_bad = self.stacks.get(knee.first_bad, {}) if knee.first_bad is not None else {}
         if not o.pyspy or o.pid is None:
@@ -204,6 +214,8 @@ class Runner:
         queue = "" if s.queue_waiting_mean is None else f", queue {s.queue_waiting_mean:.1f}"
         tag = f"repeat of step {s.repeat_of + 1}" if s.repeat_of is not None else f"step {s.index + 1}/{planned}"
         early = " (stopped early)" if s.stopped_early else ""
-        self._say(f"{tag}: {s.offered_rps:g} req/s offered for {s.duration_s:.0f}s{early}: {s.achieved_rps:.2f} req/s, "
+        extra = self.background_rps
+        plus = f" (+{extra:.2f} background = {s.offered_rps + extra:.2f} at the server)" if extra else ""
+        self._say(f"{tag}: {s.offered_rps:g} req/s offered{plus} for {s.duration_s:.0f}s{early}: {s.achieved_rps:.2f} req/s, "
                   f"{s.tokens_per_s:.0f} tok/s, p95 {p95}, errors {s.error_rate:.1%}{cpu}{queue}: "
                   f"{'meets SLO' if why is None else 'FAILS: ' + why}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,6 +19,10 @@ LATENCY_HISTOGRAMS = ("vllm:e2e_request_latency_seconds", "tgi_request_duration"
 # vLLM exports no batch-size histogram; the bundled server's own is `workload_batch_size` (renamed from
 # `workload:batch_size` in f829986, colons being for recording rules), kept for servers still on the old name.
 BATCH_HISTOGRAMS = ("workload_batch_size", "workload:batch_size", "tgi_batch_next_size")
+# Finished requests: vLLM's counter (the bundled server's too), TGI's; else the latency histogram's count.
+REQUEST_COUNTERS = ("vllm:request_success", "tgi_request_count")
+# Long enough to see a demo's 1-2 req/s a handful of times, short enough not to matter before a run of minutes.
+BACKGROUND_SECONDS = 5.0
 
 
 @dataclass
@@ -53,6 +58,56 @@ def _histogram(text: str, names: tuple[str, ...]) -> tuple[str, HistogramSnapsho
     return None
 
 
+def requests_served(text: str) -> tuple[str, float] | None:
+    """(metric, count) of the requests the server has finished since it started, or None when it exports none."""
+    for family in text_string_to_metric_families(text):
+        if family.name in REQUEST_COUNTERS:
+            return family.name, sum(s.value for s in family.samples if s.name.endswith("_total"))
+    found = _histogram(text, LATENCY_HISTOGRAMS)
+    if found is not None and found[1].counts:
+        return f"{found[0]}_count", sum(found[1].counts.values())
+    return None
+
+
+@dataclass
+class BackgroundLoad:
+    """The request rate the server had before the first step (someone else's traffic); None + reason if unknown."""
+
+    rps: float | None
+    seconds: float
+    metric: str | None = None
+    reason: str | None = None
+
+    def text(self) -> str:
+        """One line for the progress, the summary and the HTML report."""
+        if self.rps is None:
+            return f"background traffic not measured: {self.reason}"
+        if self.rps == 0:
+            return f"no background traffic: the server finished no request in the {self.seconds:.0f} s before step 1"
+        return (f"WARNING: the server already served {self.rps:.2f} req/s of other traffic ({self.metric} over "
+                f"{self.seconds:.0f} s before step 1): each step's load at the server was its offered rate plus that")
+
+
+def measure_background(fetch: Callable[[str, float], str], url: str, seconds: float = BACKGROUND_SECONDS,
+                       sleep: Callable[[float], None] = time.sleep,
+                       clock: Callable[[], float] = time.monotonic) -> BackgroundLoad:
+    """Two scrapes `seconds` apart, before the load test sends anything: the server's request counter's rate."""
+    try:
+        first, began = requests_served(fetch(url, 2.0)), clock()
+        if first is None:
+            return BackgroundLoad(None, 0.0, reason=f"no request counter ({' or '.join(REQUEST_COUNTERS)}) or "
+                                                    f"latency histogram at the endpoint")
+        sleep(seconds)
+        last, ended = requests_served(fetch(url, 2.0)), clock()
+    except (ReadingError, ValueError) as exc:
+        return BackgroundLoad(None, 0.0, reason=f"scrape failed: {exc}")
+    if last is None or last[0] != first[0]:
+        return BackgroundLoad(None, ended - began, reason="the request counter vanished between two scrapes")
+    if last[1] < first[1]:
+        return BackgroundLoad(None, ended - began, first[0], reason="the request counter went back (server restarted)")
+    return BackgroundLoad((last[1] - first[1]) / (ended - began), ended - began, first[0])
+
+
 class ServerSampler:
     """Scrapes the endpoint once a second during a step; `finish()` returns the step's ServerStep."""
 
@@ -66,6 +121,10 @@ class ServerSampler:
     def check(self) -> None:
         """One scrape now; ReadingError with the reason when the endpoint does not answer."""
         self._fetch(self.url, 2.0)
+
+    def background(self, seconds: float = BACKGROUND_SECONDS) -> BackgroundLoad:
+        """The server's request rate over `seconds`, before any step (measure_background)."""
+        return measure_background(self._fetch, self.url, seconds)
 
     def start(self) -> None:
         self._texts, self._errors = [], {}

@@ -1,9 +1,10 @@
-"""GPU utilisation, memory and power from NVML (nvidia-ml-py); "no GPU" is a reading, not an error."""
+"""GPU utilisation, memory and power from NVML (nvidia-ml-py); "no GPU on this host" is a reading, not an error."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -11,9 +12,16 @@ from analysis.errors import ReadingError
 from analysis.health import Health
 from analysis.window import GpuReading
 
+NO_GPU = "no GPU on this host"
+
 
 def import_nvml() -> ModuleType:
     return importlib.import_module("pynvml")
+
+
+def gpu_device_nodes(dev: Path = Path("/dev")) -> list[str]:
+    """The NVIDIA driver's device nodes (/dev/nvidia0 ...): a host, or a container given a GPU, has at least one."""
+    return sorted(str(p) for p in dev.glob("nvidia[0-9]*"))
 
 
 class GpuSource:
@@ -25,39 +33,49 @@ class GpuSource:
 
     name = "gpu"
 
-    def __init__(self, pid: int | None = None, loader: Callable[[], ModuleType] = import_nvml) -> None:
+    def __init__(self, pid: int | None = None, loader: Callable[[], ModuleType] = import_nvml,
+                 device_nodes: Callable[[], list[str]] = gpu_device_nodes) -> None:
         self.pid = pid
         self._nvml: Any = None
         self._handles: list[Any] = []
         self._unavailable: str | None = None
+        # True when the host has no GPU at all (health "absent"); False when it has one NVML cannot read (failed).
+        self._absent = False
         self._errors = 0
         self._last_error: str | None = None
-        self._open(loader)
+        self._open(loader, device_nodes)
 
-    def _open(self, loader: Callable[[], ModuleType]) -> None:
+    def _open(self, loader: Callable[[], ModuleType], device_nodes: Callable[[], list[str]]) -> None:
         try:
             nvml = loader()
         except ImportError as exc:
-            self._unavailable = f"no NVIDIA GPU: nvidia-ml-py is not installed ({exc})"
+            self._cannot_read(device_nodes(), f"nvidia-ml-py is not installed ({exc})")
             return
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
-            # LibraryNotFound (no driver installed), DriverNotLoaded, NoPermission ... all mean no GPU to read.
-            self._unavailable = f"no NVIDIA GPU: NVML failed to start: {exc}"
+            # LibraryNotFound (no driver installed), DriverNotLoaded, NoPermission ...: without a device node
+            # there is no GPU to read; with one, the driver or its library is broken, and that is an error.
+            self._cannot_read(device_nodes(), f"NVML failed to start: {exc}")
             return
         try:
             count = nvml.nvmlDeviceGetCount()
             self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         except nvml.NVMLError as exc:
             nvml.nvmlShutdown()
-            self._unavailable = f"no NVIDIA GPU: NVML could not list devices: {exc}"
+            self._cannot_read(device_nodes(), f"NVML could not list devices: {exc}")
             return
         if not self._handles:
             nvml.nvmlShutdown()
-            self._unavailable = "no NVIDIA GPU: NVML sees 0 devices"
+            self._absent, self._unavailable = True, f"{NO_GPU} (NVML sees 0 devices)"
             return
         self._nvml = nvml
+
+    def _cannot_read(self, nodes: list[str], why: str) -> None:
+        if nodes:
+            self._unavailable = f"cannot read the GPU ({', '.join(nodes[:4])}): {why}"
+        else:
+            self._absent, self._unavailable = True, f"{NO_GPU} (no /dev/nvidia*; {why})"
 
     @property
     def available(self) -> bool:
@@ -93,7 +111,8 @@ class GpuSource:
 
     def health(self) -> Health:
         if self._nvml is None:
-            return Health(name=self.name, state="unsupported", reason=self._unavailable, error_count=self._errors)
+            state = "stopped" if self._unavailable == "closed" else "absent" if self._absent else "failed"
+            return Health(name=self.name, state=state, reason=self._unavailable, error_count=self._errors)
         return Health(name=self.name, state="failed" if self._last_error else "running", reason=self._last_error,
                             error_count=self._errors, detail={"devices": len(self._handles)})
 

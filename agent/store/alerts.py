@@ -2,18 +2,22 @@
 
 Notifications are committed here before any attempt and handed out per receiver in order (`Outbox`); the
 alerter's moves of an alert (`open_alert`, `fire`, `escalate`, ...) run inside its `Store.transaction()`.
-An alert keeps the latest Regression as JSON (`regression_to_json`) for its next notification.
+An alert holds its episode's id only: each notification is built from the regressions table
+(agent.store.findings), where the detector saves every re-rank before it tells the alerter. A queued
+notification keeps its rendered body, so what was committed is what is delivered, after a kill -9 too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import uuid
 from dataclasses import dataclass
 
-from agent.store.db import Database, Migration
-from analysis.regression import Regression, regression_from_dict, regression_to_dict
+from agent.store.db import Database, Migration, StoreError
+from agent.store.findings import regression_in
+from analysis.regression import Regression
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "alert outbox: alerts and their notifications", """
@@ -55,6 +59,16 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         CREATE INDEX alert_notifications_due ON alert_notifications(receiver, owner, state, next_attempt_at);
         CREATE INDEX alert_notifications_by_alert ON alert_notifications(alert_id, receiver, id);
+    """),
+    # The detector saved every episode before telling the alerter, so a copy without its row came from
+    # `infersight alert test`: it is kept, as a test row, so no alert loses its regression.
+    Migration(6, "alerts: reference regressions.id instead of a JSON copy of the regression", """
+        INSERT INTO regressions(id, target, opened_at, closed_at, severity, top_cause, data, test)
+            SELECT regression_id, target, json_extract(regression, '$.opened_at'),
+                   json_extract(regression, '$.closed_at'), json_extract(regression, '$.severity'),
+                   COALESCE(json_extract(regression, '$.causes[0].label'), 'unknown'), regression, 1
+            FROM alerts WHERE regression_id NOT IN (SELECT id FROM regressions);
+        ALTER TABLE alerts DROP COLUMN regression;
     """),
 )
 
@@ -229,14 +243,6 @@ class Outbox:
 # ---- the alerter's moves, inside its transaction -----------------------------------------------------------
 
 
-def regression_to_json(reg: Regression) -> str:
-    return json.dumps(regression_to_dict(reg), separators=(",", ":"))
-
-
-def regression_from_json(text: str) -> Regression:
-    return regression_from_dict(json.loads(text))
-
-
 @dataclass(frozen=True)
 class OpenAlert:
     """An alert not resolved yet, as the alerter's severity check reads it."""
@@ -266,17 +272,25 @@ def any_due(store: Database, now: float, repeat_before: float) -> bool:
 
 
 def open_alert(conn: sqlite3.Connection, reg: Regression, notify_at: float) -> None:
-    """A waiting alert for a new episode; for a known one (a restarted detector) only its regression is updated."""
+    """A waiting alert for a new episode; nothing for a known one (a restarted detector). The episode must be
+    in the regressions table already: StoreError otherwise, at the call that would alert on nothing."""
+    if regression_in(conn, reg.id) is None:
+        raise StoreError(f"regression {reg.id!r} is not in the store: save it before alerting on it "
+                         "(agent.detection saves every episode before it tells its listeners)")
     conn.execute(
-        "INSERT INTO alerts(regression_id, target, severity, state, opened_at, notify_at, regression) "
-        "VALUES (?, ?, ?, 'waiting', ?, ?, ?) ON CONFLICT(regression_id) DO UPDATE SET "
-        "regression = excluded.regression WHERE alerts.state != 'resolved'",
-        (reg.id, reg.target, reg.severity, reg.opened_at, notify_at, regression_to_json(reg)))
+        "INSERT INTO alerts(regression_id, target, severity, state, opened_at, notify_at) "
+        "VALUES (?, ?, ?, 'waiting', ?, ?) ON CONFLICT(regression_id) DO NOTHING",
+        (reg.id, reg.target, reg.severity, reg.opened_at, notify_at))
 
 
-def update_regression(conn: sqlite3.Connection, reg: Regression) -> None:
-    conn.execute("UPDATE alerts SET regression = ? WHERE regression_id = ? AND state != 'resolved'",
-                 (regression_to_json(reg), reg.id))
+def _regression(conn: sqlite3.Connection, regression_id: str, closed_at: float | None) -> Regression:
+    """The alert's episode as the detector last saved it; closed when the alert was, whatever the row says."""
+    reg = regression_in(conn, regression_id)
+    if reg is None:
+        raise StoreError(f"alert of regression {regression_id!r}: the regression is not in the store")
+    if reg.closed_at is None and closed_at is not None:
+        reg = dataclasses.replace(reg, closed_at=closed_at)
+    return reg
 
 
 def alert_state(conn: sqlite3.Connection, regression_id: str) -> tuple[int, str] | None:
@@ -285,9 +299,8 @@ def alert_state(conn: sqlite3.Connection, regression_id: str) -> tuple[int, str]
     return (row[0], row[1]) if row else None
 
 
-def close_alert(conn: sqlite3.Connection, alert_id: int, closed: Regression) -> None:
-    conn.execute("UPDATE alerts SET regression = ?, closed_at = ? WHERE id = ?",
-                 (regression_to_json(closed), closed.closed_at, alert_id))
+def close_alert(conn: sqlite3.Connection, alert_id: int, closed_at: float) -> None:
+    conn.execute("UPDATE alerts SET closed_at = ? WHERE id = ?", (closed_at, alert_id))
 
 
 def mark_resolved(conn: sqlite3.Connection, alert_id: int) -> None:
@@ -328,8 +341,9 @@ def escalate(conn: sqlite3.Connection, alert_id: int, severity: str, labels: dic
 
 def regression_of(conn: sqlite3.Connection, alert_id: int) -> tuple[Regression, str]:
     """The alert's latest regression and its (highest so far) severity."""
-    text, severity = conn.execute("SELECT regression, severity FROM alerts WHERE id = ?", (alert_id,)).fetchone()
-    return regression_from_json(text), severity
+    rid, closed_at, severity = conn.execute("SELECT regression_id, closed_at, severity FROM alerts WHERE id = ?",
+                                            (alert_id,)).fetchone()
+    return _regression(conn, rid, closed_at), severity
 
 
 def fire(conn: sqlite3.Connection, alert_id: int, labels: dict[str, str], fingerprint: str, severity: str,
@@ -340,6 +354,7 @@ def fire(conn: sqlite3.Connection, alert_id: int, labels: dict[str, str], finger
 
 
 def to_send(conn: sqlite3.Connection, alert_id: int) -> AlertToSend:
-    text, labels_text, fp, severity, target = conn.execute(
-        "SELECT regression, labels, fingerprint, severity, target FROM alerts WHERE id = ?", (alert_id,)).fetchone()
-    return AlertToSend(regression_from_json(text), json.loads(labels_text), fp, severity, target)
+    rid, closed_at, labels_text, fp, severity, target = conn.execute(
+        "SELECT regression_id, closed_at, labels, fingerprint, severity, target FROM alerts WHERE id = ?",
+        (alert_id,)).fetchone()
+    return AlertToSend(_regression(conn, rid, closed_at), json.loads(labels_text), fp, severity, target)

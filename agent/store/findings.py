@@ -1,9 +1,14 @@
 """What the detector keeps: its learned state per target, the regressions it opened (re-ranked while open), and
-durable requests to forget a baseline. The codec of a regression is analysis.regression's dict, as JSON."""
+durable requests to forget a baseline. The codec of a regression is analysis.regression's dict, as JSON.
+
+The regressions table is the one copy of an episode: an alert (agent.store.alerts) holds its id and reads it
+from here (`regression_in`) when it builds a notification. A row marked `test` is the synthetic episode of an
+`infersight alert test` run: it exists for its alert only and no listing shows it."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable
 
 from agent.store.db import Migration
@@ -36,6 +41,9 @@ MIGRATIONS: tuple[Migration, ...] = (
             requested REAL NOT NULL
         );
     """),
+    Migration(5, "regressions: mark the synthetic episodes of 'infersight alert test'", """
+        ALTER TABLE regressions ADD COLUMN test INTEGER NOT NULL DEFAULT 0 CHECK (test IN (0, 1));
+    """),
 )
 
 
@@ -45,6 +53,21 @@ def encode_regression(regression: Regression) -> str:
 
 def decode_regression(text: str) -> Regression:
     return regression_from_dict(json.loads(text))
+
+
+def upsert_regression(conn: sqlite3.Connection, regression: Regression, *, test: bool = False) -> None:
+    """Insert or update one episode inside the caller's transaction."""
+    conn.execute("INSERT INTO regressions(id, target, opened_at, closed_at, severity, top_cause, data, test) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET closed_at = excluded.closed_at, "
+                 "severity = excluded.severity, top_cause = excluded.top_cause, data = excluded.data",
+                 (regression.id, regression.target, regression.opened_at, regression.closed_at,
+                  regression.severity, regression.top_cause, encode_regression(regression), int(test)))
+
+
+def regression_in(conn: sqlite3.Connection, regression_id: str) -> Regression | None:
+    """The episode as last saved, test ones included (an alert's read inside the alerter's transaction)."""
+    row = conn.execute("SELECT data FROM regressions WHERE id = ?", (regression_id,)).fetchone()
+    return decode_regression(row[0]) if row else None
 
 
 class FindingTables:
@@ -63,14 +86,11 @@ class FindingTables:
         with self.transaction() as conn:
             conn.execute("DELETE FROM detector_state WHERE target = ?", (target,))
 
-    def save_regression(self, regression: Regression) -> None:
-        """Insert or update one episode (its causes are re-ranked while it is open)."""
+    def save_regression(self, regression: Regression, *, test: bool = False) -> None:
+        """Insert or update one episode (its causes are re-ranked while it is open). `test`: the synthetic
+        episode of `infersight alert test`, kept for its alert and left out of every listing."""
         with self.transaction() as conn:
-            conn.execute("INSERT INTO regressions(id, target, opened_at, closed_at, severity, top_cause, data) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET closed_at = excluded.closed_at, "
-                         "severity = excluded.severity, top_cause = excluded.top_cause, data = excluded.data",
-                         (regression.id, regression.target, regression.opened_at, regression.closed_at,
-                          regression.severity, regression.top_cause, encode_regression(regression)))
+            upsert_regression(conn, regression, test=test)
 
     def request_baseline_reset(self, target: str) -> None:
         """Ask the running agent (or the next one) to forget `target`'s baseline; the request is durable."""
@@ -94,7 +114,7 @@ class FindingTables:
     def regressions(self, target: str | None = None, *, open_only: bool = False, since: float | None = None,
                     limit: int = 100) -> list[Regression]:
         """Episodes newest first: those still open or that closed after `since`."""
-        clauses, params = ["1"], []
+        clauses, params = ["NOT test"], []
         if target is not None:
             clauses.append("target = ?")
             params.append(target)
@@ -109,5 +129,6 @@ class FindingTables:
         return [decode_regression(r[0]) for r in rows]
 
     def regression(self, regression_id: str) -> Regression | None:
-        row = self._reader().execute("SELECT data FROM regressions WHERE id = ?", (regression_id,)).fetchone()
+        row = self._reader().execute("SELECT data FROM regressions WHERE id = ? AND NOT test",
+                                     (regression_id,)).fetchone()
         return decode_regression(row[0]) if row else None

@@ -309,6 +309,13 @@ class WindowTables:
         return FoldedRead(stacks=merged, windows=windows, dropped_stacks=dropped_stacks,
                           dropped_samples=dropped_samples, read_from=read_from, cut=cut)
 
+    def first_start(self, target: str) -> float | None:
+        """When the target's oldest stored window began (one index lookup), or None when it has none."""
+        (start,), = self._reader().execute(
+            "SELECT MIN(w.start) FROM windows w JOIN targets t ON t.id = w.target_id WHERE t.name = ?",
+            (target,)).fetchall()
+        return start
+
     def targets(self) -> list[StoredTarget]:
         rows = self._reader().execute(
             'SELECT t.name, COUNT(w.id), MIN(w.start), MAX(w."end") FROM targets t '

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from agent import doctor
@@ -152,3 +153,22 @@ def test_a_probe_that_cannot_load_names_its_reason():
     by = _by_name(results)
     assert by["probe tcp"].failed and "tcp_retransmit_skb does not exist" in by["probe tcp"].detail
     assert by["probe syscalls"].status == PASS
+
+
+def test_gpu_is_never_a_failure_and_a_cpu_only_host_is_information(tmp_path):
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML starts on this host: it has a GPU")
+    # This host: no driver and no /dev/nvidia*: said neutrally, not counted.
+    result = doctor.check_gpu(Host())
+    assert (result.status, result.failed) == (doctor.INFO, False)
+    assert result.detail.startswith("no GPU on this host")
+    # The same NVML failure where a device node exists: the GPU is there and unreadable, a warning with a fix.
+    (tmp_path / "nvidia0").touch()
+    broken = doctor.check_gpu(Host(dev=tmp_path))
+    assert (broken.status, broken.failed) == (doctor.WARN, False)
+    assert "/nvidia0" in broken.detail and broken.fix

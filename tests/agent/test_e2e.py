@@ -128,7 +128,7 @@ def test_workload_load_agent_restart_and_crash(require_bpf, tmp_path):
         assert w.stacks.samples > 0 and (w.stacks.active or w.stacks.idle)
         # Whatever NVML says about this host, the window agrees: figures with a GPU, the reason without.
         assert w.gpu.available is nvml_has_gpu(), w.gpu
-        assert w.gpu.available or "no NVIDIA GPU" in w.gpu.reason
+        assert w.gpu.available or "no GPU on this host" in w.gpu.reason
     assert sum(w.latency.requests for w in serving) > 0
     # The window in which the server exits has no gc reading (the probe drops a gone target), not a zero.
     assert sum(w.gc.collections for w in first if w.gc is not None) > 0

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -142,3 +143,66 @@ def test_a_short_max_batch_sweep_restarts_the_server_per_value_and_marks_an_opti
         assert data["optimum"] is None
     charts = re.findall(r'<svg class="chart" id="(sweep-\w+)" data-points="(\d+)"', page.read_text())
     assert len(charts) == 5
+
+
+def test_traffic_already_at_the_server_is_measured_and_said(tmp_path):
+    """A real server with a real 2 req/s load of someone else's (the demo's own): the report measures it before
+    the first step, warns, and says the load at the server; without it, "no background traffic"."""
+    from agent.loadtest import html
+    from agent.loadtest.command import summary
+    from agent.loadtest.server_metrics import ServerSampler
+
+    server = start_server(["--threads", "1"])
+    log = open(tmp_path / "load.log", "w")
+    load = subprocess.Popen([sys.executable, "-m", "workload", "load", "--url", server.url, "--rate", "2",
+                             "--duration", "600", "--max-tokens", "8-16", "--no-progress"], cwd=REPO,
+                            stdout=log, stderr=subprocess.STDOUT)
+
+    def run_once() -> tuple:
+        options = Options(url=server.url, pid=None, schedule=parse_schedule("1:4"), schedule_text="1:4",
+                          slo=Slo(30.0, 0.5), shape=Shape(max_tokens=(8, 16), timeout_s=30), probes=[], pyspy=False,
+                          repeats=0, background_s=10.0)
+        progress = io.StringIO()
+        return Runner(options, progress).run(), progress.getvalue()
+
+    try:
+        # The load generator's first requests reach the server before the measurement begins.
+        sampler = ServerSampler(server.url + "/metrics")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not sampler.background(1.0).rps:
+            pass
+        busy, said = run_once()
+        load.terminate()
+        load.wait(30)
+        # Drained: nothing running or waiting at the server any more.
+        while time.monotonic() < deadline + 60 and _queue(server.url) != 0:
+            time.sleep(0.5)
+        quiet, _ = run_once()
+    finally:
+        if load.poll() is None:
+            load.kill()
+        log.close()
+        server.stop()
+    b = busy.background
+    # Poisson at 2 req/s over 10 s: 20 expected; 5..50 holds with certainty short of a broken measurement.
+    assert b is not None and b.metric == "vllm:request_success" and 0.5 <= b.rps <= 5.0, b
+    assert re.search(r"loadtest: WARNING: the server already served \d\.\d\d req/s of other traffic", said), said
+    assert re.search(r"step 1/1: 1 req/s offered \(\+\d\.\d\d background = \d\.\d\d at the server\)", said), said
+    assert summary(busy).splitlines()[0].startswith("WARNING: the server already served ")
+    page = html.render(busy)
+    assert '<p id="background" class="warning">WARNING: the server already served' in page
+    assert busy.to_dict()["background"]["rps"] == pytest.approx(b.rps)
+    assert quiet.background.rps == 0, quiet.background
+    assert summary(quiet).splitlines()[0].startswith("no background traffic: the server finished no request")
+
+
+def _queue(url: str) -> float:
+    """Requests running or waiting at the bundled server, from its /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text)
+               if f.name in ("vllm:num_requests_running", "vllm:num_requests_waiting") for s in f.samples)

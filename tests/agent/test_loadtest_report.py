@@ -306,3 +306,25 @@ def test_a_step_field_of_the_wrong_type_or_a_flame_that_is_not_a_table_is_a_repo
     data["flame"] = "stacks"
     with pytest.raises(ReportError, match="flame is not a table"):
         from_dict(data)
+
+
+def test_background_traffic_travels_with_the_report_and_adds_to_the_knee(tmp_path):
+    import dataclasses
+
+    from agent.loadtest.command import summary
+    from agent.loadtest.server_metrics import BackgroundLoad
+
+    rep = dataclasses.replace(report(), background=BackgroundLoad(2.0, 5.0, "vllm:request_success"))
+    path = tmp_path / "r.json"
+    save(rep, path)
+    again = load(path)
+    assert again.background == rep.background
+    lines = summary(again).splitlines()
+    assert lines[0] == ("WARNING: the server already served 2.00 req/s of other traffic (vllm:request_success over "
+                        "5 s before step 1): each step's load at the server was its offered rate plus that")
+    assert lines[1].startswith("knee: 4 req/s offered (+ background = 6.00 req/s at the server) (")
+    assert "8 req/s (+ background = 10.00 req/s at the server) breaks the SLO" in lines[1]
+    page = html.render(again)
+    assert 'id="background" class="warning"' in page and "6.00 req/s at the server" in page
+    # A report from before the field: no background line, no key written back.
+    assert "background" not in report().to_dict() and not summary(report()).startswith("WARNING")

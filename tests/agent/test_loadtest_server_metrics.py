@@ -3,7 +3,7 @@
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
-from agent.loadtest.server_metrics import ServerSampler, summarize
+from agent.loadtest.server_metrics import ServerSampler, measure_background, summarize
 from analysis.errors import ReadingError
 from workload.metrics import create_metrics
 
@@ -94,3 +94,61 @@ def test_sampler_keeps_scraping_errors_as_reasons():
     sampler.start()
     s = sampler.finish()
     assert s.p95_s is None and "unreachable" in s.errors["scrape"] and len(calls) >= 3
+
+
+def _counter_text(n: int) -> str:
+    """The bundled server's real metric set (vLLM's names) after `n` finished requests of two kinds."""
+    registry = CollectorRegistry()
+    server = create_metrics(registry, "tiny")
+    server.success.labels(model_name="tiny", finished_reason="stop").inc(n - n // 4)
+    server.success.labels(model_name="tiny", finished_reason="length").inc(n // 4)
+    return generate_latest(registry).decode()
+
+
+def _histogram_text(n: int) -> str:
+    """A server with a latency histogram and no request counter."""
+    server = VllmLike()
+    for _ in range(n):
+        server.e2e.labels(model_name="tiny").observe(0.15)
+    return server.text()
+
+
+class Scrapes:
+    """The endpoint's successive answers, and a clock that the wait between them moves."""
+
+    def __init__(self, *texts: str) -> None:
+        self.texts, self.now = list(texts), 100.0
+
+    def fetch(self, url: str, timeout: float) -> str:
+        item = self.texts.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _background(*texts):
+    s = Scrapes(*texts)
+    return measure_background(s.fetch, "http://x/metrics", 5.0, sleep=s.sleep, clock=lambda: s.now)
+
+
+def test_background_rate_from_the_request_counter_else_the_latency_histogram():
+    b = _background(_counter_text(100), _counter_text(110))
+    assert (b.rps, b.seconds, b.metric, b.reason) == (pytest.approx(2.0), 5.0, "vllm:request_success", None)
+    assert b.text().startswith("WARNING: the server already served 2.00 req/s of other traffic")
+    h = _background(_histogram_text(7), _histogram_text(12))
+    assert h.rps == pytest.approx(1.0) and h.metric == "vllm:e2e_request_latency_seconds_count"
+    idle = _background(_counter_text(5), _counter_text(5))
+    assert idle.rps == 0 and idle.text().startswith("no background traffic")
+
+
+def test_background_that_cannot_be_measured_says_why_never_zero():
+    none = _background("# TYPE other_total counter\nother_total 3\n")
+    assert none.rps is None and "no request counter (vllm:request_success or tgi_request_count)" in none.reason
+    reset = _background(_counter_text(100), _counter_text(3))
+    assert reset.rps is None and "went back" in reset.reason
+    failed = _background(_counter_text(1), ReadingError("connection refused"))
+    assert failed.rps is None and failed.reason == "scrape failed: connection refused"
+    assert failed.text() == "background traffic not measured: scrape failed: connection refused"

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from agent.sources.gpu import GpuSource
+from agent.sources.gpu import GpuSource, gpu_device_nodes
 from analysis.errors import ReadingError
 
 
@@ -24,11 +24,12 @@ def test_real_nvml_gives_figures_or_a_no_gpu_reading() -> None:
             assert reading.memory_used_bytes >= 0
             assert health.state == "running" and health.detail["devices"] >= 1
         else:
-            # This host (CI included) has nvidia-ml-py but no driver: NVML's own words, no error.
-            assert reading.reason.startswith("no NVIDIA GPU: ")
+            # This host (CI included) has nvidia-ml-py but no driver and no GPU: a fact about the host, in a
+            # neutral state, with NVML's own words; no error.
+            assert reading.reason.startswith("no GPU on this host (no /dev/nvidia*; ")
             assert "NVML" in reading.reason
             assert reading.utilization is None and reading.memory_used_bytes is None
-            assert health.state == "unsupported" and health.error_count == 0
+            assert health.state == "absent" and health.error_count == 0
     finally:
         src.close()
 
@@ -48,9 +49,34 @@ def test_missing_binding_is_a_no_gpu_reading() -> None:
     def loader():
         raise ImportError("No module named 'pynvml'")
 
-    reading = GpuSource(loader=loader).read()
+    src = GpuSource(loader=loader, device_nodes=list)
+    reading = src.read()
     assert not reading.available
     assert "nvidia-ml-py is not installed" in reading.reason
+    assert src.health().state == "absent"
+
+
+def test_a_gpu_nvml_cannot_read_is_a_failure_not_an_absent_gpu() -> None:
+    """The same NVML failure with a device node present: the host has a GPU and its driver is broken."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML starts on this host: the no-driver path cannot happen here")
+    src = GpuSource(device_nodes=lambda: ["/dev/nvidia0"])
+    health = src.health()
+    assert health.state == "failed"
+    assert health.reason.startswith("cannot read the GPU (/dev/nvidia0): NVML failed to start: ")
+    assert not src.read().available
+
+
+def test_device_nodes_are_the_drivers_numbered_nodes(tmp_path) -> None:
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null"):
+        (tmp_path / name).touch()
+    assert gpu_device_nodes(tmp_path) == [str(tmp_path / "nvidia0"), str(tmp_path / "nvidia1")]
+    assert gpu_device_nodes(tmp_path / "nothing") == []
 
 
 class ScriptedNvml:

@@ -49,7 +49,7 @@ def test_sources_read_the_workload(require_root) -> None:
             assert sampler.health().error_count == 0, sampler.health()
 
             g = gpu.read()
-            assert g.available or g.reason.startswith("no NVIDIA GPU")
+            assert g.available or g.reason.startswith("no GPU on this host")
         finally:
             for src in (sampler, latency, process, gpu):
                 src.close()

@@ -34,3 +34,50 @@ def test_an_old_store_migrates_in_place_and_answers_byte_for_byte(tmp_path: Path
         old, new = json.loads(expected), json.loads(got)
         differing = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
         raise AssertionError(f"answers changed after migration: {differing}")
+
+
+def test_old_alerts_lose_their_json_copy_and_repeat_from_the_regressions_table(tmp_path: Path) -> None:
+    import json
+
+    from agent.alerts.alerter import Alerter
+    from agent.alerts.config import AlertsConfig
+    from tests.agent.fixtures.store_v4 import NOW, Clock, receivers
+
+    conn = sqlite3.connect(f"file:{DB_DIR / 'infersight.db'}?mode=ro", uri=True)
+    try:
+        (copy,), = conn.execute("SELECT regression FROM alerts WHERE regression_id = 'server-1799998800'")
+    finally:
+        conn.close()
+    old = json.loads(copy)
+    directory = copy_to(tmp_path / "store")
+    clock = Clock(NOW + 600)
+    with Store.open(directory, clock=clock) as store:
+        assert "regression" not in {r[1] for r in store.query("PRAGMA table_info(alerts)")}
+        alerter = Alerter(AlertsConfig(group_wait_seconds=10, repeat_interval_seconds=600), receivers(), store,
+                          host="fixture-host", external_url="http://infersight.example", clock=clock)
+        alerter.tick()
+        (body,), = store.query("SELECT body FROM alert_notifications WHERE receiver = 'hook' AND created_at = ?",
+                               (clock.now,))
+    (sent,) = json.loads(body)["alerts"]
+    # The repeat carries what the old row's copy held (the re-ranked causes), now read from regressions.
+    ranked = [line.split(" ")[1] for line in sent["annotations"]["description"].splitlines()[:2]]
+    assert ranked == [c["label"] for c in old["causes"]]
+    assert f"score {old['score']:.2f}" in sent["annotations"]["summary"]
+
+
+def test_an_old_alert_whose_regression_was_never_stored_keeps_it_as_a_test_row(tmp_path: Path) -> None:
+    """Only `infersight alert test` made alerts without a stored episode; the migration keeps their copy."""
+    directory = copy_to(tmp_path / "store")
+    conn = sqlite3.connect(directory / "infersight.db")
+    try:
+        (copy,), = conn.execute("SELECT regression FROM alerts WHERE regression_id = 'batch-1799997000'")
+        conn.execute("DELETE FROM regressions WHERE id = 'batch-1799997000'")
+        conn.commit()
+    finally:
+        conn.close()
+    with Store.open(directory) as store:
+        assert store.regression("batch-1799997000") is None
+        assert "batch-1799997000" not in {r.id for r in store.regressions()}
+        (data, test, top), = store.query("SELECT data, test, top_cause FROM regressions WHERE id = ?",
+                                         ("batch-1799997000",))
+    assert (data, test) == (copy, 1) and top == "gc"

@@ -19,4 +19,5 @@ def test_copy_and_dict():
     assert h.unsupported == {42: "not a Python interpreter"} and h.detail == {"x": 1}
     assert h.up and not Health(name="gc", state="failed").up
     assert h.to_dict()["unsupported"] == {"42": "not a Python interpreter"}
-    assert STATES == ("running", "failed", "unsupported", "stopped")
+    assert STATES == ("running", "failed", "unsupported", "stopped", "absent")
+    assert not Health(name="gpu", state="absent").up

@@ -98,7 +98,7 @@ def test_hostile_process_is_watched_and_nothing_executes(require_bpf, tmp_path):
         with chromium(tmp_path) as b:
             pages = {
                 "overview": ("/", "return document.querySelectorAll('#target-cards .card').length > 0"),
-                "target": ("/targets/hostile", "return document.getElementById('target').dataset.loaded === '1h'"),
+                "target": ("/targets/hostile", "return !!document.getElementById('target').dataset.loaded"),
                 "flamegraph": ("/flamegraph?target=hostile&minutes=5",
                                "return document.getElementById('flame').dataset.drawn === '1'"),
             }

@@ -65,7 +65,8 @@ def test_every_page_loads_without_console_errors(world):
     rid = world["store"].regressions(open_only=True)[0].id
     pages = {
         "overview": ("/", "return document.querySelectorAll('#target-cards .card svg path').length > 0"),
-        "target": ("/targets/server", "return document.getElementById('target').dataset.loaded === '1h'"),
+        # Two hours of windows: the page opens at the smallest range that holds them.
+        "target": ("/targets/server", "return document.getElementById('target').dataset.loaded === '6h'"),
         "regressions": ("/regressions", "return document.querySelectorAll('#regression-list a').length >= 2"),
         "regression": (f"/regressions/{rid}", "return document.getElementById('flame').dataset.drawn === '1'"),
         "flamegraph": ("/flamegraph?target=server", "return document.getElementById('flame').dataset.drawn === '1'"),
@@ -89,7 +90,7 @@ def test_every_page_loads_without_console_errors(world):
 
 def test_charts_draw_real_points_and_zoom_together(world):
     b, url = world["browser"], world["url"]
-    b.get(url + "/targets/server")
+    b.get(url + "/targets/server?range=1h")
     wait_for(b, "return document.getElementById('target').dataset.loaded === '1h'")
     stats = b.execute_script("""return window.infersightCharts.map(u => ({
         points: u.data[0].length, drawn: u.data.slice(1).some(s => s.some(v => v !== null)),
@@ -180,3 +181,28 @@ def test_regression_banner_arrives_without_a_reload(world):
     screenshot(b, "overview-regression")
     assert console_errors(b) == []
     no_xss(b)
+
+
+def test_a_fresh_agent_opens_at_the_range_that_holds_its_minutes(world, tmp_path):
+    """Five minutes of windows fill a third of the 15m range the page opens at, not a twelfth of an hour."""
+    now = time.time()
+    store = fill(tmp_path / "fresh", now, 300)
+    app = create_app({"STORE": store, "INTERVAL_SECONDS": 5.0})
+    b = world["browser"]
+    try:
+        with serve(app) as url:
+            b.get(url + "/targets/server")
+            wait_for(b, "return document.getElementById('target').dataset.loaded === '15m'",
+                     what="the target page drawn at 15m")
+            span = b.execute_script("""const u = window.infersightCharts[0];
+                const i = u.data[1].findIndex(v => v !== null);
+                return {min: u.scales.x.min, max: u.scales.x.max, first: i < 0 ? null : u.data[0][i]}""")
+            assert span["first"] is not None, span
+            assert span["max"] - span["min"] == pytest.approx(900, abs=120), span
+            assert (span["max"] - span["first"]) / (span["max"] - span["min"]) >= 0.25, span
+            active = [e.text for e in b.find_elements(By.CSS_SELECTOR, "button.range")]
+            assert active == ["15m", "1h", "6h", "24h", "7d"]
+            screenshot(b, "target-fresh-15m")
+            assert console_errors(b) == []
+    finally:
+        store.close()

@@ -90,3 +90,14 @@ def test_a_family_exports_its_processes_by_role_capped_and_never_a_zero_for_what
     other = (("process", OTHER_PROCESSES), ("target", "vllm"))
     assert s[("infersight_member_processes", other)] == 42 - MAX_PROCESS_LABELS
     assert not any("pid" in dict(labels) for _, labels in s if _.startswith("infersight_member"))
+
+
+def test_a_host_without_a_gpu_has_no_source_up_series_for_it(state, client):
+    from analysis.health import Health
+
+    state.set_health("gpu:server", Health(name="gpu", state="absent", reason="no GPU on this host"))
+    state.set_health("gpu:other", Health(name="gpu", state="failed", reason="cannot read the GPU"))
+    s = _samples(client)
+    # No series, so no InferenceSourceDown alert for a host that simply has no GPU; a broken one is down.
+    assert not any(name == "infersight_source_up" and ("source", "gpu:server") in labels for name, labels in s)
+    assert s[("infersight_source_up", (("source", "gpu:other"),))] == 0

@@ -236,3 +236,16 @@ def test_the_page_reads_long_ranges_without_rolling_up(client, store):
     data = client.get("/api/series?target=server&range=7d&points=600").get_json()
     assert sum(data["windows"]) == len(store.windows("server", with_profiles=False))
     assert store.rollup_progress("server") is None
+
+
+def test_a_host_without_a_gpu_is_not_a_failing_source():
+    """A CPU-only host's GPU source is "absent": a fact about the host, so the target stays healthy; a GPU NVML
+    cannot read is a failure."""
+    from dashboards.series_api import target_state
+
+    t = {"name": "server", "state": "watching"}
+    absent = [{"source": "gpu:server", "state": "absent", "reason": "no GPU on this host"},
+              {"source": "syscalls", "state": "running"}]
+    assert target_state(t, {"errors": {}}, set(), absent, {"server": "healthy"}) == "healthy"
+    broken = [{"source": "gpu:server", "state": "failed", "reason": "cannot read the GPU (/dev/nvidia0): ..."}]
+    assert target_state(t, {"errors": {}}, set(), broken, {"server": "healthy"}) == "source failing"

@@ -20,7 +20,8 @@
     {id: "cpu", title: "CPU (cores)", series: [["cpu_cores", "cores", "#1f77b4"]]},
     {id: "rss", title: "Resident memory (MiB)", series: [["rss_mb", "RSS MiB", "#9467bd"]]},
   ];
-  let range = new URLSearchParams(location.search).get("range") || "1h";
+  // The page picks the range that holds the stored data (a fresh agent's minutes fill the charts); ?range= wins.
+  let range = new URLSearchParams(location.search).get("range") || root.dataset.range || "1h";
   let charts = [];
   let regressions = [];
   let zoomed = false;

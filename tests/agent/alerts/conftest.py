@@ -150,3 +150,20 @@ def service_for(tmp_path: Path):
     for svc, store in made:
         svc.stop()
         store.close()
+
+
+# What agent.detection does for every listener: the episode is saved first, then passed on. An alert reads its
+# regression from the store, so a test tells the alerter (or AlertService) the same way.
+def say_opened(listener, reg: Regression) -> None:
+    listener.store.save_regression(reg)
+    listener.regression_opened(reg)
+
+
+def say_updated(listener, reg: Regression) -> None:
+    listener.store.save_regression(reg)
+    listener.regression_updated(reg)
+
+
+def say_closed(listener, reg: Regression) -> None:
+    listener.store.save_regression(reg)
+    listener.regression_closed(reg)

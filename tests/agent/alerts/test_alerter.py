@@ -12,6 +12,7 @@ from agent.alerts import payloads
 from agent.alerts.alerter import Alerter
 from agent.alerts.config import AlertsConfig, ReceiverConfig
 from agent.store import Store
+from tests.agent.alerts.conftest import say_closed, say_opened, say_updated
 
 
 class Clock:
@@ -48,7 +49,7 @@ def queued(store: Store, receiver: str = "hook") -> list[tuple[str, str, dict]]:
 
 def test_group_wait_then_repeat_with_the_same_fingerprint(setup, make_reg) -> None:
     alerter, store, clock = setup()
-    alerter.regression_opened(make_reg("a", opened_at=clock.now))
+    say_opened(alerter, make_reg("a", opened_at=clock.now))
     clock.now += 9
     alerter.tick()
     assert queued(store) == []
@@ -56,7 +57,7 @@ def test_group_wait_then_repeat_with_the_same_fingerprint(setup, make_reg) -> No
     alerter.tick()
     assert [q[0] for q in queued(store)] == ["firing"]
     clock.now += 599
-    alerter.regression_updated(make_reg("a", opened_at=clock.now, top="lock"))
+    say_updated(alerter, make_reg("a", opened_at=clock.now, top="lock"))
     assert len(queued(store)) == 1
     clock.now += 1
     alerter.tick()
@@ -74,13 +75,13 @@ def test_group_wait_then_repeat_with_the_same_fingerprint(setup, make_reg) -> No
 def test_closed_inside_group_wait_sends_firing_then_resolved(setup, make_reg) -> None:
     alerter, store, clock = setup()
     reg = make_reg("b", opened_at=clock.now)
-    alerter.regression_opened(reg)
+    say_opened(alerter, reg)
     clock.now += 3
     reg.closed_at = clock.now
-    alerter.regression_closed(reg)
+    say_closed(alerter, reg)
     assert [q[0] for q in queued(store)] == ["firing", "resolved"]
-    alerter.regression_closed(reg)
-    alerter.regression_opened(reg)
+    say_closed(alerter, reg)
+    say_opened(alerter, reg)
     clock.now += 10_000
     alerter.tick()
     assert len(queued(store)) == 2
@@ -89,9 +90,9 @@ def test_closed_inside_group_wait_sends_firing_then_resolved(setup, make_reg) ->
 def test_resolve_off_sends_no_resolve(setup, make_reg) -> None:
     alerter, store, clock = setup(resolve=False, group_wait_seconds=0)
     reg = make_reg("c", opened_at=clock.now)
-    alerter.regression_opened(reg)
+    say_opened(alerter, reg)
     reg.closed_at = clock.now + 5
-    alerter.regression_closed(reg)
+    say_closed(alerter, reg)
     assert [q[0] for q in queued(store)] == ["firing"]
     (state,), = store.query("SELECT state FROM alerts")
     assert state == "resolved"
@@ -99,8 +100,8 @@ def test_resolve_off_sends_no_resolve(setup, make_reg) -> None:
 
 def test_opened_again_is_an_update_not_a_second_alert(setup, make_reg) -> None:
     alerter, store, clock = setup(group_wait_seconds=0)
-    alerter.regression_opened(make_reg("d", opened_at=clock.now))
-    alerter.regression_opened(make_reg("d", opened_at=clock.now, top="network"))
+    say_opened(alerter, make_reg("d", opened_at=clock.now))
+    say_opened(alerter, make_reg("d", opened_at=clock.now, top="network"))
     assert len(queued(store)) == 1
     assert store.query("SELECT COUNT(*) FROM alerts") == [(1,)]
 
@@ -112,14 +113,14 @@ def alerts_in(doc: dict) -> list[tuple[str, str, str]]:
 
 def test_escalation_fires_the_critical_alert_and_resolves_the_warning_one(setup, make_reg) -> None:
     alerter, store, clock = setup()
-    alerter.regression_opened(make_reg("e", opened_at=clock.now))
+    say_opened(alerter, make_reg("e", opened_at=clock.now))
     clock.now += 10
     alerter.tick()
     (first,) = queued(store)
     warning_fp = first[2]["alerts"][0]["fingerprint"]
     assert queued(store, "pager") == []
     clock.now += 30
-    alerter.regression_updated(make_reg("e", opened_at=clock.now - 40, severity="critical", top="lock"))
+    say_updated(alerter, make_reg("e", opened_at=clock.now - 40, severity="critical", top="lock"))
     escalation = queued(store)[1]
     assert escalation[0] == "firing" and escalation[2]["status"] == "firing"
     critical_labels = {**first[2]["alerts"][0]["labels"], "severity": "critical"}
@@ -140,8 +141,8 @@ def test_escalation_fires_the_critical_alert_and_resolves_the_warning_one(setup,
     assert (severity, fp) == ("critical", critical_fp)
 
     # Critical again, then milder: nothing new. The alert keeps the highest severity until it closes.
-    alerter.regression_updated(make_reg("e", opened_at=clock.now - 40, severity="critical"))
-    alerter.regression_updated(make_reg("e", opened_at=clock.now - 40, severity="warning"))
+    say_updated(alerter, make_reg("e", opened_at=clock.now - 40, severity="critical"))
+    say_updated(alerter, make_reg("e", opened_at=clock.now - 40, severity="warning"))
     assert len(queued(store)) == 2 and len(queued(store, "pager")) == 1
     # The repeat comes a repeat interval after the escalation, still critical, summary included.
     clock.now += 599
@@ -153,7 +154,7 @@ def test_escalation_fires_the_critical_alert_and_resolves_the_warning_one(setup,
     assert alerts_in(repeat) == [("firing", "critical", critical_fp)]
     assert ", critical, open" in repeat["alerts"][0]["annotations"]["summary"]
     reg = make_reg("e", opened_at=clock.now - 640, severity="warning", closed_at=clock.now + 5)
-    alerter.regression_closed(reg)
+    say_closed(alerter, reg)
     for name in ("hook", "pager"):
         assert alerts_in(queued(store, name)[-1][2]) == [("resolved", "critical", critical_fp)]
     assert [q[0] for q in queued(store)] == ["firing", "firing", "firing", "resolved"]
@@ -161,10 +162,10 @@ def test_escalation_fires_the_critical_alert_and_resolves_the_warning_one(setup,
 
 def test_severity_moves_inside_group_wait_fire_once_at_the_highest(setup, make_reg) -> None:
     alerter, store, clock = setup()
-    alerter.regression_opened(make_reg("w", opened_at=clock.now))
+    say_opened(alerter, make_reg("w", opened_at=clock.now))
     clock.now += 3
-    alerter.regression_updated(make_reg("w", opened_at=clock.now, severity="critical"))
-    alerter.regression_updated(make_reg("w", opened_at=clock.now, severity="warning"))
+    say_updated(alerter, make_reg("w", opened_at=clock.now, severity="critical"))
+    say_updated(alerter, make_reg("w", opened_at=clock.now, severity="warning"))
     assert queued(store) == [] and queued(store, "pager") == []
     clock.now += 7
     alerter.tick()
@@ -176,9 +177,9 @@ def test_severity_moves_inside_group_wait_fire_once_at_the_highest(setup, make_r
 def test_escalated_on_its_last_window_still_pages(setup, make_reg) -> None:
     """Closed at critical after a warning went out: the pager hears it was critical, then that it ended."""
     alerter, store, clock = setup(group_wait_seconds=0)
-    alerter.regression_opened(make_reg("l", opened_at=clock.now))
+    say_opened(alerter, make_reg("l", opened_at=clock.now))
     clock.now += 60
-    alerter.regression_closed(make_reg("l", opened_at=clock.now - 60, severity="critical", closed_at=clock.now))
+    say_closed(alerter, make_reg("l", opened_at=clock.now - 60, severity="critical", closed_at=clock.now))
     assert [[(s, sev) for s, sev, _ in alerts_in(q[2])] for q in queued(store, "pager")] == [
         [("firing", "critical")], [("resolved", "critical")]]
     assert [[(s, sev) for s, sev, _ in alerts_in(q[2])] for q in queued(store)] == [
@@ -187,8 +188,8 @@ def test_escalated_on_its_last_window_still_pages(setup, make_reg) -> None:
 
 def test_escalation_with_resolve_off_sends_no_resolved_alert(setup, make_reg) -> None:
     alerter, store, clock = setup(group_wait_seconds=0, resolve=False)
-    alerter.regression_opened(make_reg("n", opened_at=clock.now))
-    alerter.regression_updated(make_reg("n", opened_at=clock.now, severity="critical"))
+    say_opened(alerter, make_reg("n", opened_at=clock.now))
+    say_updated(alerter, make_reg("n", opened_at=clock.now, severity="critical"))
     assert [[(s, sev) for s, sev, _ in alerts_in(q[2])] for q in queued(store)] == [
         [("firing", "warning")], [("firing", "critical")]]
     assert len(queued(store, "am")[1][2]) == 1
@@ -198,9 +199,9 @@ def test_an_escalated_alert_stays_escalated_across_a_restart(setup, make_reg) ->
     """A new Alerter over the same store (the agent restarted) and a detector that resumes the open regression
     at critical: no second escalation; at warning: no de-escalation."""
     alerter, store, clock = setup(group_wait_seconds=0)
-    alerter.regression_opened(make_reg("r", opened_at=clock.now))
-    alerter.regression_updated(make_reg("r", opened_at=clock.now, severity="critical"))
+    say_opened(alerter, make_reg("r", opened_at=clock.now))
+    say_updated(alerter, make_reg("r", opened_at=clock.now, severity="critical"))
     again = Alerter(alerter.config, alerter.receivers, store, host="h", external_url="http://x", clock=clock)
-    again.regression_opened(make_reg("r", opened_at=clock.now, severity="critical"))
-    again.regression_updated(make_reg("r", opened_at=clock.now, severity="warning"))
+    say_opened(again, make_reg("r", opened_at=clock.now, severity="critical"))
+    say_updated(again, make_reg("r", opened_at=clock.now, severity="warning"))
     assert len(queued(store)) == 2 and len(queued(store, "pager")) == 1

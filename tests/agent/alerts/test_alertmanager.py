@@ -19,6 +19,7 @@ from agent.alerts.payloads import fingerprint
 from agent.alerts.service import AlertService
 from agent.config import config_from_dict
 from agent.store import Store
+from tests.agent.alerts.conftest import say_closed, say_opened, say_updated
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
@@ -137,10 +138,10 @@ def test_through_real_alertmanager_and_v4_matches_its_output(tmp_path: Path, ale
         service.start()
         try:
             reg = make_reg("am-1", opened_at=time.time() - 120)
-            service.regression_opened(reg)
+            say_opened(service, reg)
             wait_for(lambda: any(a.doc["status"] == "firing" for a in hook.arrivals), 30, "Alertmanager's firing")
             reg.closed_at = time.time()
-            service.regression_closed(reg)
+            say_closed(service, reg)
             wait_for(lambda: any(a.doc["status"] == "resolved" for a in hook.arrivals), 30,
                      "Alertmanager's resolved")
             wait_for(lambda: len(direct.accepted()) == 2, 10, "our direct webhook")
@@ -191,10 +192,10 @@ def test_escalation_through_real_alertmanager_routes_to_the_pager(tmp_path: Path
         service.start()
         try:
             opened = time.time() - 120
-            service.regression_opened(make_reg("esc-am", opened_at=opened))
+            say_opened(service, make_reg("esc-am", opened_at=opened))
             wait_for(lambda: fired(team, "warning", "firing"), 30, "the warning at the team's route")
             assert pager.arrivals == []
-            service.regression_updated(make_reg("esc-am", opened_at=opened, severity="critical"))
+            say_updated(service, make_reg("esc-am", opened_at=opened, severity="critical"))
             wait_for(lambda: fired(pager, "critical", "firing"), 30, "the critical alert at the pager route")
             wait_for(lambda: fired(team, "warning", "resolved"), 30, "the warning alert's end")
             # Alertmanager holds one alert for the regression now: the critical one.
@@ -202,7 +203,7 @@ def test_escalation_through_real_alertmanager_routes_to_the_pager(tmp_path: Path
             assert [(a["labels"]["regression"], a["labels"]["severity"]) for a in active] == [("esc-am", "critical")]
             reg = make_reg("esc-am", opened_at=opened, severity="critical")
             reg.closed_at = time.time()
-            service.regression_closed(reg)
+            say_closed(service, reg)
             wait_for(lambda: fired(pager, "critical", "resolved"), 30, "the critical alert's resolve")
             wait_for(lambda: len(direct.accepted()) == 3, 10, "our direct webhook")
         finally:

@@ -12,6 +12,7 @@ from pathlib import Path
 from agent.alerts.service import AlertService
 from agent.config import load_config
 from agent.store import Store
+from tests.agent.alerts.conftest import say_opened
 
 REPO = Path(__file__).resolve().parents[3]
 SECRET = "cli-secret-do-not-print"
@@ -94,7 +95,7 @@ def test_alerts_lists_delivery_state(tmp_path: Path, receivers, make_reg) -> Non
         service = AlertService(config, store)
         service.start()
         reg = make_reg("listed-1")
-        service.regression_opened(reg)
+        say_opened(service, reg)
         deadline = time.monotonic() + 10
         while (not good.accepted() or not down.arrivals) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -24,6 +24,7 @@ from agent.alerts.signing import verify
 from agent.config import load_config
 from agent.store import Store
 from analysis.regression import Cause, Regression
+from tests.agent.alerts.conftest import say_closed, say_opened
 from tests.live import free_port, terminate, wait_http
 
 REPO = Path(__file__).resolve().parents[3]
@@ -49,10 +50,12 @@ DELIVERY = textwrap.dedent("""
     for i in range(int(sys.argv[2])):
         reg = Regression(id=f"reg-{i}", target="workload", pid=100 + i, opened_at=base + 60 * i, severity="warning",
                          score=3.0, causes=[Cause("gc", 0.9, f"GC pause {i} ms/s vs 0.8 ms/s")])
+        store.save_regression(reg)       # as the detector does: the episode first, then its listeners
         service.regression_opened(reg)   # a second call after a restart is an update, never a second alert
         print("opened", i, flush=True)
         time.sleep(0.2)
         reg.closed_at = base + 60 * i + 30
+        store.save_regression(reg)
         service.regression_closed(reg)
         print("closed", i, flush=True)
     print("raised all", flush=True)
@@ -185,10 +188,10 @@ def raise_regressions(alerter: Alerter, numbers: range) -> None:
     for i in numbers:
         reg = Regression(id=f"reg-{i}", target="workload", pid=100 + i, opened_at=base + 60 * i, severity="warning",
                          score=3.0, causes=[Cause("gc", 0.9, f"GC pause {i} ms/s vs 0.8 ms/s")])
-        alerter.regression_opened(reg)
+        say_opened(alerter, reg)
         time.sleep(0.2)
         reg.closed_at = base + 60 * i + 30
-        alerter.regression_closed(reg)
+        say_closed(alerter, reg)
 
 
 @pytest.mark.slow

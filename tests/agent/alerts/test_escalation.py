@@ -11,7 +11,7 @@ from agent.alerts.payloads import fingerprint
 from agent.alerts.service import AlertService
 from agent.config import config_from_dict
 from agent.store import Store
-from tests.agent.alerts.conftest import wait_for
+from tests.agent.alerts.conftest import say_closed, say_opened, say_updated, wait_for
 
 
 def alerts_in(arrival) -> list[tuple[str, str]]:
@@ -34,9 +34,9 @@ def test_escalation_reaches_the_critical_receiver_through_the_outbox_and_a_resta
         first = AlertService(conf, store)
         first.start()
         try:
-            first.regression_opened(make_reg("esc-1", opened_at=opened))
+            say_opened(first, make_reg("esc-1", opened_at=opened))
             wait_for(lambda: len(ops.accepted()) == 1, what="the warning")
-            first.regression_updated(make_reg("esc-1", opened_at=opened, severity="critical"))
+            say_updated(first, make_reg("esc-1", opened_at=opened, severity="critical"))
             wait_for(lambda: len(ops.accepted()) == 2, what="the escalation at ops")
             wait_for(lambda: any(s.receiver == "pager" and s.last_error for s in first.summaries()),
                      what="the pager's refused attempt")
@@ -53,13 +53,13 @@ def test_escalation_reaches_the_critical_receiver_through_the_outbox_and_a_resta
         try:
             wait_for(lambda: len(pager.accepted()) == 1, what="the escalation at the pager after the restart")
             # The resumed detector reports the open regression again, at critical, then milder: no new message.
-            second.regression_opened(make_reg("esc-1", opened_at=opened, severity="critical"))
-            second.regression_updated(make_reg("esc-1", opened_at=opened, severity="warning"))
+            say_opened(second, make_reg("esc-1", opened_at=opened, severity="critical"))
+            say_updated(second, make_reg("esc-1", opened_at=opened, severity="warning"))
             time.sleep(1.5)
             assert len(ops.accepted()) == 2 and len(pager.accepted()) == 1
             reg = make_reg("esc-1", opened_at=opened, severity="warning")
             reg.closed_at = time.time()
-            second.regression_closed(reg)
+            say_closed(second, reg)
             wait_for(lambda: len(ops.accepted()) == 3 and len(pager.accepted()) == 2, what="the resolves")
         finally:
             second.stop()

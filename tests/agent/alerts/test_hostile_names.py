@@ -11,7 +11,7 @@ import pytest
 
 from agent.alerts import payloads
 from analysis.regression import Cause, FunctionShift, Regression
-from tests.agent.alerts.conftest import wait_for
+from tests.agent.alerts.conftest import say_opened, wait_for
 
 OURS = "http://infersight.test:9464/"
 # What a target can name a function (py-spy reports them as the code object says) and make grow.
@@ -118,7 +118,7 @@ def test_hostile_names_through_real_slack_and_webhook_receivers(receivers, servi
                        {"name": "hook", "kind": "webhook", "url": hook_in.url},
                        {"name": "am", "kind": "alertmanager", "url": am_in.url}])
     for reg in hostile_regressions():
-        svc.regression_opened(reg)
+        say_opened(svc, reg)
     wait_for(lambda: all(len(r.accepted()) == 2 for r in (slack_in, hook_in, am_in)), what="all six deliveries")
 
     shown = [name for a in slack_in.accepted() for name in check_slack(a.doc)]

@@ -15,6 +15,7 @@ from agent.metrics import build_registry
 from agent.state import AgentState
 from agent.store import Store
 from dashboards.app import create_app
+from tests.agent.alerts.conftest import say_opened
 
 SECRET = "page-secret-value"
 
@@ -31,7 +32,7 @@ def delivered(tmp_path: Path, receivers, make_reg, monkeypatch):
     store = Store.open(conf.store_dir)
     service = AlertService(conf, store)
     service.start()
-    service.regression_opened(make_reg("page-1"))
+    say_opened(service, make_reg("page-1"))
     deadline = time.monotonic() + 10
     while (not good.accepted() or not down.arrivals) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -93,7 +94,7 @@ def test_expired_notifications_show_in_metrics_and_on_the_page(tmp_path: Path, r
         service = AlertService(conf, store)
         service.start()
         try:
-            service.regression_opened(make_reg("gone-1"))
+            say_opened(service, make_reg("gone-1"))
             deadline = time.monotonic() + 15
             while service.counters.snapshot().get(("busy", "expired")) != 1 and time.monotonic() < deadline:
                 time.sleep(0.05)

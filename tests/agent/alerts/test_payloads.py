@@ -10,7 +10,6 @@ from agent.alerts.alerter import Alerter
 from agent.alerts.config import AlertsConfig, ReceiverConfig
 from agent.alerts.payloads import AlertEvent
 from agent.store import Store
-from agent.store.alerts import regression_from_json, regression_to_json
 from analysis.regression import Cause
 
 
@@ -32,11 +31,6 @@ def test_fingerprint_and_times() -> None:
     assert payloads.fingerprint({"a": "b"}) != payloads.fingerprint({"a": "c"})
     assert payloads.rfc3339(1_764_572_400.0) == "2025-12-01T07:00:00Z"
     assert payloads.rfc3339(1_764_572_400.25) == "2025-12-01T07:00:00.25Z"
-
-
-def test_regression_round_trips_through_the_alerts_table_json(make_reg) -> None:
-    reg = make_reg("rt", closed_at=5.0)
-    assert regression_from_json(regression_to_json(reg)) == reg
 
 
 def test_slack_blocks(make_reg) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from agent.alerts.signing import verify
-from tests.agent.alerts.conftest import wait_for
+from tests.agent.alerts.conftest import say_closed, say_opened, say_updated, wait_for
 
 
 def statuses(receiver) -> list[tuple[str, str]]:
@@ -16,10 +16,10 @@ def test_firing_then_resolved_with_labels_annotations_and_key(receivers, service
     r = receivers()
     svc = service_for([{"name": "ops", "url": r.url, "headers": {"X-Team": "ml"}}])
     reg = make_reg("reg-1", opened_at=time.time() - 30)
-    svc.regression_opened(reg)
+    say_opened(svc, reg)
     wait_for(lambda: len(r.accepted()) == 1, what="firing")
     reg.closed_at = time.time()
-    svc.regression_closed(reg)
+    say_closed(svc, reg)
     wait_for(lambda: len(r.accepted()) == 2, what="resolved")
     firing, resolved = (a.doc for a in r.accepted())
     assert [firing["status"], resolved["status"]] == ["firing", "resolved"]
@@ -41,13 +41,13 @@ def test_firing_then_resolved_with_labels_annotations_and_key(receivers, service
 def test_group_wait_takes_the_latest_ranking_and_updates_do_not_renotify(receivers, service_for, make_reg) -> None:
     r = receivers()
     svc = service_for([{"name": "ops", "url": r.url}], group_wait_seconds=1.0)
-    svc.regression_opened(make_reg("reg-2", top="gc"))
+    say_opened(svc, make_reg("reg-2", top="gc"))
     time.sleep(0.3)
     assert r.arrivals == []
-    svc.regression_updated(make_reg("reg-2", top="lock"))
+    say_updated(svc, make_reg("reg-2", top="lock"))
     wait_for(lambda: len(r.accepted()) == 1, what="firing after group wait")
     for _ in range(3):
-        svc.regression_updated(make_reg("reg-2", top="network"))
+        say_updated(svc, make_reg("reg-2", top="network"))
     time.sleep(1.5)
     assert len(r.arrivals) == 1
     assert r.accepted()[0].doc["alerts"][0]["labels"]["cause"] == "lock"
@@ -57,9 +57,9 @@ def test_resolve_waits_for_its_firing_through_500s(receivers, service_for, make_
     r = receivers(answer=lambda n: (500, 0.0) if n < 3 else (200, 0.0))
     svc = service_for([{"name": "ops", "url": r.url}])
     reg = make_reg("reg-3")
-    svc.regression_opened(reg)
+    say_opened(svc, reg)
     reg.closed_at = time.time()
-    svc.regression_closed(reg)
+    say_closed(svc, reg)
     wait_for(lambda: len(r.accepted()) == 2, what="both delivered")
     assert statuses(r) == [("reg-3", "firing"), ("reg-3", "resolved")]
     firing_keys = {a.headers["Idempotency-Key"] for a in r.arrivals if a.doc["status"] == "firing"}
@@ -74,7 +74,7 @@ def test_client_error_fails_for_good_and_redirect_is_not_followed(receivers, ser
     bad = receivers(answer=lambda n: (400, 0.0))
     moved = receivers(answer=lambda n: (302, 0.0))
     svc = service_for([{"name": "bad", "url": bad.url}, {"name": "moved", "url": moved.url}])
-    svc.regression_opened(make_reg("reg-4"))
+    say_opened(svc, make_reg("reg-4"))
     wait_for(lambda: all(s.counts["failed"] == 1 for s in svc.summaries()), what="both failed")
     by = {s.receiver: s for s in svc.summaries()}
     assert "HTTP 400" in by["bad"].last_error and "redirect" in by["moved"].last_error
@@ -84,7 +84,7 @@ def test_client_error_fails_for_good_and_redirect_is_not_followed(receivers, ser
 def test_expired_after_retry_max_age(service_for, make_reg) -> None:
     svc = service_for([{"name": "gone", "url": "http://127.0.0.1:9/hook", "timeout_seconds": 0.5}],
                       retry_max_age_seconds=1)
-    svc.regression_opened(make_reg("reg-5"))
+    say_opened(svc, make_reg("reg-5"))
     wait_for(lambda: svc.summaries()[0].counts["expired"] == 1, what="expiry")
     (s,) = svc.summaries()
     assert s.counts["pending"] == 0 and "gave up" in s.last_error and "connection refused" in s.last_error
@@ -96,9 +96,9 @@ def test_filters_by_severity_and_target(receivers, service_for, make_reg) -> Non
     only_db = receivers()
     svc = service_for([{"name": "crit", "url": crit.url, "min_severity": "critical"},
                        {"name": "db", "url": only_db.url, "targets": ["db"]}])
-    svc.regression_opened(make_reg("w", severity="warning"))
-    svc.regression_opened(make_reg("c", severity="critical"))
-    svc.regression_opened(make_reg("d", target="db#77"))
+    say_opened(svc, make_reg("w", severity="warning"))
+    say_opened(svc, make_reg("c", severity="critical"))
+    say_opened(svc, make_reg("d", target="db#77"))
     wait_for(lambda: len(crit.accepted()) == 1 and len(only_db.accepted()) == 1, what="filtered deliveries")
     time.sleep(0.5)
     assert statuses(crit) == [("c", "firing")] and statuses(only_db) == [("d", "firing")]
@@ -111,7 +111,7 @@ def test_hung_receiver_stalls_neither_the_detector_nor_other_receivers(receivers
                        {"name": "fine", "url": fine.url}])
     started = time.monotonic()
     for i in range(5):
-        svc.regression_opened(make_reg(f"h{i}"))
+        say_opened(svc, make_reg(f"h{i}"))
     assert time.monotonic() - started < 1.0
     wait_for(lambda: len(fine.accepted()) == 5, timeout=5, what="the healthy receiver")
     wait_for(lambda: any(s.last_error for s in svc.summaries()), timeout=5, what="the hung receiver's timeout")
@@ -123,7 +123,7 @@ def test_signed_when_a_secret_is_set(receivers, service_for, make_reg, monkeypat
     monkeypatch.setenv("OPS_SECRET", "s3cr3t-value")
     r = receivers()
     svc = service_for([{"name": "ops", "url": r.url, "hmac_secret_env": "OPS_SECRET"}])
-    svc.regression_opened(make_reg("reg-6"))
+    say_opened(svc, make_reg("reg-6"))
     wait_for(lambda: len(r.accepted()) == 1, what="signed firing")
     a = r.accepted()[0]
     assert verify(b"s3cr3t-value", a.headers, a.body)

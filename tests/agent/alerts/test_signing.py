@@ -16,6 +16,7 @@ from agent.alerts import signing
 from agent.alerts.service import AlertService
 from agent.config import config_from_dict
 from agent.store import Store
+from tests.agent.alerts.conftest import say_opened
 
 REPO = Path(__file__).resolve().parents[3]
 SECRET = b"0123456789abcdef-receiver-secret"
@@ -49,7 +50,7 @@ def signed_request(tmp_path: Path, receivers, make_reg):
         service = AlertService(conf, store)
         service.start()
         try:
-            service.regression_opened(make_reg("sig-1"))
+            say_opened(service, make_reg("sig-1"))
             deadline = time.monotonic() + 10
             while not r.accepted() and time.monotonic() < deadline:
                 time.sleep(0.05)
