@@ -24,13 +24,14 @@ def write_agent_config(directory: Path, agent_port: int, *parts: str, interval: 
     return path
 
 
-def workload_target(tag: str, port: int, timeout_seconds: float = 10) -> str:
+def workload_target(tag: str, port: int, timeout_seconds: float = 10, children: bool = False) -> str:
     """The [[targets]] table for the bundled workload started with `--admin-token tag` on `port`: its
-    process_regex matches that server only, its latency read from its /metrics."""
+    process_regex matches that server only, its latency read from its /metrics; with `children`, as a family."""
     return textwrap.dedent(f"""
         [[targets]]
         name = "workload"
         process_regex = "admin-token {tag}"
+        children = {str(children).lower()}
         [targets.latency]
         preset = "workload"
         url = "http://127.0.0.1:{port}/metrics"

@@ -53,7 +53,8 @@ def test_real_host_json_lists_every_check(require_bpf):
 def test_doctor_checks_every_hook_the_probes_use():
     assert set(doctor.PROBE_TRACEPOINTS) == {
         "raw_syscalls:sys_enter", "raw_syscalls:sys_exit", "sched:sched_switch", "sched:sched_wakeup",
-        "sched:sched_wakeup_new", "tcp:tcp_retransmit_skb", "tcp:tcp_retransmit_synack"}
+        "sched:sched_wakeup_new", "tcp:tcp_retransmit_skb", "tcp:tcp_retransmit_synack",
+        "task:task_newtask"}  # families: a member's forks are followed in the kernel
 
 
 def test_missing_tracepoint_fails_and_names_it(tmp_path):

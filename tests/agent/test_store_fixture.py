@@ -4,8 +4,10 @@ state, alerts and their notifications, the minute rollup, and the page's JSON ov
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from agent.store import Store
 from tests.agent.fixtures.store_v4 import ANSWERS, DB_DIR, answers, copy_to
@@ -20,19 +22,40 @@ def test_the_fixture_is_the_old_schema() -> None:
         conn.close()
 
 
+def _without_fields_added_since(value: Any) -> Any:
+    """An answer less the record fields added after the fixture's release, where they hold their default: a
+    Window's `members` ([] for a single process, issue 31) and a cause's `pid` and `process` (None outside a
+    family). Anything else must still be byte-for-byte what that release answered; JSON inside a page's body too."""
+    if isinstance(value, list):
+        return [_without_fields_added_since(v) for v in value]
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return value
+        return json.dumps(_without_fields_added_since(parsed), sort_keys=True)
+    if not isinstance(value, dict):
+        return value
+    out = {k: _without_fields_added_since(v) for k, v in value.items()}
+    if "start" in out and "end" in out and out.get("members") == []:
+        del out["members"]
+    if "label" in out and "evidence" in out:
+        for key in ("pid", "process"):
+            if out.get(key, 0) is None:
+                del out[key]
+    return out
+
+
 def test_an_old_store_migrates_in_place_and_answers_byte_for_byte(tmp_path: Path) -> None:
     directory = copy_to(tmp_path / "store")
     with Store.open(directory) as store:
         migrated = store.schema_version()
-    got = answers(directory)
-    expected = ANSWERS.read_text().rstrip("\n")
+    got = _without_fields_added_since(json.loads(answers(directory)))
+    expected = _without_fields_added_since(json.loads(ANSWERS.read_text()))
     assert migrated >= 4
     if got != expected:
         # Name the first answer that differs, not a 260 KB diff.
-        import json
-
-        old, new = json.loads(expected), json.loads(got)
-        differing = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        differing = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
         raise AssertionError(f"answers changed after migration: {differing}")
 
 

@@ -30,6 +30,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/api/overview": (),
     "/api/targets": (),
     "/api/windows": ("target", "since", "until", "limit"),
+    "/api/members": ("target", "minutes"),
     "/api/flamegraph": ("target", "kind", "format", "from", "to"),
     "/api/flamegraph/diff": ("target", "kind", "format", "from", "to", "baseline_from", "baseline_to"),
     "/api/flamegraph/tree": ("target", "kind", "from", "to", "baseline_from", "baseline_to"),

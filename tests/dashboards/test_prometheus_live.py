@@ -71,7 +71,7 @@ def test_prometheus_scrapes_the_agent_and_every_expression_answers(require_bpf, 
         rate_hz = 29
         [detector]
         warmup_windows = 8
-    """, workload_target(tag, port, timeout_seconds=10), interval=1)
+    """, workload_target(tag, port, timeout_seconds=10, children=True), interval=1)  # a family: its per-process series
     log = open(tmp_path / "processes.log", "w")
     server = load = agent = prom = None
     base = f"http://127.0.0.1:{prom_port}"
