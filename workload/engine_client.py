@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 import zmq
 from prometheus_client import CollectorRegistry, Counter
 
@@ -99,6 +100,7 @@ class EngineClient:
         self.lock_wait_seconds = 0.0
         self.output_tid: int | None = None
         self.restarts = 0
+        self.bad_messages = 0
         self.restart_counter = Counter("workload_engine_restarts", "Engine processes restarted after one died.",
                                        ["model_name"], registry=registry)
         self.restart_counter.labels(metrics.model_name)
@@ -241,7 +243,12 @@ class EngineClient:
         while not self._stop.is_set():
             output, proc = self._output, self._proc
             if output is not None and output.poll(POLL_MS):
-                self._handle(wire.decode_output(output.recv()))
+                try:
+                    self._handle(wire.decode_output(output.recv()))
+                except (msgspec.DecodeError, ValueError) as exc:
+                    # Our own engine sent it, so this is a bug: said loudly, and the loop (every request) goes on.
+                    self.bad_messages += 1
+                    log.error("unreadable message from the engine process (%d so far): %s", self.bad_messages, exc)
             elif proc is not None and proc.poll() is not None and not self._stop.is_set():
                 self._restart(proc)
 
@@ -310,7 +317,11 @@ class EngineClient:
     def _reapply(self, name: str) -> None:
         # Called on the output thread, which is the one that reads replies: wait for this one here.
         seq = -self._generation
-        self._send(wire.SetFault(seq, name, True))
+        try:
+            self._send(wire.SetFault(seq, name, True))
+        except NotServing as exc:
+            log.error("fault %s could not be switched on again in the new engine: %s", name, exc)
+            return
         deadline = time.monotonic() + REPLY_TIMEOUT_S
         while time.monotonic() < deadline and self._output is not None:
             if not self._output.poll(POLL_MS):

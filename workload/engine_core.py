@@ -23,7 +23,7 @@ from workload.config import preset
 from workload.engine import Engine, Sequence, resolve_device
 from workload.faults import FaultTuning, UnknownFault, build_faults, gc_debug
 from workload.metric_ops import OpRecorder
-from workload.scheduler import Event, NotServing, QueueFull, Scheduler, SchedulerConfig
+from workload.scheduler import Event, NotServing, QueueFull, Request, Scheduler, SchedulerConfig
 
 log = logging.getLogger("workload.engine_core")
 PR_SET_PDEATHSIG = 1
@@ -86,7 +86,7 @@ class EngineCore:
                                                                 args.max_waiting), recorder.metrics(config.name))
         self.faults = build_faults(self.scheduler, args.port, FaultTuning(), lambda name, active: None)
         self.outbox = outbox
-        self.requests: dict[str, object] = {}
+        self.requests: dict[str, Request] = {}
 
     def handle(self, message: wire.EngineInput) -> bool:
         """Acts on one message; False once told to shut down."""

@@ -312,3 +312,34 @@ def test_no_engine_outlives_the_api(server_factory, how: signal.Signals) -> None
     server.proc.wait(DEADLINE_S)
     wait_for(lambda: not alive(child), f"the engine ended after the API's {how.name}", 30)
     wait_for(lambda: not any(alive(h) for h in hogs), f"the engine's hogs ended after the API's {how.name}", 30)
+
+
+def test_engine_metric_updates_replay_exactly_and_unknown_ones_are_refused() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from workload.metric_ops import OpRecorder, apply
+    from workload.metrics import create_metrics
+
+    recorder = OpRecorder()
+    remote = recorder.metrics("m")
+    remote.ttft.labels("m").observe(0.25)
+    remote.success.labels("m", "length").inc()
+    remote.running.labels("m").set(3)
+    remote.observe_step(2, 9)
+    direct_registry, replayed_registry = CollectorRegistry(), CollectorRegistry()
+    direct, replayed = create_metrics(direct_registry, "m"), create_metrics(replayed_registry, "m")
+    direct.ttft.labels("m").observe(0.25)
+    direct.success.labels("m", "length").inc()
+    direct.running.labels("m").set(3)
+    direct.observe_step(2, 9)
+    apply(replayed, recorder.drain())
+    assert recorder.drain() == []
+
+    def text(registry: CollectorRegistry) -> list[str]:
+        return [line for line in generate_latest(registry).decode().splitlines() if "_created" not in line]
+
+    assert text(replayed_registry) == text(direct_registry)
+    with pytest.raises(ValueError, match="unknown metric update 'registry'"):
+        apply(replayed, [("registry", [], "clear", 0.0)])
+    with pytest.raises(ValueError, match="'ttft'.'labels'"):
+        apply(replayed, [("ttft", ["m"], "labels", 0.0)])
