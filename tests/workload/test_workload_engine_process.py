@@ -231,7 +231,7 @@ def test_lock_and_cpuhog_faults_run_in_the_process_chosen(split, placed, place: 
     other = "api" if place == "engine" else "engine"
     # In the API process the holder delays the delivery of outputs the engine goes on making: fewer waits than in
     # the engine, where each one stalls the next step, but each up to 40 ms; the other process waits for nothing.
-    assert waited[place] > 0.05 and waited[other] < 0.02, waited
+    assert waited[place] > 0.08 and waited[other] < 0.03, waited
     placed("cpuhog", True, place)
     state = debug(split.url, split.token)
     hogs = state["cpuhog_pids"] if place == "api" else state["engine"]["cpuhog_pids"]

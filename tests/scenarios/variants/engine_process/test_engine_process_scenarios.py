@@ -6,7 +6,6 @@ them needs family targets in the agent.)"""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -57,7 +56,6 @@ def test_the_server_starts_with_the_scenario_arguments(path: Path, tmp_path: Pat
                 processes.set_fault(server, phase.fault, False)
             if phase.run:
                 argv = phase.argv(server.pid, server.port, scenario.scenario_dir)
-                argv[0] = sys.executable if argv[0] == "python3" else argv[0]
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
                 assert done.returncode == 0, done.stderr
                 deadline = time.monotonic() + 60
