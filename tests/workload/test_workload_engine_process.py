@@ -144,6 +144,23 @@ def test_engine_is_a_titled_child_process(split) -> None:
     assert get_json(split.url, "/health") == (200, {"status": "ok", "model": "infersight-tiny", "pid": split.pid})
 
 
+def bound_unix_paths(pid: int) -> list[str]:
+    fds = Path(f"/proc/{pid}/fd")
+    inodes = {link[len("socket:["):-1] for link in (os.readlink(fd) for fd in fds.iterdir())
+              if link.startswith("socket:[")}
+    rows = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
+    return [row[7] for row in rows if len(row) >= 8 and row[6] in inodes]
+
+
+def test_the_engine_channel_is_closed_to_other_users(split) -> None:
+    # Requests in, outputs back (each listed for the bound socket and the accepted connection).
+    paths = sorted({Path(p) for p in bound_unix_paths(split.pid) if "workload-engine-" in p})
+    assert [p.name for p in paths] == ["engine1-in", "engine1-out"], paths
+    folder = paths[0].parent
+    assert paths[1].parent == folder
+    assert folder.stat().st_mode & 0o777 == 0o700 and folder.stat().st_uid == os.getuid()
+
+
 def test_client_hang_up_frees_the_engine_slot(split) -> None:
     parts = urlsplit(split.url)
     for _ in range(3):
