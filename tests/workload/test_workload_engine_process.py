@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -325,10 +326,15 @@ def test_no_engine_outlives_the_api(server_factory, how: signal.Signals) -> None
     child = engine_pid(server)
     hogs = debug(server.url, server.token)["engine"]["cpuhog_pids"]
     assert alive(child) and hogs and all(alive(h) for h in hogs)
+    folders = {Path(p).parent for p in bound_unix_paths(server.pid) if "workload-engine-" in p}
     server.proc.send_signal(how)
     server.proc.wait(DEADLINE_S)
     wait_for(lambda: not alive(child), f"the engine ended after the API's {how.name}", 30)
     wait_for(lambda: not any(alive(h) for h in hogs), f"the engine's hogs ended after the API's {how.name}", 30)
+    if how == signal.SIGTERM:
+        assert not any(f.exists() for f in folders), "the socket folder outlived a clean stop"
+    for folder in folders:  # a SIGKILLed server cannot remove its own (docs/workload.md)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_engine_metric_updates_replay_exactly_and_unknown_ones_are_refused() -> None:
