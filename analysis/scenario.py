@@ -15,7 +15,10 @@ FAULTS = ("gc", "lock", "syscall", "netloss", "cpuhog", "nocache", "io")
 LABELS = ("normal", *CAUSE_LABELS)
 PLACEHOLDERS = ("pid", "port", "seconds", "scenario_dir")
 
-_TOP_KEYS = ("name", "interval_seconds", "load", "phase")
+_TOP_KEYS = ("name", "interval_seconds", "load", "server", "phase")
+_SERVER_KEYS = ("args",)
+# The runner sets these itself: it reads the URL the server prints and hands it the admin token.
+_RUNNER_FLAGS = ("--port", "--host", "--admin-token", "--admin-token-file", "--pidfile")
 _LOAD_KEYS = ("rate", "max_tokens")
 _PHASE_KEYS = ("seconds", "label", "fault", "rate", "run")
 
@@ -48,6 +51,8 @@ class Scenario:
     # As `python -m workload load --max-tokens` takes it: "32" or "16-48".
     max_tokens: str | None = None
     scenario_dir: str = "."
+    # More arguments of `python -m workload serve`, e.g. ("--engine-process",).
+    server_args: tuple[str, ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -79,7 +84,8 @@ class Scenario:
         phases = tuple(Phase(seconds=p["seconds"], label=p["label"], fault=p.get("fault"), rate=p.get("rate"),
                              run=tuple(p["run"]) if p.get("run") is not None else None) for p in data["phases"])
         return cls(name=data["name"], rate=data["rate"], phases=phases, interval_seconds=data.get("interval_seconds"),
-                   max_tokens=data.get("max_tokens"), scenario_dir=data.get("scenario_dir", "."))
+                   max_tokens=data.get("max_tokens"), scenario_dir=data.get("scenario_dir", "."),
+                   server_args=tuple(data.get("server_args", ())))
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -119,7 +125,20 @@ def parse_scenario(text: str, scenario_dir: str = ".") -> Scenario:
         raise ScenarioError(f"phase: need at least one [[phase]] table, got {raw_phases!r}")
     phases = tuple(_phase(i, p) for i, p in enumerate(raw_phases))
     return Scenario(name=name.strip(), rate=rate, phases=phases, interval_seconds=interval, max_tokens=max_tokens,
-                    scenario_dir=scenario_dir)
+                    scenario_dir=scenario_dir, server_args=_server_args(data.get("server", {})))
+
+
+def _server_args(server: Any) -> tuple[str, ...]:
+    if not isinstance(server, dict):
+        raise ScenarioError(f"server: must be a table (args = [...]), got {server!r}")
+    _no_unknown(server, _SERVER_KEYS, "server.")
+    args = server.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) and a for a in args):
+        raise ScenarioError(f"server.args: must be a list of non-empty strings, got {args!r}")
+    for arg in args:
+        if arg.split("=", 1)[0] in _RUNNER_FLAGS:
+            raise ScenarioError(f"server.args: {arg!r} is set by the scenario runner itself")
+    return tuple(args)
 
 
 def _phase(i: int, raw: Any) -> Phase:

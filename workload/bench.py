@@ -1,13 +1,15 @@
-"""`python -m workload bench faults|batch|kvcache`: bounded benchmarks that print Markdown tables."""
+"""`python -m workload bench faults|batch|kvcache|engine-process`: bounded benchmarks that print Markdown tables."""
 
 import argparse
 import http.client
 import json
+import os
 import statistics
 import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from workload.client import CompletionResult, complete, set_fault
@@ -202,6 +204,68 @@ def kvcache_markdown(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+MODES = {"single process": (), "--engine-process": ("--engine-process",)}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU of `pid` and its children (the engine process), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    pids = [pid] + [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                    for c in (task / "children").read_text().split()]
+    total = 0.0
+    for each in pids:
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue  # a child that ended between the listing and the read
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def bench_engine_process(args: argparse.Namespace) -> dict:
+    """The same open-loop load on a single-process server and on an --engine-process one, phases interleaved
+    (the order flips every pair), both servers up throughout so neither pays for the other's start."""
+    phases: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    with launched_server("--device", args.device) as single, \
+            launched_server("--device", args.device, "--engine-process") as split:
+        urls = {"single process": single.url, "--engine-process": split.url}
+        server_pids = {"single process": single.proc.pid, "--engine-process": split.proc.pid}
+        for url in urls.values():
+            _phase(url, args.rate, 3, seed=999)  # warm-up
+        for pair in range(args.pairs):
+            order = list(MODES) if pair % 2 == 0 else list(reversed(MODES))
+            for mode in order:
+                # The same arrivals and requests for both sides of a pair.
+                cpu = _cpu_seconds(server_pids[mode])
+                lat, sent, errors, tput = _phase(urls[mode], args.rate, args.seconds, seed=pair)
+                cpu_ms = (_cpu_seconds(server_pids[mode]) - cpu) * 1000 / max(1, len(lat))
+                phases[mode].append({"p50": percentile(lat, 50), "p99": _p99(lat), "rps": tput, "sent": sent,
+                                     "errors": errors, "cpu_ms": cpu_ms})
+                print(f"  pair {pair} {mode}: {tput:.2f} req/s, p50 {phases[mode][-1]['p50'] * 1000:.0f} ms, "
+                      f"p99 {phases[mode][-1]['p99'] * 1000:.0f} ms, {cpu_ms:.0f} CPU ms/request, {errors} errors",
+                      file=sys.stderr)
+    return {mode: {"rps_median": statistics.median(p["rps"] for p in rows),
+                   "p50_ms_median": statistics.median(p["p50"] for p in rows) * 1000,
+                   "p99_ms_median": statistics.median(p["p99"] for p in rows) * 1000,
+                   "cpu_ms_per_request_median": statistics.median(p["cpu_ms"] for p in rows),
+                   "p50_ms_each": [round(p["p50"] * 1000) for p in rows],
+                   "requests": sum(p["sent"] for p in rows), "errors": sum(p["errors"] for p in rows)}
+            for mode, rows in phases.items()}
+
+
+def engine_process_markdown(rows: dict, args: argparse.Namespace) -> str:
+    lines = [(f"Open loop: Poisson {args.rate:g} req/s, prompt 64-256 bytes, max_tokens 16-48, temperature 0.8; "
+              f"{args.pairs} interleaved pairs of {args.seconds:g} s phases; medians over the phases."), "",
+             ("| server | throughput (req/s) | p50 (ms) | p99 (ms) | CPU per request, all its processes (ms) "
+              "| p50 per phase (ms) | requests | errors |"),
+             "|---|---|---|---|---|---|---|---|"]
+    for mode, r in rows.items():
+        lines.append(f"| {mode} | {r['rps_median']:.2f} | {r['p50_ms_median']:.0f} | {r['p99_ms_median']:.0f} | "
+                     f"{r['cpu_ms_per_request_median']:.0f} | "
+                     f"{', '.join(map(str, r['p50_ms_each']))} | {r['requests']} | {r['errors']} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m workload bench")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -222,9 +286,14 @@ def main(argv: list[str]) -> int:
     kv.add_argument("--prompt-bytes", type=int, nargs="+", default=[32, 128, 320])
     kv.add_argument("--tokens", type=int, default=64)
     kv.add_argument("--pairs", type=int, default=6)
+    split = sub.add_parser("engine-process", help="single process vs --engine-process at the same load")
+    split.add_argument("--rate", type=float, default=4.0)
+    split.add_argument("--seconds", type=float, default=15.0, help="per phase")
+    split.add_argument("--pairs", type=int, default=4)
     args = parser.parse_args(argv)
     run = {"faults": (bench_faults, faults_markdown), "batch": (bench_batch, batch_markdown),
-           "kvcache": (bench_kvcache, kvcache_markdown)}[args.which]
+           "kvcache": (bench_kvcache, kvcache_markdown),
+           "engine-process": (bench_engine_process, engine_process_markdown)}[args.which]
     rows = run[0](args)
     print(json.dumps(rows, indent=2) if args.json else run[1](rows, args))
     return 0

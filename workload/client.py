@@ -93,8 +93,16 @@ def admin_call(url: str, method: str, path: str, token: str, body: dict | None =
         conn.close()
 
 
-def set_fault(url: str, name: str, on: bool, token: str) -> dict:
-    return admin_call(url, "POST", "/admin/faults", token, {"name": name, "on": on})
+def set_fault(url: str, name: str, on: bool, token: str, place: str | None = None) -> dict:
+    """`place`: "api" or "engine" on a server started with --engine-process (None: the engine there)."""
+    body: dict = {"name": name, "on": on}
+    if place is not None:
+        body["in"] = place
+    return admin_call(url, "POST", "/admin/faults", token, body)
+
+
+def kill_engine(url: str, token: str) -> dict:
+    return admin_call(url, "POST", "/admin/engine/kill", token)
 
 
 def debug(url: str, token: str) -> dict:
@@ -105,6 +113,9 @@ def fault_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m workload fault")
     parser.add_argument("name", help="gc, lock, syscall, netloss, cpuhog, nocache or io")
     parser.add_argument("state", choices=["on", "off"])
+    parser.add_argument("--in", dest="place", choices=["api", "engine"], default=None,
+                        help="the process the fault runs in, on a server started with --engine-process "
+                             "(default there: engine); refused by a single-process server")
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--token-file", type=Path, help="file (mode 0600) holding the admin token")
     parser.add_argument("--token", default=os.environ.get(ADMIN_TOKEN_ENV),
@@ -119,7 +130,7 @@ def fault_main(argv: list[str]) -> int:
     if not args.token:
         parser.error(f"an admin token is required: --token-file, ${ADMIN_TOKEN_ENV} or --token")
     try:
-        state = set_fault(args.url, args.name, args.state == "on", args.token)
+        state = set_fault(args.url, args.name, args.state == "on", args.token, args.place)
     except (ClientError, OSError) as exc:
         print(f"fault {args.name} {args.state}: {exc}", file=sys.stderr)
         return 1

@@ -11,7 +11,7 @@ from typing import Protocol
 from workload.cpuhog import CpuHog
 from workload.engine import Engine
 from workload.netloss import Netloss
-from workload.scheduler import Scheduler
+from workload.scheduler import Scheduler, StepHook
 
 FAULT_NAMES = ("gc", "lock", "syscall", "netloss", "cpuhog", "nocache", "io")
 
@@ -213,20 +213,27 @@ class FaultSet:
 
 def build_faults(scheduler: Scheduler, port: int, tuning: FaultTuning,
                  on_change: Callable[[str, bool], None]) -> FaultSet:
+    return build_faults_at(scheduler.step_hooks, scheduler.serving_lock, scheduler.engine, port, tuning, on_change)
+
+
+def build_faults_at(step_hooks: list[StepHook], lock: threading.Lock, engine: Engine | None, port: int,
+                    tuning: FaultTuning, on_change: Callable[[str, bool], None]) -> FaultSet:
+    """The switches over any step loop: the scheduler's, or the API process's output loop (`--in api`), which has
+    no engine and so no `nocache`."""
     churn = GcChurn(tuning.gc_cycles_per_sequence)
     storm = SyscallStorm(tuning.syscalls_per_sequence)
     disk = DiskSync(tuning.io_writes_per_sequence, tuning.io_write_bytes, tuning.io_dir)
-    scheduler.step_hooks.extend([churn.hook, storm.hook, disk.hook])
+    step_hooks.extend([churn.hook, storm.hook, disk.hook])
     faults: dict[str, Fault] = {
         "gc": churn,
-        "lock": LockHolder(scheduler.serving_lock, tuning.lock_hold_s, tuning.lock_period_s),
+        "lock": LockHolder(lock, tuning.lock_hold_s, tuning.lock_period_s),
         "syscall": storm,
         "netloss": Netloss(port, tuning.netloss_percent),
         "cpuhog": CpuHog(tuning.cpuhog_per_cpu),
-        "nocache": NoCache(scheduler.engine),
+        "nocache": NoCache(engine) if engine is not None else None,
         "io": disk,
     }
-    return FaultSet(faults=faults, on_change=on_change)
+    return FaultSet(faults={name: f for name, f in faults.items() if f is not None}, on_change=on_change)
 
 
 def gc_debug() -> dict:

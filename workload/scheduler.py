@@ -7,6 +7,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from workload.engine import Engine, Sequence
 from workload.kvcache import PoolExhausted
@@ -30,6 +31,10 @@ class Event:
     kind: str  # "token" | "done" | "error"
     token: int = 0
     detail: str = ""
+
+
+class EventSink(Protocol):
+    def put(self, item: Event) -> None: ...
 
 
 @dataclass
@@ -99,10 +104,14 @@ class Scheduler:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stop.is_set()
 
-    def submit(self, seq: Sequence, prompt_len: int) -> Request:
+    def submit(self, seq: Sequence, prompt_len: int, arrival: float | None = None,
+               events: EventSink | None = None) -> Request:
+        """`arrival` and `events` come from the API process when the engine runs in its own (engine_core.py)."""
         if not self.alive:
             raise NotServing("the scheduler is not running")
-        request = Request(seq=seq, arrival=self.clock(), prompt_len=prompt_len)
+        request = Request(seq=seq, arrival=self.clock() if arrival is None else arrival, prompt_len=prompt_len)
+        if events is not None:
+            request.events = events
         with self._cond:
             if len(self._waiting) >= self.config.max_waiting:
                 raise QueueFull(f"{len(self._waiting)} requests already waiting (max {self.config.max_waiting})")

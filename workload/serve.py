@@ -15,8 +15,10 @@ from waitress.server import create_server
 from workload.api import ADMIN_TOKEN_ENV, Limits
 from workload.config import preset
 from workload.engine import Engine, resolve_device
-from workload.faults import FaultTuning, build_faults
+from workload.engine_client import EngineClient, EngineError, EngineOptions
+from workload.faults import FAULT_NAMES, FaultSet, FaultTuning, build_faults, build_faults_at
 from workload.metrics import create_metrics
+from workload.placement import PlacedFaults
 from workload.scheduler import Scheduler, SchedulerConfig
 from workload.server import MAX_BODY_BYTES, RESERVED_THREADS, Serving, create_app
 from workload.tokenfile import TokenFileError, read_token_file
@@ -44,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prompt-bytes", type=int, default=384)
     parser.add_argument("--http-threads", type=int, default=32)
     parser.add_argument("--no-cache", action="store_true", help="start with the KV cache disabled")
+    parser.add_argument("--engine-process", action="store_true",
+                        help="run the engine (scheduler, batching, KV cache, model) in a child process titled "
+                             "infersight::EngineCore, fed over ZeroMQ as vLLM V1 does; HTTP, tokenisation and "
+                             "/metrics stay in this one")
     parser.add_argument("--pidfile", type=Path)
     parser.add_argument("--admin-token-file", type=Path, default=None,
                         help=f"file (mode 0600) holding the token for /admin (else ${ADMIN_TOKEN_ENV}); "
@@ -58,11 +64,10 @@ def serve(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     config = preset(args.model)
     device = resolve_device(args.device)
-    engine = Engine(config, n_slots=args.max_batch, device=device, use_cache=not args.no_cache)
+    # Read (and taken out of our environment) before any process is started, so none inherits it.
+    token = _admin_token(args)
     registry = CollectorRegistry()
     metrics = create_metrics(registry, config.name)
-    scheduler = Scheduler(engine, SchedulerConfig(args.max_batch, args.batch_window_ms / 1000, args.max_waiting),
-                          metrics)
     # The app needs the bound port (netloss targets it), the server needs an app: bind first, wire after.
     apps: list = []
     _raise_nofile(CONNECTION_LIMIT + 256)
@@ -71,33 +76,52 @@ def serve(args: argparse.Namespace) -> int:
                            channel_timeout=CHANNEL_TIMEOUT, cleanup_interval=CLEANUP_INTERVAL, asyncore_use_poll=True,
                            clear_untrusted_proxy_headers=True, max_request_body_size=MAX_BODY_BYTES)
     port = int(server.effective_port)
-    faults = build_faults(scheduler, port, FaultTuning(),
-                          lambda name, active: metrics.fault_active.labels(name).set(int(active)))
-    for name in faults.faults:
+
+    def on_change(name: str, active: bool) -> None:
+        metrics.fault_active.labels(name).set(int(active))
+
+    engine: Scheduler | EngineClient
+    faults: FaultSet | PlacedFaults
+    if args.engine_process:
+        engine = EngineClient(EngineOptions(args.model, str(device), args.threads, args.max_batch,
+                                            args.batch_window_ms, args.max_waiting, args.no_cache, port),
+                              metrics, registry)
+        api_faults = build_faults_at(engine.step_hooks, engine.serving_lock, None, port, FaultTuning(),
+                                     lambda name, active: None)
+        faults = PlacedFaults(api_faults, engine, on_change)
+    else:
+        scheduler = Scheduler(Engine(config, n_slots=args.max_batch, device=device, use_cache=not args.no_cache),
+                              SchedulerConfig(args.max_batch, args.batch_window_ms / 1000, args.max_waiting), metrics)
+        engine = scheduler
+        faults = build_faults(scheduler, port, FaultTuning(), on_change)
+    for name in FAULT_NAMES:
         metrics.fault_active.labels(name).set(0)
     limits = Limits(max_prompt_bytes=min(args.max_prompt_bytes, config.max_seq - 2), max_seq=config.max_seq,
                     max_inflight=max(1, args.http_threads - RESERVED_THREADS))
-    token = _admin_token(args)
-    apps.append(create_app(Serving(scheduler, metrics, registry, faults, limits, token, config.name)))
+    apps.append(create_app(Serving(engine, metrics, registry, faults, limits, token, config.name)))
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        scheduler.start()
+        engine.start()
         if args.pidfile:
             args.pidfile.write_text(f"{os.getpid()}\n")
         url = f"http://{server.effective_host}:{port}"
-        print(f"workload: serving {config.name} on {device} at {url} (metrics {url}/metrics) pid {os.getpid()}",
+        where = f"engine pid {engine.pid}, " if isinstance(engine, EngineClient) else ""
+        print(f"workload: serving {config.name} on {device} at {url} (metrics {url}/metrics) {where}pid {os.getpid()}",
               flush=True)
         server.run()  # waitress returns from run() on KeyboardInterrupt
     except KeyboardInterrupt:
         pass  # a signal before run() started: shut down the same way
+    except EngineError as exc:
+        log.error("%s", exc)
+        return 1
     finally:
         log.info("shutting down")
         faults.all_off()
-        scheduler.stop()
+        engine.stop()
         server.close()
         if args.pidfile:
             args.pidfile.unlink(missing_ok=True)

@@ -15,8 +15,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from workload import tokenizer
 from workload.api import ADMIN_TOKEN_ENV, BadRequest, Limits, parse_completion
 from workload.engine import Sequence
+from workload.engine_client import EngineClient, EngineError
 from workload.faults import FaultSet, UnknownFault, gc_debug
 from workload.metrics import ServerMetrics
+from workload.placement import PlacedFaults
 from workload.scheduler import NotServing, QueueFull, Request, Scheduler
 
 # A finished stream never waits longer than this for the next token before giving up.
@@ -32,10 +34,11 @@ RESERVED_THREADS = 4
 class Serving:
     """Everything the handlers need; built by workload.serve and handed to create_app."""
 
-    scheduler: Scheduler
+    # The engine in this process (Scheduler), or in its own (EngineClient, `serve --engine-process`).
+    scheduler: Scheduler | EngineClient
     metrics: ServerMetrics
     registry: CollectorRegistry
-    faults: FaultSet
+    faults: FaultSet | PlacedFaults
     limits: Limits
     admin_token: str | None
     model_name: str
@@ -60,7 +63,8 @@ api = Blueprint("api", __name__)
 def health() -> Response:
     serving = _serving()
     if not serving.scheduler.alive:
-        return _error(503, "scheduler stopped", "server_error")
+        what = "engine process not running" if isinstance(serving.scheduler, EngineClient) else "scheduler stopped"
+        return _error(503, what, "server_error")
     return jsonify({"status": "ok", "model": serving.model_name, "pid": os.getpid()})
 
 
@@ -199,18 +203,43 @@ def set_fault() -> Response:
     body = request.get_json(silent=True)
     if not isinstance(body, dict) or not isinstance(body.get("name"), str) or not isinstance(body.get("on"), bool):
         return _error(400, f'expected {{"name": str, "on": bool}}, got {body!r}', "invalid_request_error")
+    faults = _serving().faults
+    place = body.get("in")
+    if place is not None and not isinstance(faults, PlacedFaults):
+        return _error(400, f"'in' ({place!r}) places a fault in the API or the engine process: this server runs both "
+                           "in one process (start it with --engine-process)", "invalid_request_error")
     try:
-        _serving().faults.set(body["name"], body["on"])
+        if isinstance(faults, PlacedFaults):
+            faults.set(body["name"], body["on"], place if place is not None else "engine")
+        else:
+            faults.set(body["name"], body["on"])
     except UnknownFault as exc:
         return _error(404, str(exc.args[0]), "invalid_request_error")
+    except ValueError as exc:
+        return _error(400, str(exc), "invalid_request_error")
     except (OSError, RuntimeError) as exc:
         return _error(500, f"fault {body['name']!r} failed to switch: {exc}", "server_error")
-    return jsonify(_serving().faults.active())
+    return jsonify(faults.active())
+
+
+@admin.post("/engine/kill")
+def kill_engine() -> Response:
+    """SIGKILLs the engine process; the API process restarts it (the `engine killed` scenario)."""
+    engine = _serving().scheduler
+    if not isinstance(engine, EngineClient):
+        return _error(400, "this server runs its engine inside the API process: there is no engine process "
+                           "to kill (start it with --engine-process)", "invalid_request_error")
+    try:
+        return jsonify({"killed": engine.kill()})
+    except EngineError as exc:
+        return _error(409, str(exc), "invalid_request_error")
 
 
 @admin.get("/debug")
 def debug() -> Response:
     serving = _serving()
+    if isinstance(serving.scheduler, EngineClient):
+        return jsonify(_engine_process_debug(serving, serving.scheduler))
     scheduler = serving.scheduler
     return jsonify({
         "pid": os.getpid(),
@@ -226,6 +255,32 @@ def debug() -> Response:
         "cpuhog_pids": getattr(serving.faults.faults.get("cpuhog"), "pids", []),
         "io_syncs": getattr(serving.faults.faults.get("io"), "syncs", 0),
     })
+
+
+def _engine_process_debug(serving: Serving, client: EngineClient) -> dict:
+    """The API process's own figures at the top, the engine process's (as a single-process server shows them)
+    under "engine"; null with a reason when the engine does not answer."""
+    faults = serving.faults
+    assert isinstance(faults, PlacedFaults)
+    try:
+        engine: dict | None = client.debug()
+        engine_error = None
+    except EngineError as exc:
+        engine, engine_error = None, str(exc)
+    return {
+        "pid": os.getpid(),
+        "output_tid": client.output_tid,
+        "threads": [t.name for t in threading.enumerate()],
+        "lock_wait_seconds": client.lock_wait_seconds,
+        "gc": gc_debug(),
+        "faults": faults.placed(),
+        "cpuhog_pids": getattr(faults.api.faults.get("cpuhog"), "pids", []),
+        "io_syncs": getattr(faults.api.faults.get("io"), "syncs", 0),
+        "engine_pid": client.pid,
+        "engine_restarts": client.restarts,
+        "engine": engine,
+        "engine_error": engine_error,
+    }
 
 
 def _internal_error(exc: Exception) -> Response:

@@ -60,7 +60,7 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
     server: processes.Server | None = None
     try:
         _say(progress, f"{scenario.name}: starting the workload server")
-        server = processes.start_server(children, cwd=work, nice=nice)
+        server = processes.start_server(children, cwd=work, nice=nice, args=scenario.server_args)
         _say(progress, f"{scenario.name}: server pid {server.pid} at {server.url}; loading probes")
         collector = collect(server.pid, f"{server.url}/metrics", interval)
         for name, why in collector.problems.items():

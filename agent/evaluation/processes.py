@@ -93,12 +93,13 @@ def _niced(nice: int) -> list[str]:
     return ["nice", "-n", str(nice)] if nice else []
 
 
-def start_server(children: Children, cwd: Path, nice: int = 0, timeout: float = 120.0) -> Server:
-    """`python -m workload serve --port 0` with a fresh admin token in its environment; waits for its URL."""
+def start_server(children: Children, cwd: Path, nice: int = 0, timeout: float = 120.0,
+                 args: tuple[str, ...] = ()) -> Server:
+    """`python -m workload serve --port 0 ARGS` with a fresh admin token in its environment; waits for its URL."""
     token = secrets.token_hex(16)
     env = {**_env(), ADMIN_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
-    proc = children.add(subprocess.Popen([*_niced(nice), sys.executable, "-m", "workload", "serve", "--port", "0"],
-                                         cwd=cwd,
+    argv = [*_niced(nice), sys.executable, "-m", "workload", "serve", "--port", "0", *args]
+    proc = children.add(subprocess.Popen(argv, cwd=cwd,
                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, bufsize=0))
     deadline = time.monotonic() + timeout

@@ -71,11 +71,24 @@ def test_placeholders_fill_pid_and_port() -> None:
     ('name="x"\n[load]\nrate=1', "phase"),
     ('name="x"\n[[phase]]\nseconds=1\nlabel="normal"', "load"),
     ('name = "x', "TOML"),
+    ('name="x"\n[server]\nargs="--engine-process"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="normal"',
+     "server.args"),
+    ('name="x"\n[server]\nargv=[]\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="normal"', "server.argv"),
+    ('name="x"\n[server]\nargs=["--port=9"]\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="normal"',
+     "server.args: '--port=9' is set by the scenario runner"),
 ])
 def test_every_mistake_names_its_key(text: str, key: str) -> None:
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text)
     assert key in str(err.value), str(err.value)
+
+
+def test_server_args_parse_and_survive_a_round_trip() -> None:
+    s = parse_scenario('name="x"\n[server]\nargs=["--engine-process", "--max-batch", "4"]\n[load]\nrate=1\n'
+                       '[[phase]]\nseconds=1\nlabel="normal"')
+    assert s.server_args == ("--engine-process", "--max-batch", "4")
+    assert type(s).from_dict(s.to_dict()) == s
+    assert parse_scenario('name="x"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="normal"').server_args == ()
 
 
 def test_a_missing_file_is_one_clear_error(tmp_path: Path) -> None:
