@@ -51,41 +51,32 @@ LABELS = ("gc", "lock", "blocked", "syscalls", "network", "cpu_contention", "com
 
 
 def member_measures(window: Window) -> dict[str, dict]:
-    """role -> {"pid": the member's pid, label: its measure per second or None}; members sharing a role are summed
-    (the pid is the busiest's, by CPU). Empty for a single-process window."""
-    out: dict[str, dict] = {}
-    for m in window.members:
-        row = {label: _measure(label, m, window.duration) for label in LABELS}
-        if m.role in out:
-            old = out[m.role]
-            busier = (m.cpu_seconds or 0.0) > old.get("_cpu", 0.0)
-            for label in LABELS:
-                a, b = old[label], row[label]
-                old[label] = None if a is None and b is None else (a or 0.0) + (b or 0.0)
-            if busier:
-                old["pid"], old["_cpu"] = m.pid, m.cpu_seconds or 0.0
-            continue
-        out[m.role] = {"pid": m.pid, "_cpu": m.cpu_seconds or 0.0, **row}
-    for row in out.values():
-        row.pop("_cpu")
-    return out
+    """str(pid) -> {"role": its role, label: its measure per second or None}, one row per member (a JSON object's
+    keys are strings: the rows travel in the detector's saved state). Empty for a single-process window."""
+    return {str(m.pid): {"role": m.role, **{label: _measure(label, m, window.duration) for label in LABELS}}
+            for m in window.members}
 
 
 class MemberBaseline:
-    """Per role and cause label, the member's usual measure: an exponential moving average over healthy windows."""
+    """Per role and cause label, one member's usual measure: an exponential moving average over healthy windows of
+    the role's mean per process (gunicorn's four workers share a role; each is judged against one worker's usual)."""
 
     def __init__(self) -> None:
         self.usual: dict[str, dict[str, float]] = {}
 
-    def learn(self, measures: Mapping[str, Mapping[str, float | None]]) -> None:
-        for role, row in measures.items():
+    def learn(self, measures: Mapping[str, Mapping]) -> None:
+        by_role: dict[str, dict[str, list[float]]] = {}
+        for row in measures.values():
+            values = by_role.setdefault(str(row["role"]), {})
+            for label in LABELS:
+                if row.get(label) is not None:
+                    values.setdefault(label, []).append(float(row[label]))
+        for role, values in by_role.items():
             if role not in self.usual and len(self.usual) >= MAX_ROLES:
                 continue
             usual = self.usual.setdefault(role, {})
-            for label in LABELS:
-                value = row.get(label)
-                if value is None:
-                    continue
+            for label, xs in values.items():
+                value = sum(xs) / len(xs)
                 usual[label] = value if label not in usual else usual[label] + BASELINE_WEIGHT * (value - usual[label])
 
     def to_dict(self) -> dict:
@@ -122,26 +113,29 @@ _UNITS: dict[str, tuple[float, str]] = {
 
 def locate(label: str, samples: Sequence[Mapping], baseline: MemberBaseline) -> Located | None:
     """The member `label`'s evidence is in, over the episode's windows (`samples`, each with a "members" entry from
-    member_measures); None for a single-process target, a label no member measures, or no member that has any."""
+    member_measures); None for a single-process target or a family of one process (it is the target), a label no
+    member measures, or no member that has any."""
     if label not in LABELS:
         return None
-    series: dict[str, list[float]] = {}
-    pids: dict[str, int] = {}
+    series: dict[int, list[float]] = {}
+    roles: dict[int, str] = {}
+    seen: set[int] = set()
     for sample in samples:
-        for role, row in (sample.get("members") or {}).items():
+        for pid, row in (sample.get("members") or {}).items():
+            seen.add(int(pid))
             if row.get(label) is not None:
-                series.setdefault(role, []).append(float(row[label]))
-                pids[role] = int(row["pid"])
-    if not series:
+                series.setdefault(int(pid), []).append(float(row[label]))
+                roles[int(pid)] = str(row["role"])
+    if len(seen) < 2 or not series:
         return None
-    now = {role: median(xs) for role, xs in series.items()}
-    rise = {role: now[role] - baseline.usual.get(role, {}).get(label, 0.0) for role in now}
+    now = {pid: median(xs) for pid, xs in series.items()}
+    usual = {pid: baseline.usual.get(roles[pid], {}).get(label) for pid in now}
+    rise = {pid: now[pid] - (usual[pid] or 0.0) for pid in now}
     total = sum(max(r, 0.0) for r in rise.values())
     if total > 0:
-        role = max(rise, key=lambda r: (rise[r], r))
-        share = max(rise[role], 0.0) / total
+        pid = max(rise, key=lambda p: (rise[p], -p))
+        share = max(rise[pid], 0.0) / total
     else:
-        role = max(now, key=lambda r: (now[r], r))
-        share = now[role] / sum(now.values()) if sum(now.values()) > 0 else 0.0
-    return Located(pid=pids[role], role=role, value=now[role], usual=baseline.usual.get(role, {}).get(label),
-                   share=share, of_rise=total > 0)
+        pid = max(now, key=lambda p: (now[p], -p))
+        share = now[pid] / sum(now.values()) if sum(now.values()) > 0 else 0.0
+    return Located(pid=pid, role=roles[pid], value=now[pid], usual=usual[pid], share=share, of_rise=total > 0)

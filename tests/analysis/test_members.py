@@ -85,3 +85,37 @@ def test_a_single_process_target_has_no_member_in_its_causes():
     verdicts = [det.update(w) for w in synth.windows(60, 10, Load(slowdown=2.0, gc_pause=0.05), seed=3)]
     cause = verdicts[-1].regression.causes[0]
     assert cause.pid is None and cause.process is None and "in pid" not in cause.evidence
+
+
+def _workers(w: Window, hot_pid: int, pids=(201, 202, 203, 204)) -> Window:
+    """`w` as a pre-fork server: four workers of one role share a healthy window's GC; `hot_pid` gets the rest."""
+    usual = HEALTHY.gc.pause_seconds / len(pids)
+    extra = max(w.gc.pause_seconds - HEALTHY.gc.pause_seconds, 0.0)
+    w.members = [MemberReading(pid=pid, role="gunicorn: worker [app]", cpu_seconds=0.3,
+                               gc_pause_seconds=usual + (extra if pid == hot_pid else 0.0), gc_collections=1)
+                 for pid in pids]
+    return w
+
+
+def test_workers_sharing_a_role_the_one_with_the_fault_is_named_by_its_pid():
+    det = LatencyDetector()
+    for w in synth.windows(0, 60, seed=3):
+        det.update(_workers(w, hot_pid=0))
+    verdicts = [det.update(_workers(w, hot_pid=203))
+                for w in synth.windows(60, 10, Load(slowdown=2.0, gc_pause=0.05), seed=3)]
+    cause = verdicts[-1].regression.causes[0]
+    assert cause.label == "gc" and (cause.pid, cause.process) == (203, "gunicorn: worker [app]"), cause
+
+
+def test_a_family_of_one_process_names_no_member():
+    det = LatencyDetector()
+
+    def one(w: Window) -> Window:
+        w.members = [MemberReading(pid=7, role="python", gc_pause_seconds=w.gc.pause_seconds)]
+        return w
+
+    for w in synth.windows(0, 60, seed=3):
+        det.update(one(w))
+    verdicts = [det.update(one(w)) for w in synth.windows(60, 10, Load(slowdown=2.0, gc_pause=0.05), seed=3)]
+    cause = verdicts[-1].regression.causes[0]
+    assert cause.label == "gc" and cause.pid is None and "in pid" not in cause.evidence
