@@ -19,10 +19,12 @@ class Collector:
 
 
 def start_collection(pid: int, metrics_url: str, interval: float) -> Collector:
-    """BPF probes + py-spy + psutil + latency for `pid`, as the daemon runs them (needs root)."""
+    """BPF probes + py-spy + psutil + latency for `pid` and every process it starts (the server is a family:
+    `serve --engine-process` runs its engine in a child), as the daemon runs them (needs root)."""
     from agent.config import Config, LatencySpec, TargetSpec
     from agent.single_target import watch_one
 
-    spec = TargetSpec(name="workload", pid=pid, latency=LatencySpec.from_preset("workload", url=metrics_url))
+    spec = TargetSpec(name="workload", pid=pid, children=True,
+                      latency=LatencySpec.from_preset("workload", url=metrics_url))
     watch = watch_one(Config(interval_seconds=interval, targets=(spec,)))
     return Collector(tick=lambda: watch.tick().windows, close=watch.close, problems=watch.problems())
