@@ -205,7 +205,8 @@ def set_fault() -> Response:
         return _error(404, str(exc.args[0]), "invalid_request_error")
     except (OSError, RuntimeError) as exc:
         return _error(500, f"fault {body['name']!r} failed to switch: {exc}", "server_error")
-    return jsonify(_serving().faults.active())
+    # Under gunicorn the switch lands in whichever worker took the request: say which.
+    return jsonify({**_serving().faults.active(), "pid": os.getpid()})
 
 
 @admin.get("/debug")
