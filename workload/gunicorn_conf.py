@@ -46,10 +46,10 @@ def on_starting(server) -> None:
         _made_dir.append(tempfile.mkdtemp(prefix="workload-metrics-"))
         os.environ[MULTIPROC_ENV] = _made_dir[0]
     # Only now that the variable is set: this imports prometheus_client (and torch, which the workers then share).
-    from workload.wsgi import Settings, SettingsError
+    from workload.wsgi import Settings, SettingsError, admin_token
 
     try:
-        Settings.from_env(os.environ)
+        admin_token(Settings.from_env(os.environ), {})  # {}: the token file only; $WORKLOAD_ADMIN_TOKEN stays
     except SettingsError as exc:
         raise SystemExit(f"workload: {exc}") from None
 

@@ -16,6 +16,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from workload.netloss import table_name
+
+pytestmark = pytest.mark.workload
+
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "gunicorn-test-token"
 BOOT_TIMEOUT_S = 240.0  # four workers importing torch at once on a loaded two-core host
@@ -40,11 +44,11 @@ class Gunicorn:
         return {int(m.group(1)) for line in list(self.log) for m in [READY.search(line)] if m}
 
 
-def start_gunicorn(tmp: Path, *flags: str) -> Gunicorn:
+def start_gunicorn(tmp: Path, *flags: str, **extra_env: str) -> Gunicorn:
     metrics_dir = tmp / "metrics"
-    metrics_dir.mkdir(parents=True)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "WORKLOAD_ADMIN_TOKEN": TOKEN, "WORKLOAD_TORCH_THREADS": "1", "WORKLOAD_MODEL": "tiny",
-           "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PYTHONUNBUFFERED": "1"}
+           "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "PYTHONUNBUFFERED": "1", **extra_env}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-c", "python:workload.gunicorn_conf", "-b", "127.0.0.1:0",
          "--keep-alive", "60", *flags, "workload.wsgi:create()"],
@@ -297,3 +301,56 @@ def test_recycled_workers_keep_serving_and_the_counters_keep_counting(tmp_path):
         assert successes(idle) == done
     finally:
         stop_gunicorn(server)
+
+
+def test_files_of_an_earlier_run_are_not_summed_in_and_nothing_else_is_removed(tmp_path):
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    (metrics_dir / "counter_4242.db").write_bytes(b"left by a run that crashed")
+    (metrics_dir / "notes.txt").write_text("not prometheus_client's")
+    server = start_gunicorn(tmp_path, "-w", "1")
+    try:
+        await_workers(server, 1)
+        complete(server.port)
+        assert successes(scrape(server.port)) == 1
+        assert not (metrics_dir / "counter_4242.db").exists()
+        assert (metrics_dir / "notes.txt").read_text() == "not prometheus_client's"
+    finally:
+        stop_gunicorn(server)
+
+
+@pytest.mark.root
+def test_a_worker_switches_its_faults_off_as_it_exits(tmp_path, require_root):
+    """The netloss fault's nftables table is named by the port gunicorn bound (post_fork hands it to the worker)
+    and outlives a worker that exits without switching it off: worker_exit must drop it."""
+    server = start_gunicorn(tmp_path, "-w", "1")
+    try:
+        await_workers(server, 1)
+        conn = Pinned(server.port)
+        assert conn.call("POST", "/admin/faults", {"name": "netloss", "on": True})["netloss"] is True
+        conn.close()
+        listed = subprocess.run(["nft", "list", "table", "inet", table_name(server.port)], capture_output=True,
+                                text=True, check=False)
+        assert listed.returncode == 0 and f"dport {server.port}" in listed.stdout
+    finally:
+        stop_gunicorn(server)
+    assert server.proc.returncode == 0
+    gone = subprocess.run(["nft", "list", "table", "inet", table_name(server.port)], capture_output=True, text=True,
+                          check=False)
+    if gone.returncode == 0:
+        subprocess.run(["nft", "delete", "table", "inet", table_name(server.port)], check=False)
+    assert gone.returncode != 0, "the netloss table outlived the worker"
+
+
+@pytest.mark.parametrize(("env", "line"), [
+    ({"WORKLOAD_MAX_BATCH": "zero"}, "workload: WORKLOAD_MAX_BATCH must be a positive int, got 'zero'"),
+    ({"WORKLOAD_MODEL": "huge"}, "workload: WORKLOAD_MODEL: unknown model preset 'huge'"),
+    ({"WORKLOAD_ADMIN_TOKEN_FILE": "/nonexistent/token"}, "workload: WORKLOAD_ADMIN_TOKEN_FILE: cannot read token"),
+])
+def test_a_bad_setting_stops_the_master_with_one_line_before_any_worker(tmp_path, env, line):
+    server = start_gunicorn(tmp_path, "-w", "2", **env)
+    assert server.proc.wait(BOOT_TIMEOUT_S) != 0
+    time.sleep(0.5)  # the reader thread drains the pipe
+    said = "".join(server.log)
+    assert line in said
+    assert "Booting worker" not in said and "Traceback" not in said
