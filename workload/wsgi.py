@@ -22,6 +22,7 @@ WORKLOAD_HTTP_THREADS (gunicorn's --threads, which bounds the completions in fli
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -70,13 +71,13 @@ class Settings:
         settings = cls(
             model=env.get("WORKLOAD_MODEL", cls.model),
             device=env.get("WORKLOAD_DEVICE", cls.device),
-            torch_threads=_positive(env, "WORKLOAD_TORCH_THREADS", cls.torch_threads),
-            max_batch=_positive(env, "WORKLOAD_MAX_BATCH", cls.max_batch),
-            batch_window_ms=float(_positive(env, "WORKLOAD_BATCH_WINDOW_MS", cls.batch_window_ms, float)),
-            max_waiting=_positive(env, "WORKLOAD_MAX_WAITING", cls.max_waiting),
-            max_prompt_bytes=_positive(env, "WORKLOAD_MAX_PROMPT_BYTES", cls.max_prompt_bytes),
-            http_threads=_positive(env, HTTP_THREADS_ENV, cls.http_threads),
-            port=int(_positive(env, PORT_ENV, 1)) if env.get(PORT_ENV) else 0,
+            torch_threads=_positive_int(env, "WORKLOAD_TORCH_THREADS", cls.torch_threads),
+            max_batch=_positive_int(env, "WORKLOAD_MAX_BATCH", cls.max_batch),
+            batch_window_ms=_positive_float(env, "WORKLOAD_BATCH_WINDOW_MS", cls.batch_window_ms),
+            max_waiting=_positive_int(env, "WORKLOAD_MAX_WAITING", cls.max_waiting),
+            max_prompt_bytes=_positive_int(env, "WORKLOAD_MAX_PROMPT_BYTES", cls.max_prompt_bytes),
+            http_threads=_positive_int(env, HTTP_THREADS_ENV, cls.http_threads),
+            port=_positive_int(env, PORT_ENV, cls.port),
             admin_token_file=Path(token_file) if token_file else None,
         )
         try:
@@ -88,16 +89,29 @@ class Settings:
         return settings
 
 
-def _positive(env: Mapping[str, str], name: str, default: float, kind: type = int) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "")
+    if not raw:
         return default
     try:
-        value = kind(raw)
+        value = int(raw)
     except ValueError:
-        raise SettingsError(f"{name} must be a positive {kind.__name__}, got {raw!r}") from None
+        value = 0
     if value <= 0:
-        raise SettingsError(f"{name} must be a positive {kind.__name__}, got {raw!r}")
+        raise SettingsError(f"{name} must be a positive int, got {raw!r}")
+    return value
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SettingsError(f"{name} must be a positive number, got {raw!r}")
     return value
 
 

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from workload.netloss import table_name
+from workload.wsgi import Settings, SettingsError
 
 pytestmark = pytest.mark.workload
 
@@ -356,3 +357,15 @@ def test_a_bad_setting_stops_the_master_with_one_line_before_any_worker(tmp_path
     said = "".join(server.log)
     assert line in said
     assert "Booting worker" not in said and "Traceback" not in said
+
+
+def test_settings_from_the_environment():
+    assert Settings.from_env({}) == Settings()
+    got = Settings.from_env({"WORKLOAD_MAX_BATCH": "4", "WORKLOAD_BATCH_WINDOW_MS": "2.5", "WORKLOAD_PORT": "8123",
+                             "WORKLOAD_ADMIN_TOKEN_FILE": "/etc/token"})
+    assert (got.max_batch, got.batch_window_ms, got.port, str(got.admin_token_file)) == (4, 2.5, 8123, "/etc/token")
+    for name, raw in [("WORKLOAD_MAX_BATCH", "-1"), ("WORKLOAD_MAX_BATCH", "2.5"), ("WORKLOAD_TORCH_THREADS", "0"),
+                      ("WORKLOAD_BATCH_WINDOW_MS", "nan"), ("WORKLOAD_BATCH_WINDOW_MS", "inf"),
+                      ("WORKLOAD_DEVICE", "tpu")]:
+        with pytest.raises(SettingsError, match=f"{name}.*{raw!r}"):
+            Settings.from_env({name: raw})
