@@ -51,6 +51,7 @@ def on_starting(server) -> None:
     try:
         admin_token(Settings.from_env(os.environ), {})  # {}: the token file only; $WORKLOAD_ADMIN_TOKEN stays
     except SettingsError as exc:
+        on_exit(server)  # gunicorn calls it only for a master that started
         raise SystemExit(f"workload: {exc}") from None
 
 

@@ -285,9 +285,15 @@ def test_a_gc_fault_lands_in_the_one_worker_its_response_names(four):
 
 
 def test_recycled_workers_keep_serving_and_the_counters_keep_counting(tmp_path):
-    server = start_gunicorn(tmp_path, "-w", "2", "--max-requests", "6")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    # Without a metrics directory of ours: the master makes one in $TMPDIR and removes it on exit.
+    server = start_gunicorn(tmp_path, "-w", "2", "--max-requests", "6", PROMETHEUS_MULTIPROC_DIR="",
+                            TMPDIR=str(scratch))
     try:
         first = await_workers(server, 2)
+        made = list(scratch.iterdir())
+        assert len(made) == 1 and made[0].name.startswith("workload-metrics-")
         done, totals = 0, []
         for _ in range(5):
             for _ in range(6):
@@ -302,8 +308,10 @@ def test_recycled_workers_keep_serving_and_the_counters_keep_counting(tmp_path):
         # The dead workers' gauges left the sum; their counters stayed in it.
         assert idle["vllm:num_requests_running{model_name=infersight-tiny}"] == 0
         assert successes(idle) == done
+        assert list(made[0].glob("counter_*.db")), "the workers kept their values elsewhere"
     finally:
         stop_gunicorn(server)
+    assert list(scratch.iterdir()) == []
 
 
 def test_files_of_an_earlier_run_are_not_summed_in_and_nothing_else_is_removed(tmp_path):
@@ -351,12 +359,16 @@ def test_a_worker_switches_its_faults_off_as_it_exits(tmp_path, require_root):
     ({"WORKLOAD_ADMIN_TOKEN_FILE": "/nonexistent/token"}, "workload: WORKLOAD_ADMIN_TOKEN_FILE: cannot read token"),
 ])
 def test_a_bad_setting_stops_the_master_with_one_line_before_any_worker(tmp_path, env, line):
-    server = start_gunicorn(tmp_path, "-w", "2", **env)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    # No metrics directory given: the master makes one in $TMPDIR, and must not leave it behind.
+    server = start_gunicorn(tmp_path, "-w", "2", PROMETHEUS_MULTIPROC_DIR="", TMPDIR=str(scratch), **env)
     assert server.proc.wait(BOOT_TIMEOUT_S) != 0
     time.sleep(0.5)  # the reader thread drains the pipe
     said = "".join(server.log)
     assert line in said
     assert "Booting worker" not in said and "Traceback" not in said
+    assert list(scratch.iterdir()) == []
 
 
 def test_settings_from_the_environment():
