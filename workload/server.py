@@ -219,7 +219,8 @@ def set_fault() -> Response:
         return _error(400, str(exc), "invalid_request_error")
     except (OSError, RuntimeError) as exc:
         return _error(500, f"fault {body['name']!r} failed to switch: {exc}", "server_error")
-    return jsonify(faults.active())
+    # Under gunicorn the switch lands in whichever worker took the request: say which.
+    return jsonify({**faults.active(), "pid": os.getpid()})
 
 
 @admin.post("/engine/kill")
