@@ -26,6 +26,10 @@ def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged) -> N
                           help="seconds between an agent's first window and its measurement (default 5)")
     overhead.add_argument("--compare-tree", type=Path, metavar="DIR",
                           help="also run each source's agent from this checkout (before/after, interleaved)")
+    overhead.add_argument("--server", choices=("single", "engine-process", "gunicorn"), default="single",
+                          help="the server watched: one process (default), an API and an engine process "
+                               "(--engine-process), or a gunicorn master and 3 workers; the agent watches it as a "
+                               "family (children = true) unless single")
     overhead.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
     overhead.set_defaults(func=_overhead)
 
@@ -53,7 +57,8 @@ def _source_list(text: str) -> list[str]:
 def _overhead(args: argparse.Namespace) -> int:
     from benchmarks import overhead  # imported only when asked for: every other command stays light
 
-    return overhead.main(args.pairs, args.seconds, args.only, args.rate, args.json, args.settle, args.compare_tree)
+    return overhead.main(args.pairs, args.seconds, args.only, args.rate, args.json, args.settle, args.compare_tree,
+                         args.server)
 
 
 def _soak(args: argparse.Namespace) -> int:

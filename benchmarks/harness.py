@@ -43,9 +43,9 @@ def scrape(url: str, timeout: float = 5.0) -> dict[str, float]:
 
 
 def agent_config(source: str, store_dir: Path, listen: str, server_pid: int | None, server_url: str,
-                 extra: dict[str, object] | None = None, pidfile: Path | None = None) -> str:
+                 extra: dict[str, object] | None = None, pidfile: Path | None = None, children: bool = False) -> str:
     """The TOML of an agent that runs `source` only (or everything, for 'all') against one server: by pid, or
-    by pidfile when the server is restarted under it."""
+    by pidfile when the server is restarted under it; with `children`, the server and every process it starts."""
     if source not in SOURCES:
         raise BenchError(f"unknown source {source!r}; choose from {', '.join(SOURCES)}")
     probes = {p: source in (p, "all") for p in PROBES}
@@ -57,6 +57,8 @@ def agent_config(source: str, store_dir: Path, listen: str, server_pid: int | No
     lines.append("[probes]")
     lines += [f"{p} = {'true' if on else 'false'}" for p, on in probes.items()]
     which = f'pidfile = "{pidfile}"' if pidfile is not None else f"pid = {server_pid}"
+    if children:
+        which += "\nchildren = true"
     lines += ["[[targets]]", 'name = "workload"', which, "[targets.latency]",
               'preset = "workload"', f'url = "{server_url}/metrics"']
     return "\n".join(lines) + "\n"

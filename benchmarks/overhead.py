@@ -17,7 +17,12 @@ from typing import Any, TextIO
 
 from benchmarks.harness import REPO, SOURCES, AgentProcess, BenchError, agent_config, free_port
 from benchmarks.openloop import Done, OpenLoop
-from benchmarks.procstat import cpu_seconds, usage
+from benchmarks.procstat import usage
+
+# The server the agent watches (--server): the bundled one as one process, as vLLM's shape (an API process and an
+# engine process), or pre-forked under gunicorn (a master and three workers): a family of 1, 2 or 4 processes.
+SERVERS = ("single", "engine-process", "gunicorn")
+GUNICORN_WORKERS = 3
 
 # The goals of issue 13, checked on the default agent ('all').
 GOALS = {"agent_cpu_percent": 2.0, "throughput_loss": 0.01, "p99_increase": 0.02, "cpu_per_token": 0.01,
@@ -133,8 +138,9 @@ class PageScraper:
 class Run:
     """Everything one `bench overhead` invocation starts: the server, the load, and agents in turn."""
 
-    def __init__(self, seconds: float, settle: float, rate: float, progress: TextIO) -> None:
+    def __init__(self, seconds: float, settle: float, rate: float, progress: TextIO, family: bool = False) -> None:
         self.seconds, self.settle, self.rate, self.out = seconds, settle, rate, progress
+        self.family = family
         self.workdir = Path(tempfile.mkdtemp(prefix="infersight-bench-"))
         self.load: OpenLoop | None = None
 
@@ -145,7 +151,8 @@ class Run:
         """Measure one side: tokens of the requests finished in it, the server's CPU, the agent tree's CPU."""
         assert self.load is not None
         label = f"[{source} pair {pair + 1}] agent {'on ' if agent else 'off'}"
-        t0, cpu0 = time.monotonic(), cpu_seconds(server.proc.pid)
+        # The server's whole tree: an engine process or gunicorn's workers are the server too.
+        t0, cpu0 = time.monotonic(), usage(server.proc.pid).total_cpu
         u0 = usage(agent.pid) if agent else None
         scraper = PageScraper(agent.url) if agent is not None and source.split(" @ ")[0] == "page" else None
         if scraper:
@@ -158,7 +165,7 @@ class Run:
         finally:
             if scraper:
                 scraper.__exit__()
-        t1, cpu1 = time.monotonic(), cpu_seconds(server.proc.pid)
+        t1, cpu1 = time.monotonic(), usage(server.proc.pid).total_cpu
         phase = Phase(source=source, pair=pair, agent_on=agent is not None, start=t0, end=t1,
                       tokens=float(self.load.tokens_finished(t0, t1)), server_cpu=cpu1 - cpu0)
         if agent is not None and u0 is not None:
@@ -175,8 +182,8 @@ class Run:
         listen = f"127.0.0.1:{free_port()}"
         folder = self.workdir / f"agent{n}"
         folder.mkdir(mode=0o700)
-        agent = AgentProcess(folder, agent_config(cond.source, folder / "store", listen, server.proc.pid, server.url),
-                             listen, tree=cond.tree)
+        agent = AgentProcess(folder, agent_config(cond.source, folder / "store", listen, server.proc.pid, server.url,
+                                                  children=self.family), listen, tree=cond.tree)
         agent.start()
         self.log(f"[{source}] agent starting (pid {agent.pid}); waiting for its first window")
         agent.wait_ready()
@@ -200,14 +207,42 @@ def conditions(sources: list[str], compare_tree: Path | None) -> list[Condition]
     return out
 
 
-def run(pairs: int, seconds: float, conds: list[Condition], rate: float, settle: float = 5.0,
-        progress: TextIO = sys.stderr) -> dict[str, Any]:
-    from workload.launch import launched_server
+def _launch(server: str, workdir: Path):
+    from workload.launch import launched_gunicorn, launched_server
 
-    bench = Run(seconds, settle, rate, progress)
+    if server == "engine-process":
+        return launched_server("--engine-process")
+    if server == "gunicorn":
+        metrics = workdir / "gunicorn-metrics"
+        metrics.mkdir(mode=0o700)
+        return launched_gunicorn(GUNICORN_WORKERS, metrics_dir=str(metrics))
+    return launched_server()
+
+
+def _wait_healthy(url: str, timeout_s: float = 180.0) -> None:
+    """gunicorn listens before its workers have loaded the model: wait until a completion comes back."""
+    deadline = time.monotonic() + timeout_s
+    body = json.dumps({"prompt": "hello", "max_tokens": 2}).encode()
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise BenchError(f"the server at {url} completed no request within {timeout_s:.0f} s")
+
+
+def run(pairs: int, seconds: float, conds: list[Condition], rate: float, settle: float = 5.0,
+        progress: TextIO = sys.stderr, server_kind: str = "single") -> dict[str, Any]:
+    bench = Run(seconds, settle, rate, progress, family=server_kind != "single")
     phases: list[Phase] = []
     load_before = os.getloadavg()
-    with launched_server() as server:
+    with _launch(server_kind, bench.workdir) as server:
+        _wait_healthy(server.url)
         loop = OpenLoop(server.url, rate)
         bench.load = loop
         loop.start()
@@ -240,7 +275,7 @@ def run(pairs: int, seconds: float, conds: list[Condition], rate: float, settle:
     head = per_source["all"] if "all" in per_source else per_source[conds[0].label]
     return {**{k: head[k] for k in ("throughput_ratio", "p50_ratio", "p99_ratio", "cpu_per_token_ratio",
                                     "agent_cpu_percent", "agent_rss_bytes", "pairs", "goals")},
-            "seconds": seconds, "rate": rate, "load_average_before": [round(x, 2) for x in load_before],
+            "seconds": seconds, "rate": rate, "server": server_kind, "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()], "dropped_arrivals": loop.dropped,
             "sources": per_source}
 
@@ -264,7 +299,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(pairs: int, seconds: float, only: list[str] | None, rate: float, as_json: bool, settle: float,
-         compare_tree: Path | None = None) -> int:
+         compare_tree: Path | None = None, server: str = "single") -> int:
     if os.geteuid() != 0:
         print("infersight: bench overhead must run as root: the agent loads BPF programs and runs py-spy",
               file=sys.stderr)
@@ -277,7 +312,7 @@ def main(pairs: int, seconds: float, only: list[str] | None, rate: float, as_jso
               file=sys.stderr)
         return 2
     try:
-        result = run(pairs, seconds, conditions(sources, compare_tree), rate, settle)
+        result = run(pairs, seconds, conditions(sources, compare_tree), rate, settle, server_kind=server)
     except (BenchError, OSError) as exc:
         print(f"infersight: bench overhead failed: {exc}", file=sys.stderr)
         return 1

@@ -1,4 +1,5 @@
-"""Start `python -m workload serve` as a child process and wait for its URL (benchmarks, demos)."""
+"""Start `python -m workload serve` (or the same model under gunicorn) as a child process and wait for its URL
+(benchmarks, demos)."""
 
 import os
 import re
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from workload.api import ADMIN_TOKEN_ENV
 
 URL_PATTERN = re.compile(r" at (http://[\d.]+:\d+)")
+# gunicorn's master says "Listening at: http://127.0.0.1:PORT (PID)"; its workers say "serving" when built.
+GUNICORN_URL_PATTERN = re.compile(r"Listening at: (http://[\d.]+:\d+)")
 
 
 class LaunchError(RuntimeError):
@@ -47,7 +50,31 @@ def launched_server(*flags: str, token: str = "bench-token", timeout_s: float = 
                 proc.wait(5)
 
 
-def await_url(proc: subprocess.Popen, timeout_s: float) -> str:
+@contextmanager
+def launched_gunicorn(workers: int, token: str = "bench-token", timeout_s: float = 180.0,
+                      metrics_dir: str | None = None) -> Iterator[Launched]:
+    """The bundled model under gunicorn (docs/workload.md, "Under gunicorn"): a master and `workers` workers, one
+    torch thread each, metrics summed over the workers. The URL is known once the master listens; the workers load
+    the model after that, so wait for /health before sending load."""
+    env = {**os.environ, ADMIN_TOKEN_ENV: token, "WORKLOAD_TORCH_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if metrics_dir is not None:
+        env["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:workload.gunicorn_conf", "-w", str(workers),
+                             "-b", "127.0.0.1:0", "workload.wsgi:create()"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0, env=env)
+    try:
+        yield Launched(proc, await_url(proc, timeout_s, GUNICORN_URL_PATTERN), token)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # the master stops its workers
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def await_url(proc: subprocess.Popen, timeout_s: float, pattern: re.Pattern[str] = URL_PATTERN) -> str:
     """The URL the server prints, read from its unbuffered (bufsize=0, bytes) stdout.
 
     An unbuffered pipe is what makes select() true: a buffered reader can take two lines in one read (a warning and
@@ -61,7 +88,7 @@ def await_url(proc: subprocess.Popen, timeout_s: float) -> str:
             continue
         line = proc.stdout.readline().decode(errors="replace")
         seen.append(line)
-        match = URL_PATTERN.search(line)
+        match = pattern.search(line)
         if match:
             # Keep draining the log so a full pipe never stalls the server.
             threading.Thread(target=discard_output, args=(proc,), daemon=True).start()

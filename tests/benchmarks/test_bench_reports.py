@@ -120,3 +120,21 @@ def test_bench_soak_hands_the_default_retention_bound_to_the_benchmark(monkeypat
     monkeypatch.setattr(soak, "main", lambda *args, **kwargs: seen.update(kwargs) or 0)
     args = build_parser().parse_args(["bench", "soak", "--minutes", "1"])
     assert args.func(args) == 0 and seen == {"retention_bytes": Config().retention_bytes}
+
+
+def test_a_family_server_is_watched_with_its_children(tmp_path: Path) -> None:
+    text = agent_config("all", tmp_path / "s", "127.0.0.1:1", 4242, "http://127.0.0.1:8", children=True)
+    (target,) = config_from_dict(tomllib.loads(text)).targets
+    assert target.pid == 4242 and target.children
+
+
+def test_bench_overhead_takes_the_server_shape(monkeypatch) -> None:
+    from agent.cli import build_parser
+    from benchmarks import overhead
+
+    seen: list = []
+    monkeypatch.setattr(overhead, "main", lambda *args: seen.append(args) or 0)
+    args = build_parser().parse_args(["bench", "overhead", "--server", "gunicorn"])
+    assert args.func(args) == 0 and seen[0][-1] == "gunicorn"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "overhead", "--server", "uwsgi"])
