@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from analysis.health import Health
 from analysis.window import READINGS, Log2Histogram, MemberReading, Window
@@ -159,4 +158,8 @@ class Snapshot:
 
 
 def copy_totals(t: TargetTotals) -> TargetTotals:
-    return copy.deepcopy(t)
+    """A copy a reader may keep: every container of its own, the scalar fields shared (they are immutable)."""
+    return replace(t, syscalls=Counter(t.syscalls),
+                   gc_pause_histogram=replace(t.gc_pause_histogram, counts=list(t.gc_pause_histogram.counts)),
+                   runqueue_histogram=replace(t.runqueue_histogram, counts=list(t.runqueue_histogram.counts)),
+                   measured=set(t.measured), members={role: replace(m) for role, m in t.members.items()})
