@@ -159,7 +159,28 @@ def role_of(comm: str, raw_cmdline: bytes) -> str:
         return _clean(first)
     if len(comm) == COMM_CHARS and name.startswith(comm) and len(name) > len(comm):
         return _clean(name)
+    if _INTERPRETER.fullmatch(comm) and (program := _python_program(args[1:])):
+        # Every Python server's comm is `python3`: the module or script it runs is what tells them apart.
+        return _clean(f"{comm} {program}")
     return _clean(comm)
+
+
+_INTERPRETER = re.compile(r"python[0-9.]*")
+
+
+def _python_program(args: list[bytes]) -> str | None:
+    """`-m MODULE` or the script's file name from a Python interpreter's arguments; None for `-c` and the REPL."""
+    words = [a.decode(errors="replace") for a in args]
+    for i, word in enumerate(words):
+        if word == "-m" and i + 1 < len(words):
+            return f"-m {words[i + 1]}"
+        if word.startswith("-m") and len(word) > 2:
+            return f"-m {word[2:]}"
+        if word == "-c" or word.startswith("-c"):
+            return None
+        if not word.startswith("-"):
+            return word.rsplit("/", 1)[-1]
+    return None
 
 
 def _clean(text: str) -> str:
