@@ -392,6 +392,24 @@ class _ChildWaitingSyscalls(SyscallsProbe):
         waiting[waiting.Key(0)] = waiting.Leaf(1)
 
 
+CGROUP_FILTER_C = r"""
+BPF_HASH(cgroups, u64, u32, 64);
+BPF_PERCPU_ARRAY(counts, u64, 64 * 512);
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+    u64 id = bpf_get_current_cgroup_id();
+    u32 *slot = cgroups.lookup(&id);
+    if (!slot)
+        return 0;
+    u32 idx = *slot * 512 + (ctx->args[1] & 511);
+    u64 *n = counts.lookup(&idx);
+    if (n)
+        (*n)++;
+    return 0;
+}
+"""
+
+
 def toggle_switches(pids: Pids) -> tuple[dict[str, Switch | TargetSwitch], list[Callable[[], None]], dict[str, str]]:
     from probes.base import load_bpf
 
@@ -436,6 +454,13 @@ def toggle_switches(pids: Pids) -> tuple[dict[str, Switch | TargetSwitch], list[
         bpf = load_bpf(text)
         cleanups.append(bpf.cleanup)
         switches[label], kinds[label] = Switch(bpf), "syscall"
+    # The cgroup-id filter issue 31 asked to compare with the tgid array: bpf_get_current_cgroup_id() and a hash
+    # lookup per syscall, then the same per-slot count as ours. Non-target: the map holds another cgroup's id.
+    bpf = load_bpf(CGROUP_FILTER_C)
+    cleanups.append(bpf.cleanup)
+    cgroups = bpf[b"cgroups"]
+    cgroups[cgroups.Key(1)] = cgroups.Leaf(0)
+    switches["cgroup-id filter count (non-target)"], kinds["cgroup-id filter count (non-target)"] = Switch(bpf), "syscall"
     for sw in switches.values():
         sw.set(False)
     return switches, cleanups, kinds
