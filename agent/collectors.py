@@ -274,13 +274,16 @@ class Collectors:
                 out[f"{name}:{target}"] = h.copy()
             for name, source in entry.sources.items():
                 out[f"{name}:{target}"] = source.health()
+        per_family: dict[str, list[tuple[int, Health]]] = {}
         for (key, member), entry in self._member_sources.items():
-            # One health per source and member: `stacks:vllm/4242`.
-            where = f"{self._targets[key].name}/{member[0]}"
+            target = self._targets[key].name
             for name, h in entry.broken.items():
-                out[f"{name}:{where}"] = h.copy()
+                per_family.setdefault(f"{name}:{target}", []).append((member[0], h.copy()))
             for name, source in entry.sources.items():
-                out[f"{name}:{where}"] = source.health()
+                per_family.setdefault(f"{name}:{target}", []).append((member[0], source.health()))
+        # One health per source and family (`stacks:vllm`), as for a single process: a pid in the name would make
+        # a series per member on /metrics, without bound as members come and go.
+        out.update({where: _family_health(parts) for where, parts in per_family.items()})
         return out
 
     def stop(self) -> None:
@@ -498,6 +501,26 @@ class Collectors:
                         out.closed.add(name)
         for name, health in entry.broken.items():
             out.missing[name] = f"failed: {health.reason}"
+
+
+def _family_health(parts: list[tuple[int, Health]]) -> Health:
+    """The health of one source over a family's members. Running while it runs for any member, the others' reasons
+    in `unsupported` by pid (the vocabulary's per-target gaps: py-spy on a member that is no Python process);
+    otherwise the worst state, with the first such member's reason. Counts summed; members per state in `detail`."""
+    rank = ("failed", "unsupported", "running", "absent", "stopped")
+    running = [pid for pid, h in parts if h.state == "running"]
+    worst_pid, worst = min(parts, key=lambda p: (rank.index(p[1].state), p[0]))
+    out = Health(name=worst.name, state="running" if running else worst.state,
+                 reason=None if running or not worst.reason else f"pid {worst_pid}: {worst.reason}",
+                 targets=sum(h.targets for _, h in parts), lost_events=sum(h.lost_events for _, h in parts),
+                 failed_stacks=sum(h.failed_stacks for _, h in parts), error_count=sum(h.error_count for _, h in parts))
+    for pid, h in parts:
+        out.unsupported.update(h.unsupported)
+        if h.state != "running" and h.reason:
+            out.unsupported.setdefault(pid, f"{h.state}: {h.reason}")
+    out.detail["members"] = {state: sum(h.state == state for _, h in parts) for state in rank
+                             if any(h.state == state for _, h in parts)}
+    return out
 
 
 def _close_all(entry: _TargetSources | None) -> None:

@@ -185,3 +185,19 @@ def test_collect_with_children_gives_one_window_per_tick_with_each_titled_member
         assert w["gc"]["collections"] == sum(m["gc_collections"] or 0 for m in w["members"]) > 0
         assert w["syscalls"]["counts"]["getppid"] == sum((m["syscalls"] or {}).get("getppid", 0) for m in w["members"])
         assert roles["infersight::EngineCore"]["gc_collections"] > 0
+
+
+def test_a_familys_source_health_is_one_entry_per_source_never_per_pid():
+    from agent.collectors import _family_health
+    from analysis.health import Health
+
+    parts = [(10, Health(name="stacks", state="running", error_count=1)),
+             (11, Health(name="stacks", state="unsupported", reason="not a Python process")),
+             (12, Health(name="stacks", state="running"))]
+    h = _family_health(parts)
+    assert h.state == "running" and h.reason is None and h.error_count == 1
+    assert h.unsupported == {11: "unsupported: not a Python process"}
+    assert h.detail["members"] == {"unsupported": 1, "running": 2}
+    down = _family_health([(10, Health(name="stacks", state="failed", reason="py-spy missing")),
+                           (11, Health(name="stacks", state="unsupported", reason="not Python"))])
+    assert down.state == "failed" and down.reason == "pid 10: py-spy missing"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -101,6 +102,10 @@ def test_a_gc_fault_in_one_gunicorn_worker_is_named_with_that_workers_pid(requir
             members = [line for line in metrics.splitlines() if line.startswith("infersight_member_processes{")]
             assert members and not any("pid=" in line for line in members), members
             assert sum(float(line.rsplit(" ", 1)[1]) for line in members) == 4
+            # One health series per source and target, as for one process: no member's pid in a label.
+            sources = [line for line in metrics.splitlines() if line.startswith("infersight_source_up{")]
+            assert 'source="stacks:gunicorn"' in "".join(sources)
+            assert not [line for line in sources if re.search(r'source="[^"]*/[0-9]+"', line)], sources
         finally:
             terminate(load)
             terminate(agent)
