@@ -143,6 +143,7 @@ class Collectors:
         self._not_held: dict[int, str] = {}
         # Child process -> parent, of the children probes followed in the kernel (families), as of the last read.
         self._children: dict[int, int] = {}
+        self._last_readings: dict[str, dict[int, Any]] = {}
         # Host-wide readings of the last read, by Window field (tcp: every retransmit on the host).
         self.host: dict[str, Any] = {}
         # Running probe -> the targets it said it cannot measure, as of the last read.
@@ -172,6 +173,9 @@ class Collectors:
                 changed |= self._update_members(old, target)
             else:
                 self._add(target)
+        # Children the kernel followed from a member that discovery does not list (they ended, or left the family:
+        # a daemon that reparented itself): the probes let go of them now.
+        changed |= bool(set(self._children) - {k[0] for t in self._targets.values() for k in t.member_keys})
         if not changed:
             return
         pids = self._pids()
@@ -219,7 +223,8 @@ class Collectors:
         (most often: they lived and ended between two windows). A child's role is its parent's: a fork runs the
         parent's program until it execs, and one that exec'd and lived on is listed by the next discovery."""
         found: list[Member] = []
-        pending = {c: p for c, p in self._children.items() if c not in roles}
+        read = {pid for per_pid in self._last_readings.values() for pid in per_pid}
+        pending = {c: p for c, p in self._children.items() if c not in roles and c in read}
         while True:
             placed = [(c, p) for c, p in pending.items() if p in roles]
             if not placed:
@@ -451,6 +456,7 @@ class Collectors:
                 self.host[name] = host
             self._probe_unsupported[name] = probe.health().unsupported
         self._probe_unsupported = {n: u for n, u in self._probe_unsupported.items() if n in readings}
+        self._last_readings = readings
         self._children = {}
         for probe in self._running.values():
             if (children := getattr(probe, "children", None)) is not None:

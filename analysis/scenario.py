@@ -16,7 +16,7 @@ LABELS = ("normal", *CAUSE_LABELS)
 PLACEHOLDERS = ("pid", "port", "seconds", "scenario_dir")
 
 _TOP_KEYS = ("name", "interval_seconds", "load", "server", "phase")
-_SERVER_KEYS = ("args",)
+_SERVER_KEYS = ("args", "children")
 # The runner sets these itself: it reads the URL the server prints and hands it the admin token.
 _RUNNER_FLAGS = ("--port", "--host", "--admin-token", "--admin-token-file", "--pidfile")
 _LOAD_KEYS = ("rate", "max_tokens")
@@ -53,6 +53,10 @@ class Scenario:
     scenario_dir: str = "."
     # More arguments of `python -m workload serve`, e.g. ("--engine-process",).
     server_args: tuple[str, ...] = ()
+    # Watch the server and every process it starts as one family target (docs/config.md "Families"): for a server
+    # of several processes. Off by default: a fault's helper processes (the cpuhog's spinners are the server's
+    # children) would otherwise count as the server's own work.
+    server_children: bool = False
 
     @property
     def seconds(self) -> float:
@@ -85,7 +89,8 @@ class Scenario:
                              run=tuple(p["run"]) if p.get("run") is not None else None) for p in data["phases"])
         return cls(name=data["name"], rate=data["rate"], phases=phases, interval_seconds=data.get("interval_seconds"),
                    max_tokens=data.get("max_tokens"), scenario_dir=data.get("scenario_dir", "."),
-                   server_args=tuple(data.get("server_args", ())))
+                   server_args=tuple(data.get("server_args", ())),
+                   server_children=bool(data.get("server_children", False)))
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -125,7 +130,8 @@ def parse_scenario(text: str, scenario_dir: str = ".") -> Scenario:
         raise ScenarioError(f"phase: need at least one [[phase]] table, got {raw_phases!r}")
     phases = tuple(_phase(i, p) for i, p in enumerate(raw_phases))
     return Scenario(name=name.strip(), rate=rate, phases=phases, interval_seconds=interval, max_tokens=max_tokens,
-                    scenario_dir=scenario_dir, server_args=_server_args(data.get("server", {})))
+                    scenario_dir=scenario_dir, server_args=_server_args(data.get("server", {})),
+                    server_children=_server_children(data.get("server", {})))
 
 
 def _server_args(server: Any) -> tuple[str, ...]:
@@ -139,6 +145,13 @@ def _server_args(server: Any) -> tuple[str, ...]:
         if arg.split("=", 1)[0] in _RUNNER_FLAGS:
             raise ScenarioError(f"server.args: {arg!r} is set by the scenario runner itself")
     return tuple(args)
+
+
+def _server_children(server: dict) -> bool:
+    children = server.get("children", False)
+    if not isinstance(children, bool):
+        raise ScenarioError(f"server.children: must be true or false, got {children!r}")
+    return children
 
 
 def _phase(i: int, raw: Any) -> Phase:

@@ -335,6 +335,7 @@ class OffCpuProbe:
         table = self._bpf[b"targets"]
         for tgid in self._targets - wanted:
             self._drop_target(tgid)
+            self._parents.pop(tgid, None)
         for tgid in wanted - self._targets:
             table[table.Key(tgid)] = table.Leaf(1)
             self._seed_blocked(tgid)

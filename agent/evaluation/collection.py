@@ -18,13 +18,13 @@ class Collector:
     problems: dict[str, str]
 
 
-def start_collection(pid: int, metrics_url: str, interval: float) -> Collector:
-    """BPF probes + py-spy + psutil + latency for `pid` and every process it starts (the server is a family:
-    `serve --engine-process` runs its engine in a child), as the daemon runs them (needs root)."""
+def start_collection(pid: int, metrics_url: str, interval: float, children: bool = False) -> Collector:
+    """BPF probes + py-spy + psutil + latency for `pid` (with `children`, and every process it starts: a server of
+    several processes, `serve --engine-process`), as the daemon runs them (needs root)."""
     from agent.config import Config, LatencySpec, TargetSpec
     from agent.single_target import watch_one
 
-    spec = TargetSpec(name="workload", pid=pid, children=True,
+    spec = TargetSpec(name="workload", pid=pid, children=children,
                       latency=LatencySpec.from_preset("workload", url=metrics_url))
     watch = watch_one(Config(interval_seconds=interval, targets=(spec,)))
     return Collector(tick=lambda: watch.tick().windows, close=watch.close, problems=watch.problems())

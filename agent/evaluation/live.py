@@ -22,7 +22,7 @@ from analysis.scenario import Phase, Scenario
 from analysis.scoring import Outcome
 from analysis.window import Window
 
-StartCollection = Callable[[int, str, float], Collector]
+StartCollection = Callable[[int, str, float, bool], Collector]
 
 
 @dataclass
@@ -62,7 +62,7 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
         _say(progress, f"{scenario.name}: starting the workload server")
         server = processes.start_server(children, cwd=work, nice=nice, args=scenario.server_args)
         _say(progress, f"{scenario.name}: server pid {server.pid} at {server.url}; loading probes")
-        collector = collect(server.pid, f"{server.url}/metrics", interval)
+        collector = collect(server.pid, f"{server.url}/metrics", interval, scenario.server_children)
         for name, why in collector.problems.items():
             _say(progress, f"{scenario.name}: {name}: {why}")
         collector.tick()  # drop the window that covers probe start-up, before any load
