@@ -253,7 +253,8 @@ def test_lock_and_cpuhog_faults_run_in_the_process_chosen(split, placed, place: 
     placed("cpuhog", True, place)
     state = debug(split.url, split.token)
     hogs = state["cpuhog_pids"] if place == "api" else state["engine"]["cpuhog_pids"]
-    assert hogs and {parent_of(h) for h in hogs} == {pids(split)[place]}
+    # Listed by the process chosen, and not its children: a neighbour's processes, not the server's own work.
+    assert hogs and not {parent_of(h) for h in hogs} & set(pids(split).values())
     assert not (state["engine"]["cpuhog_pids"] if place == "api" else state["cpuhog_pids"])
     set_fault(split.url, "cpuhog", False, split.token, place)
     wait_for(lambda: not any(alive(h) for h in hogs), "hogs ended when switched off", 30)
