@@ -118,3 +118,20 @@ def test_the_committed_suite_covers_every_switch_and_arms_the_detector_in_its_fi
     assert {1.5, 0.5} <= rates  # the benign +50% and -50% load steps
     normal = sum(p.seconds for s in scenarios for p in s.phases if p.label == "normal")
     assert normal >= 3600, normal
+
+
+def test_server_children_is_a_boolean_off_by_default(tmp_path):
+    from analysis.scenario import ScenarioError, load_scenario
+
+    base = 'name = "x"\n[load]\nrate = 1.0\n[[phase]]\nseconds = 10\nlabel = "normal"\n'
+    plain = tmp_path / "plain.toml"
+    plain.write_text(base)
+    assert load_scenario(plain).server_children is False
+    family = tmp_path / "family.toml"
+    family.write_text(base + '[server]\nargs = ["--engine-process"]\nchildren = true\n')
+    loaded = load_scenario(family)
+    assert loaded.server_children is True and type(loaded).from_dict(loaded.to_dict()).server_children is True
+    bad = tmp_path / "bad.toml"
+    bad.write_text(base + '[server]\nchildren = "yes"\n')
+    with pytest.raises(ScenarioError, match="server.children: must be true or false"):
+        load_scenario(bad)
