@@ -12,6 +12,7 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from analysis.features import is_idle_loop
 from analysis.waits import by_kind
 from analysis.window import (
     GcReading,
@@ -123,6 +124,15 @@ def family_total(field: str, parts: Sequence[tuple[str, Any]]) -> Any:
     return _MERGE[field](parts)
 
 
+def _app_wait(stacks: StackReading | None) -> float | None:
+    """Threads waiting inside the member's own code per py-spy tick, as analysis.features reads a process: per
+    member, because the members are sampled each at its own rate (one member's waits over the family's ticks would
+    dilute them by the number of members)."""
+    if stacks is None or not stacks.samples:
+        return None
+    return sum(n for stack, n in stacks.idle.items() if not is_idle_loop(stack.rsplit(";", 1)[-1])) / stacks.samples
+
+
 def member_summary(pid: int, role: str, readings: Mapping[str, Any], errors: Mapping[str, str]) -> MemberReading:
     """One member's figures for the Window: what its own probes and sources measured, None (with the reason in
     `errors`) for what they did not."""
@@ -146,5 +156,6 @@ def member_summary(pid: int, role: str, readings: Mapping[str, Any], errors: Map
         runqueue_seconds=runqueue.total_seconds if runqueue else None,
         retransmits=tcp.retransmits if tcp else None,
         stack_samples=(sum(stacks.active.values()) + sum(stacks.idle.values())) if stacks else None,
+        app_wait_threads=_app_wait(stacks),
         errors={k: v for k, v in errors.items() if k in PER_MEMBER},
     )

@@ -131,4 +131,7 @@ def extract(window: Window) -> Features:
         if ticks > 0:
             waits = sum(n for stack, n in window.stacks.idle.items() if not is_idle_loop(stack.rsplit(";", 1)[-1]))
             f["app_wait_threads"] = waits / ticks
+    # A family's threads waiting in their own code: each member's own average, summed (analysis.family._app_wait).
+    if (waiting := [m.app_wait_threads for m in window.members if m.app_wait_threads is not None]):
+        f["app_wait_threads"] = sum(waiting)
     return Features(**f)

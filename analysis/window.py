@@ -172,6 +172,8 @@ class MemberReading:
     runqueue_seconds: float | None = None
     retransmits: int | None = None
     stack_samples: int | None = None
+    # Threads waiting inside their own code, on average per py-spy tick of this member (analysis.features).
+    app_wait_threads: float | None = None
     errors: dict[str, str] = field(default_factory=dict)
 
 

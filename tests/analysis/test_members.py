@@ -119,3 +119,18 @@ def test_a_family_of_one_process_names_no_member():
     verdicts = [det.update(one(w)) for w in synth.windows(60, 10, Load(slowdown=2.0, gc_pause=0.05), seed=3)]
     cause = verdicts[-1].regression.causes[0]
     assert cause.label == "gc" and cause.pid is None and "in pid" not in cause.evidence
+
+
+def test_a_familys_threads_waiting_in_their_own_code_are_each_members_own_summed():
+    """Members are sampled each at its own rate: the engine's waiting thread over the family's ticks would read as
+    half a thread in a family of two."""
+    from analysis.family import member_summary
+    from analysis.features import extract
+    from analysis.window import StackReading
+
+    engine = StackReading(idle={"main;Scheduler.step (engine.py:80)": 5}, rate_hz=1.0, samples=5)
+    api = StackReading(idle={"main;serve (api.py:9)": 0}, rate_hz=1.0, samples=5)
+    w = synth.window(0, Load(), seed=1)
+    w.members = [member_summary(1, "api", {"stacks": api}, {}), member_summary(2, "engine", {"stacks": engine}, {})]
+    assert w.members[1].app_wait_threads == 1.0 and w.members[0].app_wait_threads == 0.0
+    assert extract(w).app_wait_threads == 1.0
