@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.families import role_of
 from agent.sources.protocol import Begins, Source
 from agent.targets import Member, Target
 from analysis.errors import NoAnswer, ProbeError, Unsupported
@@ -220,8 +221,8 @@ class Collectors:
 
     def _forked(self, target: Target, roles: dict[int, str]) -> list[Member]:
         """Children the probes followed in the kernel from the family's members and that discovery has not listed
-        (most often: they lived and ended between two windows). A child's role is its parent's: a fork runs the
-        parent's program until it execs, and one that exec'd and lived on is listed by the next discovery."""
+        (most often: they lived and ended between two windows). A child's role is its own while it lives, else its
+        parent's: a fork runs the parent's program until it execs."""
         found: list[Member] = []
         read = {pid for per_pid in self._last_readings.values() for pid in per_pid}
         pending = {c: p for c, p in self._children.items() if c not in roles and c in read}
@@ -230,9 +231,18 @@ class Collectors:
             if not placed:
                 return found
             for child, parent in sorted(placed):
-                roles[child] = roles[parent]
-                found.append(Member(pid=child, start_time=0, role=roles[parent], cmdline=()))
+                roles[child] = self._child_role(child, roles[parent])
+                found.append(Member(pid=child, start_time=0, role=roles[child], cmdline=()))
                 del pending[child]
+
+    def _child_role(self, pid: int, parent_role: str) -> str:
+        """A followed child's own role while it lives (it may have exec'd another program), else its parent's."""
+        try:
+            comm = (self._proc_root / str(pid) / "comm").read_text().strip()
+            cmdline = (self._proc_root / str(pid) / "cmdline").read_bytes()[:4096]
+        except OSError:
+            return parent_role
+        return role_of(comm, cmdline)
 
     def _family_share(self, target: Target, readings: dict[str, dict[int, Any]], errors: dict[str, str],
                       out: Collected) -> None:
