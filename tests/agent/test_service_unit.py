@@ -377,7 +377,10 @@ def _wait_for_windows(port: int, agent: subprocess.Popen, minimum: int) -> dict:
                 status = json.loads(resp.read())
         except OSError:
             status = {}
-        if status.get("windows_written", 0) >= minimum:
+        # A window whose every source read: on a loaded host one window's py-spy segment may end after the read
+        # (that window says "stacks: ... no recording", as it should), so wait for a whole one, not the first.
+        latest = next(iter(status.get("latest", {}).values()), {})
+        if status.get("windows_written", 0) >= minimum and not latest.get("errors"):
             return status
         time.sleep(1)
-    raise AssertionError(f"fewer than {minimum} windows in 180 s: {status}")
+    raise AssertionError(f"no window with every reading among the first in 180 s: {status}")
