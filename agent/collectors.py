@@ -8,10 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.families import role_of
 from agent.sources.protocol import Begins, Source
-from agent.targets import Member, Target
-from analysis.errors import NoAnswer, ProbeError, Unsupported
+from agent.targets import Member, Target, read_member
+from analysis.errors import AccessDenied, NoAnswer, ProbeError, TargetGone, Unsupported
 from analysis.family import PER_MEMBER, family_total, member_summary
 from analysis.health import Health
 from analysis.window import MemberReading
@@ -231,18 +230,13 @@ class Collectors:
             if not placed:
                 return found
             for child, parent in sorted(placed):
-                roles[child] = self._child_role(child, roles[parent])
-                found.append(Member(pid=child, start_time=0, role=roles[child], cmdline=()))
+                try:
+                    member = read_member(child, self._proc_root)  # its own role: it may have exec'd
+                except (TargetGone, AccessDenied):
+                    member = Member(pid=child, start_time=0, role=roles[parent], cmdline=())
+                roles[child] = member.role
+                found.append(member)
                 del pending[child]
-
-    def _child_role(self, pid: int, parent_role: str) -> str:
-        """A followed child's own role while it lives (it may have exec'd another program), else its parent's."""
-        try:
-            comm = (self._proc_root / str(pid) / "comm").read_text().strip()
-            cmdline = (self._proc_root / str(pid) / "cmdline").read_bytes()[:4096]
-        except OSError:
-            return parent_role
-        return role_of(comm, cmdline)
 
     def _family_share(self, target: Target, readings: dict[str, dict[int, Any]], errors: dict[str, str],
                       out: Collected) -> None:
@@ -251,12 +245,13 @@ class Collectors:
         parts: dict[str, list[tuple[str, Any]]] = {}
         reasons: dict[str, str] = {}
         roles = {m.pid: m.role for m in target.members}
+        listed = set(roles)
         for member in [*target.members, *self._forked(target, roles)]:
             own = Collected()
             self._probe_share(member.pid, readings, errors, own)
             if (entry := self._member_sources.get((target.key, member.key))) is not None:
                 self._read_sources(entry, own)
-            elif member.pid not in {m.pid for m in target.members}:
+            elif member.pid not in listed:
                 own.missing.setdefault("process", "a child process the kernel followed from its fork; it was not "
                                                   "found by discovery (it ended first), so only the probes saw it")
             for name, reading in own.readings.items():

@@ -442,6 +442,13 @@ def family_members(leader: ProcInfo, pool: Iterable[int], *, spec: TargetSpec, s
     return tuple(head + sorted((m for m in members if m.pid != leader.pid), key=lambda m: m.pid)), tuple(problems)
 
 
+def read_member(pid: int, proc_root: Path = PROC) -> Member:
+    """The process running as `pid` now, as a family member (its role from its own command line); TargetGone or
+    AccessDenied as read_proc."""
+    info = read_proc(pid, proc_root)
+    return _member(pid, info.start_time, info.comm, proc_root)
+
+
 def _member(pid: int, start_time: int, comm: str, proc_root: Path) -> Member:
     try:
         raw = _read(f"{proc_root}/{pid}/cmdline", CMDLINE_MAX_BYTES)
