@@ -183,6 +183,40 @@ class TargetSlots:
         self._by_tgid[tgid] = slot
 
 
+class Followed:
+    """What the probes that follow a family's forks in the kernel (probes/target_filter.py) keep alike: the targets
+    followed, the children the kernel placed (child -> parent), and which exited ones already gave their last
+    reading."""
+
+    def __init__(self) -> None:
+        self.tgids: set[int] = set()
+        self.parents: dict[int, int] = {}
+        self._reported: set[int] = set()
+
+    def sync(self, follow: Any) -> None:
+        """Make a program's `follow` hash hold the followed targets and the children placed (their forks are
+        followed too); a key the process took along when it ended is simply gone."""
+        wanted = self.tgids | set(self.parents)
+        kernel = {int(k.value) for k in follow.keys()}
+        for tgid in kernel - wanted:
+            try:
+                del follow[follow.Key(tgid)]
+            except KeyError:
+                pass  # deleted meanwhile
+        for tgid in wanted - kernel:
+            follow[follow.Key(tgid)] = follow.Leaf(1)
+
+    def to_drop(self, gone: Iterable[int]) -> list[int]:
+        """Of the targets that exited, those to drop before this read. A family member (followed, or a child placed)
+        has its last counts in the maps: it goes out in this reading and is dropped at the next one. Any other
+        target is dropped at once, as its pid may already name another process."""
+        gone = list(gone)
+        last = {t for t in gone if t in self.parents or t in self.tgids}
+        drop = [t for t in gone if t not in last or t in self._reported]
+        self._reported = last - self._reported
+        return drop
+
+
 # struct bpf_prog_info (uapi linux/bpf.h, kernel >= 5.12): recursion_misses is a u64 at byte 208.
 PROG_INFO_SIZE = 232
 RECURSION_MISSES_OFFSET = 208

@@ -45,7 +45,7 @@ from analysis.errors import ProbeUnavailable
 from analysis.health import Health
 from analysis.window import Log2Histogram, OffCpuReading
 from probes import c_helpers
-from probes.base import RawTracepointRunner, load_bpf, prog_recursion_misses, require_tracepoints
+from probes.base import Followed, RawTracepointRunner, load_bpf, prog_recursion_misses, require_tracepoints
 
 TRACEPOINTS = ("sched:sched_switch", "task:task_newtask")
 
@@ -288,9 +288,7 @@ class OffCpuProbe:
         self._targets: set[int] = set()
         # Followed targets (a family's members), the children the kernel made targets (child -> parent), and the
         # exited ones whose last reading went out at the previous read.
-        self._followed: set[int] = set()
-        self._parents: dict[int, int] = {}
-        self._reported_gone: set[int] = set()
+        self._family = Followed()
         # Targets beyond max_targets, left out: pid -> reason (their windows say so instead of reading zero).
         self._unsupported: dict[int, str] = {}
         self._state = "stopped"
@@ -335,7 +333,7 @@ class OffCpuProbe:
         table = self._bpf[b"targets"]
         for tgid in self._targets - wanted:
             self._drop_target(tgid)
-            self._parents.pop(tgid, None)
+            self._family.parents.pop(tgid, None)
         for tgid in wanted - self._targets:
             table[table.Key(tgid)] = table.Leaf(1)
             self._seed_blocked(tgid)
@@ -353,14 +351,10 @@ class OffCpuProbe:
             self._runner.run(key.value, cut, closing)
         self._adopt()
         gone = {t for t in self._targets if not (self._proc / str(t)).exists()}
-        # A family member that exited has its last off-CPU time in the maps: it goes out in this reading and the
-        # member is dropped at the next read. Any other target that exited is dropped first (its pid may be reused).
-        last = {t for t in gone if t in self._parents or t in self._followed}
-        for tgid in [t for t in gone if t not in last or t in self._reported_gone]:
+        for tgid in self._family.to_drop(gone):
             self._drop_target(tgid)
             self._targets.discard(tgid)
-            self._parents.pop(tgid, None)
-        self._reported_gone = last - self._reported_gone
+            self._family.parents.pop(tgid, None)
         readings = {tgid: OffCpuReading() for tgid in self._targets}
         self._read_threads(readings, closing)
         self._read_hist(readings, closing)
@@ -369,29 +363,20 @@ class OffCpuProbe:
 
     def set_followed(self, tgids: Iterable[int]) -> None:
         """The targets whose new child processes the kernel makes targets the moment they are forked."""
-        self._followed = {int(t) for t in tgids}
-        if self._bpf is None:
-            return
-        follow = self._bpf[b"follow"]
-        kernel = {int(k.value) for k in follow.keys()}
-        for tgid in kernel - self._followed - set(self._parents):
-            try:
-                del follow[follow.Key(tgid)]
-            except KeyError:
-                pass  # gone with its process meanwhile
-        for tgid in self._followed - kernel:
-            follow[follow.Key(tgid)] = follow.Leaf(1)
+        self._family.tgids = {int(t) for t in tgids}
+        if self._bpf is not None:
+            self._family.sync(self._bpf[b"follow"])
 
     def children(self) -> dict[int, int]:
         """Child tgid -> parent tgid of the followed children among the current targets."""
-        return dict(self._parents)
+        return dict(self._family.parents)
 
     def _adopt(self) -> None:
         newborn = self._bpf[b"newborn"]
         for key, parent in list(newborn.items()):
             child = int(key.value)
             self._targets.add(child)
-            self._parents[child] = int(parent.value)
+            self._family.parents[child] = int(parent.value)
             try:
                 del newborn[key]
             except KeyError:

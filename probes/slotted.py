@@ -9,7 +9,7 @@ from typing import Any
 
 from analysis.errors import ProbeUnavailable
 from analysis.health import Health
-from probes.base import TargetSlots, load_bpf, recursion_misses, require_tracepoints
+from probes.base import Followed, TargetSlots, load_bpf, recursion_misses, require_tracepoints
 from probes.target_filter import TargetTable
 
 # Slots kept offered to the kernel for children of followed targets (a quarter of the slots at most): how many
@@ -39,9 +39,7 @@ class SlottedProbe(ABC):
         # Slots offered to the kernel for followed children (probes/target_filter.py), and the children it placed:
         # child tgid -> parent tgid, until the child is no longer a target.
         self._offered: set[int] = set()
-        self._parents: dict[int, int] = {}
-        self._followed: set[int] = set()
-        self._reported_gone: set[int] = set()
+        self._family = Followed()
 
     @abstractmethod
     def _render(self) -> str:
@@ -75,17 +73,17 @@ class SlottedProbe(ABC):
         """The targets whose new child processes become targets the moment they are forked (a family's members).
         The kernel gives each child a slot from a small pool offered ahead; the next read() adopts them."""
         self._require_started()
-        self._followed = set(tgids)
-        self._table.set_followed(self._followed)
+        self._family.tgids = set(tgids)
+        self._family.sync(self._bpf[b"follow"])
         self._offer()
 
     def children(self) -> dict[int, int]:
         """Child tgid -> parent tgid of the followed children among the current targets."""
-        return dict(self._parents)
+        return dict(self._family.parents)
 
     def _offer(self) -> None:
         """Keep FOLLOW_POOL baselined slots in the kernel's queue while any target is followed."""
-        if not self._followed:
+        if not self._family.tgids:
             return
         want = min(FOLLOW_POOL, self._slots.capacity // 4) - len(self._offered)
         slots = [s for s in (self._slots.reserve() for _ in range(max(0, want))) if s is not None]
@@ -104,7 +102,7 @@ class SlottedProbe(ABC):
             self._offered.discard(slot)
             self._slots.adopt(child, slot)
             self._table.adopt(child, slot)
-            self._parents[child] = parent
+            self._family.parents[child] = parent
         self._table.settle_newborns()
         self._health.detail["followed_children_missed"] = self._table.missed_children()
         self._offer()
@@ -134,14 +132,9 @@ class SlottedProbe(ABC):
         self._require_started()
         self._adopt()
         gone = [t for t, _ in self._slots.items() if not (self._proc_root / str(t)).exists()]
-        # A family member that exited (a followed target, or a child the kernel placed) has its last counts in its
-        # slot: they go out in this reading and it is dropped at the next read. Any other target that exited is
-        # dropped before reading, as its pid may already name another process.
-        last = {t for t in gone if t in self._parents or t in self._followed}
-        for tgid in [t for t in gone if t not in last or t in self._reported_gone]:
+        for tgid in self._family.to_drop(gone):
             self._drop(tgid)
         readings = self._read_slots()
-        self._reported_gone = last - self._reported_gone
         self._health.lost_events = int(sum(self._bpf[b"lost"][0])) + recursion_misses(self._bpf)
         return readings
 
@@ -166,5 +159,5 @@ class SlottedProbe(ABC):
     def _drop(self, tgid: int) -> None:
         self._table.remove(tgid)
         self._forget(self._slots.remove(tgid))
-        self._parents.pop(tgid, None)
+        self._family.parents.pop(tgid, None)
         self._health.targets = len(self._slots)

@@ -139,7 +139,6 @@ class TargetTable:
         self._home: dict[int, int] = {}          # bucket -> the tgid living in it
         self._spilled: dict[int, set[int]] = {}  # bucket -> tgids of that bucket in target_spill
         self._slots: dict[int, int] = {}
-        self._follow = bpf[b"follow"]
         self._free_slots = bpf[b"free_slots"]
         self._newborn = bpf[b"newborn"]
         self._waiting = bpf[b"newborns"]
@@ -172,18 +171,6 @@ class TargetTable:
         self._write(bucket, used=int(bucket in self._home))
         del self._spill[self._spill.Key(tgid)]
         del self._slots[tgid]
-
-    def set_followed(self, tgids: set[int]) -> None:
-        """The tgids whose new child processes the kernel makes targets (and follows in turn)."""
-        follow = self._follow
-        kernel = {int(k.value) for k in follow.keys()}
-        for tgid in kernel - tgids:
-            try:
-                del follow[follow.Key(tgid)]
-            except KeyError:
-                pass  # the kernel's child entry went with its process (adopted and dropped meanwhile)
-        for tgid in tgids - kernel:
-            follow[follow.Key(tgid)] = follow.Leaf(1)
 
     def offer_slot(self, slot: int) -> None:
         """A free slot, its baseline taken, for the kernel to give the next followed child."""
