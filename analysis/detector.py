@@ -11,7 +11,7 @@ from analysis.baseline import Baseline, BaselineRow, cpu_wait
 from analysis.cause_signals import SIGNALS, read_all
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
-from analysis.members import MemberBaseline, locate, member_measures
+from analysis.members import MemberBaseline, locate, member_measures, rank_in_members
 from analysis.profile import leaf_counts, merge, top_shifts
 from analysis.regression import Cause, FunctionShift, Regression
 from analysis.robust import median
@@ -133,7 +133,7 @@ class LatencyDetector:
         self.moved_to_ = "unknown"  # the cause those windows name first
         self.moved_leaves_: list[dict[str, float]] = []  # those windows' stacks: the next regression's functions
         self.last_id_: str | None = None
-        self.members_base_ = MemberBaseline()
+        self.members_base_ = MemberBaseline(self.high_quantile)
 
     def get_state(self) -> dict:
         """JSON-serialisable: baseline rows, profile, and the open episode with its debouncing state."""
@@ -155,6 +155,7 @@ class LatencyDetector:
             "moved_leaves": list(self.moved_leaves_),
             "last_id": self.last_id_,
             "members_base": self.members_base_.to_dict(),
+            "members_rows": self.members_base_.rows_to_dict(),
             "recent": list(self.recent_),
             "pending": [{"row": row.to_dict(), "leaves": leaves} for row, leaves in self.pending_],
         }
@@ -193,7 +194,7 @@ class LatencyDetector:
         self.moved_to_ = str(state.get("moved_to", "unknown"))
         self.moved_leaves_ = [{str(k): float(v) for k, v in leaves.items()} for leaves in state.get("moved_leaves", [])]
         self.last_id_ = state.get("last_id")
-        self.members_base_.load(state.get("members_base", {}))
+        self.members_base_.load(state.get("members_base", {}), state.get("members_rows", {}))
         self.recent_.extend(state.get("recent", []))
         self.pending_.extend((BaselineRow.from_dict(p["row"]), p.get("leaves")) for p in state.get("pending", []))
 
@@ -224,6 +225,8 @@ class LatencyDetector:
         if self.model_ is None:
             if usable:
                 self.baseline_.add(window.start, window.end, f, leaves)
+                if window.members:  # the warm-up's windows are each member's first healthy ones too
+                    self.members_base_.learn(member_measures(window, f))
                 if len(self.baseline_) >= self.warmup_windows:
                     self._refit()
             return Verdict("warmup", None, {}, None, None, None)
@@ -233,7 +236,7 @@ class LatencyDetector:
         expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
         values = {**read_all(f), "jsd": self.baseline_.jsd(leaves)}
         if window.members:
-            values["members"] = member_measures(window)  # where a family's causes live (analysis.members)
+            values["members"] = member_measures(window, f)  # where a family's causes live (analysis.members)
         score = self._score(f, expected_all, values) if usable else None
         strength = self._corroboration(values)
         explained = strength > 0
@@ -407,7 +410,21 @@ class LatencyDetector:
                           max_causes=self.max_causes)
 
     def _causes(self, samples: list[dict], window: Window) -> list[Cause]:
-        return [self._placed(c, samples) for c in self._ranked_causes(samples, window)]
+        family = [self._placed(c, samples) for c in self._ranked_causes(samples, window)]
+        return self._with_members(family, samples)
+
+    def _with_members(self, family: list[Cause], samples: list[dict]) -> list[Cause]:
+        """The family's causes, each label replaced by the one a member's own signals show when that scores higher
+        (a move in one process that the family's totals dilute; analysis.members.rank_in_members)."""
+        inside = rank_in_members(samples, self.members_base_, self._attributor())
+        if not inside:
+            return family
+        by_label = {c.label: c for c in family if c.label != "unknown"}
+        for c in inside:
+            if c.label not in by_label or c.score > by_label[c.label].score:
+                by_label[c.label] = c
+        ranked = sorted(by_label.values(), key=lambda c: (-c.score, c.label))[: self.max_causes]
+        return ranked or family
 
     def _placed(self, cause: Cause, samples: list[dict]) -> Cause:
         """A family's cause with the member its evidence is in (analysis.members); others as they are."""

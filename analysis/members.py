@@ -10,11 +10,16 @@ front, so the front's new CPU is the news when the front is where it grew.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from analysis.cause_signals import BLOCKED_KINDS
-from analysis.robust import median
+from analysis.attribution import Attributor, SignalStats
+from analysis.cause_signals import BLOCKED_KINDS, read_all
+from analysis.features import Features
+from analysis.regression import Cause
+from analysis.robust import finite, mad_sigma, median, quantile
+from analysis.waits import WAIT_KINDS
 from analysis.window import MemberReading, Window
 
 # A healthy window moves a member's baseline this far towards its value: ~20 windows of memory.
@@ -48,25 +53,67 @@ def _measure(label: str, m: MemberReading, duration: float) -> float | None:
 
 
 LABELS = ("gc", "lock", "blocked", "syscalls", "network", "cpu_contention", "compute")
+# Healthy windows of cause signals kept per role (see MemberBaseline.rows), and the roles that keep them: a row is a
+# dozen floats, so a target's saved state stays under ~100 KiB whatever its family does.
+SIGNAL_ROWS = 60
+MAX_SIGNAL_ROLES = 16
 
 
-def member_measures(window: Window) -> dict[str, dict]:
-    """str(pid) -> {"role": its role, label: its measure per second or None}, one row per member (a JSON object's
-    keys are strings: the rows travel in the detector's saved state). Empty for a single-process window."""
-    return {str(m.pid): {"role": m.role, **{label: _measure(label, m, window.duration) for label in LABELS}}
-            for m in window.members}
+def member_features(family: Features, m: MemberReading) -> Features:
+    """One member's features: its own readings, over the family's requests and tokens (the service's load is what
+    the member's syscalls per request or CPU per token are per). What only the family or the latency source
+    measures (threads stuck at the window's end, preemptions, reachability) stays None: not measured per member."""
+    dur = family.duration
+    tokens = family.tokens_per_second * dur if family.tokens_per_second else None
+    calls = None if m.syscalls is None else float(sum(m.syscalls.values()))
+    offcpu = (None if m.offcpu_by_kind is None
+              else {kind: m.offcpu_by_kind.get(kind, 0.0) / dur for kind in WAIT_KINDS})
+    return Features(
+        duration=dur, requests=family.requests, request_rate=family.request_rate,
+        tokens_per_second=family.tokens_per_second, tokens_per_request=family.tokens_per_request,
+        syscalls_per_second=None if calls is None else calls / dur,
+        syscalls_per_request=None if calls is None or not family.requests else calls / family.requests,
+        offcpu=offcpu,
+        gc_pause_per_second=_per_second(m.gc_pause_seconds, dur),
+        retransmits_per_second=_per_second(None if m.retransmits is None else float(m.retransmits), dur),
+        runqueue_per_second=_per_second(m.runqueue_seconds, dur),
+        cpu_per_second=_per_second(m.cpu_seconds, dur),
+        cpu_per_token=None if m.cpu_seconds is None or not tokens else m.cpu_seconds / tokens,
+        app_wait_threads=m.app_wait_threads,
+    )
+
+
+def member_measures(window: Window, family: Features | None = None) -> dict[str, dict]:
+    """str(pid) -> {"role": its role, label: its measure per second or None, "signals": its cause signals (with the
+    family's features given)}, one row per member (a JSON object's keys are strings: the rows travel in the
+    detector's saved state). Empty for a single-process window."""
+    rows: dict[str, dict] = {}
+    for m in window.members:
+        row: dict = {"role": m.role, **{label: _measure(label, m, window.duration) for label in LABELS}}
+        if family is not None:
+            row["signals"] = read_all(member_features(family, m))
+        rows[str(m.pid)] = row
+    return rows
 
 
 class MemberBaseline:
     """Per role and cause label, one member's usual measure: an exponential moving average over healthy windows of
-    the role's mean per process (gunicorn's four workers share a role; each is judged against one worker's usual)."""
+    the role's mean per process (gunicorn's four workers share a role; each is judged against one worker's usual).
+    And per role, the cause signals of its last healthy windows (`rows`), the baseline a member's own signals are
+    ranked against (see `signal_stats`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, high_quantile: float = 0.9) -> None:
         self.usual: dict[str, dict[str, float]] = {}
+        self.rows: dict[str, deque[dict[str, float | None]]] = {}
+        self.high_quantile = high_quantile
 
     def learn(self, measures: Mapping[str, Mapping]) -> None:
         by_role: dict[str, dict[str, list[float]]] = {}
         for row in measures.values():
+            signals = row.get("signals")
+            role = str(row["role"])
+            if signals is not None and (role in self.rows or len(self.rows) < MAX_SIGNAL_ROLES):
+                self.rows.setdefault(role, deque(maxlen=SIGNAL_ROWS)).append(dict(signals))
             values = by_role.setdefault(str(row["role"]), {})
             for label in LABELS:
                 if row.get(label) is not None:
@@ -79,12 +126,29 @@ class MemberBaseline:
                 value = sum(xs) / len(xs)
                 usual[label] = value if label not in usual else usual[label] + BASELINE_WEIGHT * (value - usual[label])
 
+    def signal_stats(self, role: str) -> dict[str, SignalStats | None]:
+        """Per cause signal, the role's healthy windows' median, MAD-sigma and high quantile (as the family's
+        Baseline.stats); None for a signal fewer than 3 of them measured."""
+        rows = self.rows.get(role, ())
+        out: dict[str, SignalStats | None] = {}
+        for name in {k for r in rows for k in r}:
+            xs = finite(r.get(name) for r in rows)
+            out[name] = (SignalStats(median(xs), mad_sigma(xs), len(xs), quantile(xs, self.high_quantile))
+                         if len(xs) >= 3 else None)
+        return out
+
     def to_dict(self) -> dict:
         return {role: dict(row) for role, row in self.usual.items()}
 
-    def load(self, data: Mapping[str, Mapping[str, float]]) -> None:
+    def rows_to_dict(self) -> dict:
+        return {role: list(rows) for role, rows in self.rows.items()}
+
+    def load(self, data: Mapping[str, Mapping[str, float]], rows: Mapping[str, Sequence[Mapping]] | None = None) -> None:
         self.usual = {str(role): {str(k): float(v) for k, v in row.items() if k in LABELS}
                       for role, row in list(data.items())[:MAX_ROLES]}
+        self.rows = {str(role): deque(({str(k): None if v is None else float(v) for k, v in r.items()}
+                                       for r in list(rs)[-SIGNAL_ROWS:]), maxlen=SIGNAL_ROWS)
+                     for role, rs in list((rows or {}).items())[:MAX_SIGNAL_ROLES]}
 
 
 @dataclass(frozen=True)
@@ -139,3 +203,34 @@ def locate(label: str, samples: Sequence[Mapping], baseline: MemberBaseline) -> 
         pid = max(now, key=lambda p: (now[p], -p))
         share = now[pid] / sum(now.values()) if sum(now.values()) > 0 else 0.0
     return Located(pid=pid, role=roles[pid], value=now[pid], usual=usual[pid], share=share, of_rise=total > 0)
+
+
+def rank_in_members(samples: Sequence[Mapping], baseline: MemberBaseline, attributor: Attributor) -> list[Cause]:
+    """The causes each member's own signals show against its role's healthy windows, best per label, each naming its
+    member. A family's totals dilute a move in one process by the others' steady share: a lock in an engine whose
+    futex wait rose x1.5 read x1.03 in the family beside an API process with 33 idle threads parked on futexes."""
+    series: dict[int, dict[str, list[float]]] = {}
+    roles: dict[int, str] = {}
+    for sample in samples:
+        for pid, row in (sample.get("members") or {}).items():
+            if row.get("signals") is None:
+                continue
+            roles[int(pid)] = str(row["role"])
+            values = series.setdefault(int(pid), {})
+            for name, v in row["signals"].items():
+                if v is not None:
+                    values.setdefault(name, []).append(float(v))
+    if len(roles) < 2:
+        return []  # a family of one process is the target itself: its totals are its own
+    best: dict[str, Cause] = {}
+    for pid in sorted(series):
+        stats = baseline.signal_stats(roles[pid])
+        if not stats:
+            continue
+        values = {name: median(xs) for name, xs in series[pid].items()}
+        for c in attributor.rank(values, stats):
+            if c.label == "unknown" or (c.label in best and best[c.label].score >= c.score):
+                continue
+            best[c.label] = Cause(c.label, c.score, f"{c.evidence}, in pid {pid} ({roles[pid]})", c.value,
+                                  c.baseline, pid=pid, process=roles[pid])
+    return sorted(best.values(), key=lambda c: (-c.score, c.label))

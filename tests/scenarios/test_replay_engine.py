@@ -33,10 +33,10 @@ def test_the_recorded_windows_are_a_family_with_the_engine_in_it() -> None:
         assert all(any(m.role == ENGINE for m in w.members) for w in windows[5:]), path.name
 
 
-# The one phase found but not named: the lock in the engine opens as `unknown`. Its signals rose in the engine
-# (threads waiting in its own code x1.6, futex off-CPU x1.6) but the ratio gate reads the family's totals, which
-# the API process's idle threads dilute to x1.25 and x1.03 (docs/detector.md, "Which process": known limit).
-KNOWN_MISATTRIBUTED = {("lock holder starves the scheduler, engine process", "lock")}
+# Every phase found is named. The lock in the engine was `unknown` while causes were ranked on the family's totals
+# only: its signals rose in the engine (futex off-CPU x1.55) but the API process's idle threads diluted the total to
+# x1.03; each member's own signals are ranked too now (docs/detector.md, "Which process").
+KNOWN_MISATTRIBUTED: set[tuple[str, str]] = set()
 
 
 def test_replay_finds_every_fault_without_a_false_alarm_and_names_all_but_the_known_one() -> None:
