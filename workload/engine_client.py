@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -25,6 +24,7 @@ import zmq
 from prometheus_client import CollectorRegistry, Counter
 
 from workload import engine_protocol as wire
+from workload import scratch
 from workload.engine import Sequence
 from workload.metric_ops import apply
 from workload.metrics import ServerMetrics
@@ -107,7 +107,7 @@ class EngineClient:
         # Engine faults switched on: switched on again in a restarted engine (the switch is the operator's).
         self.engine_faults: dict[str, bool] = {}
         self._context = zmq.Context()
-        self._dir = tempfile.mkdtemp(prefix="workload-engine-")
+        self._dir = scratch.make("workload-engine-")  # a SIGKILLed API process's is swept (workload.scratch)
         self._send_lock = threading.Lock()
         self._requests: dict[str, RemoteRequest] = {}
         self._requests_lock = threading.Lock()

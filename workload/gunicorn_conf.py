@@ -8,8 +8,9 @@ $PROMETHEUS_MULTIPROC_DIR) once, at import, and the workers inherit the master's
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
+
+from workload import scratch
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -43,7 +44,7 @@ def on_starting(server) -> None:
             for stale in directory.glob(f"{kind}_*.db"):
                 stale.unlink()
     else:
-        _made_dir.append(tempfile.mkdtemp(prefix="workload-metrics-"))
+        _made_dir.append(scratch.make("workload-metrics-"))  # a SIGKILLed master's is swept (workload.scratch)
         os.environ[MULTIPROC_ENV] = _made_dir[0]
     # Only now that the variable is set: this imports prometheus_client (and torch, which the workers then share).
     from workload.wsgi import Settings, SettingsError, admin_token
