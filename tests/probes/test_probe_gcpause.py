@@ -298,3 +298,121 @@ def test_an_unexpected_error_locating_one_target_costs_only_that_target(require_
 def test_no_root_needed_to_locate(python_exe) -> None:
     """Locating the image works for any user who may read the target's /proc files."""
     assert find_python_image(os.getpid()).version == sys.version_info[:2]
+
+
+# A family parent driven over stdin: it collects itself, or forks a child that collects and ends at once (short), one
+# that collects and stays (long), or one that execs a program that is not Python (exec). Prints each child's pid.
+FAMILY_PARENT = r"""
+import gc, os, sys, time
+gc.disable()
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd, n = line.split()
+    n = int(n)
+    if cmd == "self":
+        for _ in range(n):
+            gc.collect()
+        print(os.getpid(), flush=True)
+    elif cmd == "short":
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(n):
+                gc.collect()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(pid, flush=True)
+    elif cmd == "long":
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(n):
+                gc.collect()
+            os.write(w, b"x")
+            time.sleep(3600)
+            os._exit(0)
+        os.read(r, 1)
+        print(pid, flush=True)
+    elif cmd == "exec":
+        pid = os.fork()
+        if pid == 0:
+            os.execv("/bin/sleep", ["sleep", "3600"])
+        print(pid, flush=True)
+"""
+
+# Not a target, on the same interpreter and libpython as the family: collects without pause the whole time.
+STRANGER = r"""
+import gc, time
+gc.disable()
+while True:
+    gc.collect()
+    time.sleep(0.0005)
+"""
+
+
+def _ask(parent: subprocess.Popen, line: str) -> int:
+    parent.stdin.write(line + "\n")
+    parent.stdin.flush()
+    return int(parent.stdout.readline())
+
+
+def _wait_for(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("interpreter", ["shared libpython", "static with USDT"])
+def test_a_followed_family_counts_its_forks_exactly_and_never_a_stranger_on_the_same_image(require_bpf, python_exe,
+                                                                                            interpreter) -> None:
+    """Followed, the parent is counted by its image's system-wide uprobes (USDT sites for Debian's static python):
+    they fire in its forks, and in every other process running that file, which the in-kernel filter leaves out."""
+    if interpreter == "static with USDT":
+        if not DEBIAN_PYTHON.exists():
+            pytest.skip(f"{DEBIAN_PYTHON} is not installed (Debian's python3.11 package)")
+        python_exe = str(DEBIAN_PYTHON)
+    parent = subprocess.Popen([python_exe, "-c", FAMILY_PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    stranger = subprocess.Popen([python_exe, "-c", STRANGER])
+    assert parent.stdout.readline().strip() == "ready"
+    kids: list[int] = []
+    probe = GcPauseProbe()
+    try:
+        probe.start([parent.pid])
+        assert probe.method(parent.pid) == ("usdt" if interpreter == "static with USDT" else "uprobe")
+        assert not probe.shared(parent.pid)  # not followed: uprobes bound to its pid, as for any single process
+        probe.set_followed([parent.pid])
+        assert probe.shared(parent.pid) and probe.health().detail["shared_images"] == 1
+        probe.read()
+        _ask(parent, "self 5")
+        short = _ask(parent, "short 7")  # lives a few ms and ends between two reads
+        long = _ask(parent, "long 9")
+        execd = _ask(parent, "exec 0")
+        kids += [long, execd]
+        _wait_for(lambda: os.readlink(f"/proc/{execd}/exe").endswith("sleep"))
+        first = probe.read()
+        children = probe.children()
+        second_self = _ask(parent, "self 4")
+        second = probe.read()
+        probe.set_followed([])  # followed no more: back on uprobes of its own, exactly one set counting it
+        assert not probe.shared(parent.pid)
+        _ask(parent, "self 3")
+        third = probe.read()
+        health = probe.health()
+        totals = {int(k.value) for k in probe._bpf[b"totals"].keys()}
+    finally:
+        probe.stop()
+        for pid in kids:
+            os.kill(pid, 9)
+        _finish(parent)
+        _finish(stranger)
+    assert second_self == parent.pid
+    assert {pid: r.collections for pid, r in first.items()} == {parent.pid: 5, short: 7, long: 9}
+    assert execd not in first and "exec'd a program gc cannot trace" in health.unsupported[execd]
+    assert children == {short: parent.pid, long: parent.pid, execd: parent.pid}
+    # The short child went out once, with its whole life's counts; the stranger was never counted at all.
+    assert {pid: r.collections for pid, r in second.items()} == {parent.pid: 4, long: 0}
+    assert {pid: r.collections for pid, r in third.items()} == {parent.pid: 3, long: 0}
+    assert stranger.pid not in totals and short not in totals
+    assert health.lost_events == 0 and health.detail["followed_children_missed"] == 0
