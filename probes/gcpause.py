@@ -40,9 +40,8 @@ moment the pidfd reports the exit, a watcher thread takes the tgid out of the `t
 read() detaches it and reports nothing for it, even when the pid already names another process (a family
 member reports the collections counted while it lived, once). A followed target or a child the kernel placed
 leaves `targets` and `follow` in `sched:sched_process_exit` when its last thread exits, before its pid can be
-reused, and a placed child is
-flagged exited; user space holds a pidfd for it only when the flag is still clear after the pidfd is open, so
-nothing another process does under that pid is counted or reported for it.
+reused, and a placed child is flagged exited; user space holds a pidfd for it only when the flag is still clear
+after the pidfd is open, so nothing another process does under that pid is counted or reported for it.
 """
 
 from __future__ import annotations
