@@ -649,6 +649,7 @@ class GcPauseProbe:
         except (Unsupported, AccessDenied, OSError) as exc:
             self.unsupported[child] = f"pid {child} exec'd a program gc cannot trace: {exc}"
             return
+        self.unsupported.pop(child, None)
         if attachment.shared != key:
             self._release_shared(child)
             attachment.shared = key
@@ -715,6 +716,8 @@ class GcPauseProbe:
                 if table.Key(tgid) in table:
                     del table[table.Key(tgid)]
         self._family.parents.pop(tgid, None)
+        if attachment.image is None:
+            self.unsupported.pop(tgid, None)  # a placed child's reason (an exec) goes with it
         if attachment.handle is not None:
             if self._watcher is not None:
                 self._watcher.unwatch(attachment.handle)

@@ -204,3 +204,66 @@ def test_a_familys_source_health_is_one_entry_per_source_never_per_pid():
     down = _family_health([(10, Health(name="stacks", state="failed", reason="py-spy missing")),
                            (11, Health(name="stacks", state="unsupported", reason="not Python"))])
     assert down.state == "failed" and down.reason == "pid 10: py-spy missing"
+
+
+WITH_A_SHELL = r"""
+import gc, os, subprocess, sys, time
+gc.disable()
+go, out = sys.argv[1], sys.argv[2]
+subprocess.Popen(["sleep", "3600"])  # a member that is no Python process: the gc probe cannot trace it
+while not os.path.exists(go):
+    time.sleep(0.01)
+gc.collect()
+gc.collect()
+child = os.fork()
+if child == 0:
+    for _ in range(6):
+        gc.collect()
+    os._exit(0)
+os.waitpid(child, 0)
+open(out, "w").write(str(child))
+while True:
+    time.sleep(3600)
+"""
+
+
+@pytest.mark.bpf
+def test_a_member_gc_cannot_trace_does_not_stop_the_family_being_followed(require_bpf, tmp_path):
+    """The gc probe's start raises Unsupported for the `sleep` member; it must still be told which members to follow,
+    or the short-lived child's collections are lost."""
+    go, out = tmp_path / "go", tmp_path / "done"
+    parent = subprocess.Popen([sys.executable, "-c", WITH_A_SHELL, str(go), str(out)])
+    try:
+        _wait(lambda: len(_children(parent.pid)) == 1, 20, "the sleep child")
+        _wait(lambda: os.readlink(f"/proc/{_children(parent.pid)[0]}/exe").endswith("sleep"), 20, "sleep to run")
+        pids = [parent.pid, *_children(parent.pid)]
+        infos = [read_proc(pid) for pid in pids]
+        members = tuple(Member(pid=i.pid, start_time=i.start_time, role=f"m{n}", cmdline=i.cmdline)
+                        for n, i in enumerate(infos))
+        spec = TargetSpec(name="family", pid=parent.pid)
+        family = Target(name="family", pid=parent.pid, start_time=infos[0].start_time, cmdline=infos[0].cmdline,
+                        spec=spec, members=members)
+        config = Config(interval_seconds=1.0, targets=(spec,), stacks=StacksConfig(enabled=False),
+                        probes=ProbesConfig(syscalls=False, offcpu=False, tcp=False, runqueue=False, exits=False))
+        windows = []
+        loop = CollectionLoop(specs=[spec], collectors=build_collectors(config), state=AgentState(),
+                              sink=windows.append, interval=1.0, discover_fn=lambda specs, problems: [family])
+        try:
+            loop.start()
+            go.touch()
+            _wait(lambda: out.exists() and out.read_text(), 60, "the short child to end")
+            loop.tick()
+        finally:
+            loop.close()
+    finally:
+        for pid in _children(parent.pid):
+            os.kill(pid, 9)
+        parent.kill()
+        parent.wait()
+    short = int(out.read_text())
+    (window,) = windows
+    by_pid = {m.pid: m for m in window.members}
+    assert by_pid[parent.pid].gc_collections == 2
+    assert by_pid[short].gc_collections == 6
+    assert by_pid[pids[1]].gc_collections is None and "not a Python interpreter" in by_pid[pids[1]].errors["gc"]
+    assert window.gc.collections == 8
