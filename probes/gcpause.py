@@ -193,11 +193,12 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     return 0;
 }
 
-/* A child that execs may run another image than the one whose uprobes reach it: user space looks again. */
+/* A child that execs may run another image than the one whose uprobes reach it: user space looks again. An exited
+   child's entry is left alone: its pid may already be another process's. */
 TRACEPOINT_PROBE(sched, sched_process_exec) {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     struct newborn_t *nb = newborn.lookup(&tgid);
-    if (nb)
+    if (nb && !nb->exited)
         __sync_fetch_and_add(&nb->execs, 1);
     return 0;
 }

@@ -387,6 +387,9 @@ def test_a_followed_family_counts_its_forks_exactly_and_never_a_stranger_on_the_
         probe.read()
         _ask(parent, "self 5")
         short = _ask(parent, "short 7")  # lives a few ms and ends between two reads
+        # Out of the filter at its exit, before its pid can be reused, and flagged so that no pidfd is taken for it.
+        assert probe._bpf[b"targets"].get(probe._bpf[b"targets"].Key(short)) is None
+        assert probe._bpf[b"newborn"][probe._bpf[b"newborn"].Key(short)].exited == 1
         long = _ask(parent, "long 9")
         execd = _ask(parent, "exec 0")
         kids += [long, execd]
@@ -416,3 +419,55 @@ def test_a_followed_family_counts_its_forks_exactly_and_never_a_stranger_on_the_
     assert {pid: r.collections for pid, r in third.items()} == {parent.pid: 3, long: 0}
     assert stranger.pid not in totals and short not in totals
     assert health.lost_events == 0 and health.detail["followed_children_missed"] == 0
+
+
+def _take_pid(pid: int, argv: list[str]) -> subprocess.Popen | None:
+    """`argv` started with exactly `pid` (the host's ns_last_pid set right before the fork); None when another
+    process took the pid first."""
+    for _ in range(20):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        proc = subprocess.Popen(argv)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+        if os.path.exists(f"/proc/{pid}"):
+            return None
+    return None
+
+
+@pytest.mark.bpf
+def test_a_placed_child_whose_pid_is_reused_before_the_read_reports_only_its_own_life(require_bpf,
+                                                                                       python_exe) -> None:
+    """A followed child ends, and a stranger on the same libpython takes its pid before the next read: the child is
+    reported once with its own 7 collections, no pidfd is taken for the stranger, and the stranger's collections
+    (reached by the same system-wide uprobes) are never counted."""
+    parent = subprocess.Popen([python_exe, "-c", FAMILY_PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    assert parent.stdout.readline().strip() == "ready"
+    probe = GcPauseProbe()
+    stranger = None
+    try:
+        probe.start([parent.pid])
+        probe.set_followed([parent.pid])
+        for _ in range(5):  # another process on the host may fork between and take the pid: again, new child
+            short = _ask(parent, "short 7")
+            stranger = _take_pid(short, [python_exe, "-c", STRANGER])
+            if stranger is not None:
+                break
+            probe.read()  # the lost attempt's child goes out, and is dropped at the next read
+        else:
+            pytest.fail("another process took the child's pid first, 5 times")
+        time.sleep(0.3)  # the stranger collects hundreds of times meanwhile
+        first = probe.read()
+        held = probe._attached[short].handle
+        second = probe.read()
+        third = probe.read()
+        in_filter = probe._bpf[b"targets"].get(probe._bpf[b"targets"].Key(short))
+    finally:
+        probe.stop()
+        _finish(parent)
+        if stranger is not None:
+            _finish(stranger)
+    assert first[short].collections == 7 and held is None
+    assert short not in second and short not in third and in_filter is None
