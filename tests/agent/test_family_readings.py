@@ -63,6 +63,15 @@ serve(0)
 """.replace("WORK", repr(WORK)).replace("SHORT_GC", "11").replace("SHORT", "777")
 
 
+STRANGER = """
+import gc, time
+gc.disable()
+while True:
+    gc.collect()
+    time.sleep(0.001)
+"""
+
+
 def _wait(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -87,6 +96,8 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.bpf
 def test_every_count_is_exact_per_member_and_in_total(require_bpf, tmp_path):
     go, out = tmp_path / "go", tmp_path / "done"
+    # Not of the family, on the same interpreter file: the family's GC uprobes fire in it too, and it is never counted.
+    stranger = subprocess.Popen([sys.executable, "-c", STRANGER])
     parent = subprocess.Popen([sys.executable, "-c", FAMILY, str(go), str(out)])
     try:
         _wait(lambda: len(_children(parent.pid)) == 3, 20, "three children")
@@ -117,8 +128,11 @@ def test_every_count_is_exact_per_member_and_in_total(require_bpf, tmp_path):
             os.kill(pid, 9)
         parent.kill()
         parent.wait()
+        stranger.kill()
+        stranger.wait()
 
     assert len(windows) == 2
+    assert all(m.pid != stranger.pid for w in windows for m in w.members)
     for n, (calls, collections, sleeps) in enumerate(WORK):
         got = [next(m for m in w.members if m.pid == pids[n]) for w in windows]
         assert all(m.role == f"worker-{n}" for m in got)
