@@ -17,7 +17,7 @@ followed target (a family member, `set_followed`) is counted instead by its imag
 (pid -1, one set per image file however many members run it), filtered here by `targets`. A
 `task:task_newtask` program makes each child process of a followed target a target from its fork, so a child
 that lives 200 ms and ends between two windows is reported once, in the next read, with its whole life's
-collections. A target that is not followed keeps uprobes bound to its pid. Never both at once: `targets` holds
+collections. A target that is not followed keeps uprobes bound to its pid. Never counted by both: `targets` holds
 each process's mode (PER_PROCESS or SHARED) and each program counts only its own, so a process reached by both
 sets while it is moved from one to the other is counted once. A placed child that execs is looked at again: on
 an image with shared uprobes it is counted on, otherwise (or if it ended first) its gc is null with the reason.
@@ -26,8 +26,9 @@ Overhead: a uprobe costs a trap (~1-3 us here) per hit and collections are rare 
 700 net allocations of container objects in generation 0), so it is small next to the pause. With a followed
 family the cost is no longer the targets' alone: every process on the host running the same libpython (or
 static python) file takes the trap and the uretprobe's return trampoline on each collection, and one hash
-lookup says it is no target (docs/BENCHMARKS.md, "gcpause followed"). A family's server on a host full of
-other Pythons built from the same file pays for them; per-pid attachment does not.
+lookup says it is no target (docs/BENCHMARKS.md, "gcpause followed": ~0.8 us per collection here); through
+USDT the kernel also raises the sites' semaphores in every such process. Processes that do not map the file pay
+nothing. Per-pid attachment costs no other process anything.
 
 Caveats: the pause is the collector's own time; gc.callbacks run outside it. Uprobes are placed
 per target pid or per image, so adding a target attaches the already loaded functions again (no recompile).
