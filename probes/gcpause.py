@@ -18,8 +18,9 @@ followed target (a family member, `set_followed`) is counted instead by its imag
 `task:task_newtask` program makes each child process of a followed target a target from its fork, so a child
 that lives 200 ms and ends between two windows is reported once, in the next read, with its whole life's
 collections. A target that is not followed keeps uprobes bound to its pid. Never counted by both: `targets` holds
-each process's mode (PER_PROCESS or SHARED) and each program counts only its own, so a process reached by both
-sets while it is moved from one to the other is counted once. A placed child that execs is looked at again: on
+each process's mode (PER_PROCESS or SHARED), only that mode's uprobes record a collection's entry, and only the
+return of the mode that recorded it counts it; the set a process was switched away from stays attached until the
+next read, so a collection running across the switch is counted once, not lost. A placed child that execs is looked at again: on
 an image with shared uprobes it is counted on, otherwise (or if it ended first) its gc is null with the reason.
 
 Overhead: a uprobe costs a trap (~1-3 us here) per hit and collections are rare (about one per
@@ -79,7 +80,10 @@ struct newborn_t { u32 parent; u32 exited; u32 execs; };
 /* tgid -> which uprobes count it: PER_PROCESS (those bound to its pid) or SHARED (its image's system-wide ones).
    One mode per process, so a process that both reach in a switch-over is counted by exactly one. */
 BPF_HASH(targets, u32, u8, MAX_TARGETS);
-BPF_HASH(start, u32, u64, MAX_THREADS);
+/* A collection's entry, by thread, with the mode that recorded it: that mode's return counts it, even when the
+   process was switched to the other mode meanwhile (its uprobes stay attached until the next read). */
+struct start_t { u64 ts; u32 mode; u32 pad; };
+BPF_HASH(start, u32, struct start_t, MAX_THREADS);
 BPF_HASH(totals, u32, struct totals_t, MAX_TARGETS);
 BPF_HASH(maxima, struct max_key_t, u64, MAX_TARGETS * 2);
 BPF_HASH(hist, struct hist_key_t, u64, MAX_TARGETS * 64);
@@ -98,8 +102,8 @@ static __always_inline int on_start(u8 mode) {
     if (!seen || *seen != mode)
         return 0;
     u32 tid = id;
-    u64 now = bpf_ktime_get_ns();
-    if (start.update(&tid, &now))
+    struct start_t rec = {.ts = bpf_ktime_get_ns(), .mode = mode};
+    if (start.update(&tid, &rec))
         count_failure(1);
     return 0;
 }
@@ -108,15 +112,18 @@ static __always_inline int on_done(u8 mode) {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
     u8 *seen = targets.lookup(&tgid);
-    if (!seen || *seen != mode)
+    if (!seen)
         return 0;
     u32 tid = id;
-    u64 *begin = start.lookup(&tid);
+    struct start_t *begin = start.lookup(&tid);
     if (!begin) {
-        count_failure(0);
+        if (*seen == mode)
+            count_failure(0);
         return 0;
     }
-    u64 pause = bpf_ktime_get_ns() - *begin;
+    if (begin->mode != mode)
+        return 0;  /* the other mode's entry: its own return counts it */
+    u64 pause = bpf_ktime_get_ns() - begin->ts;
     start.delete(&tid);
 
     struct totals_t zero_totals = {};
@@ -290,6 +297,8 @@ class GcPauseProbe:
         self._bpf: Any = None
         self._attached: dict[int, _Attachment] = {}
         self._shared: dict[_ImageKey, _SharedImage] = {}
+        # Per-pid uprobes of targets switched to shared ones, detached at the next read (see _sweep).
+        self._retired: dict[int, list[tuple[bytes, int]]] = {}
         # Followed targets (a family's members), the children the kernel placed (child -> parent), and the exited
         # ones whose last reading went out at the previous read.
         self._family = Followed()
@@ -388,6 +397,7 @@ class GcPauseProbe:
         closing, self._parity = self._parity, self._parity ^ 1
         window = self._bpf[b"window"]
         window[window.Key(0)] = window.Leaf(self._parity)
+        self._sweep()
         self._adopt()
         # By the pidfd (or the kernel's exit flag), not /proc/PID: after an exit the pid may already name another
         # process. A family member's last counts go out once; any other target's are dropped with it.
@@ -432,7 +442,8 @@ class GcPauseProbe:
             for tgid in list(self._attached):
                 self._detach(tgid)
             for shared in self._shared.values():
-                _detach_events(shared.events)
+                shared.users.clear()
+            self._sweep()
             self._bpf.cleanup()
             self._bpf = None
         self._attached.clear()
@@ -511,9 +522,9 @@ class GcPauseProbe:
 
     def _share(self, tgid: int) -> None:
         """Move a target onto its image's system-wide uprobes (attached first, when no target uses them yet).
-        Both sets fire in it for a moment; the `targets` mode, switched in one map update, lets one of them count,
-        and a collection running across the switch completes through the shared return (the entry time is per
-        thread, whichever program wrote it)."""
+        Both sets fire in it until the next read: the `targets` mode, switched in one map update, says which set
+        records a collection's entry, and the return of the set that recorded it counts it, so a collection running
+        across the switch is counted once, by the uprobes it entered through (kept attached until then)."""
         attachment = self._attached[tgid]
         assert attachment.image is not None and attachment.handle is not None
         try:
@@ -528,18 +539,25 @@ class GcPauseProbe:
                 targets[targets.Key(tgid)] = targets.Leaf(SHARED)
             attachment.shared = key
         shared.users.add(tgid)
-        _detach_events(attachment.events)
+        self._retired[tgid], attachment.events = attachment.events, []
 
     def _unshare(self, tgid: int) -> None:
-        """Back onto uprobes of its own: attached first, then the mode switched, then the shared ones let go."""
+        """Back onto uprobes of its own (those retired at the switch to shared, while still attached): attached
+        first, then the mode switched, then the shared ones let go (at the next read, when no target uses them)."""
         attachment = self._attached[tgid]
         assert attachment.image is not None and attachment.handle is not None
-        events: list[tuple[bytes, int]] = []
+        if not attachment.handle.alive():
+            return  # exited: dropped at the next read; its pid is no longer its to attach by
+        events = self._retired.pop(tgid, [])
         try:
-            self._attach_image(attachment.image, tgid, events)
+            if not events:
+                self._attach_image(attachment.image, tgid, events)
+            if not attachment.handle.alive():
+                raise TargetGone(f"process {tgid} exited while attaching")
         except Exception as exc:  # bcc raises bare Exception when an attach fails
             _detach_events(events)
-            self.unsupported[tgid] = f"pid {tgid}: attaching to {attachment.image.path} failed: {exc}"
+            if not isinstance(exc, TargetGone):
+                self.unsupported[tgid] = f"pid {tgid}: attaching to {attachment.image.path} failed: {exc}"
             return
         with self._lock:
             targets = self._bpf[b"targets"]
@@ -570,9 +588,15 @@ class GcPauseProbe:
         if shared is None:
             return
         shared.users.discard(tgid)
-        if not shared.users:
-            _detach_events(shared.events)
-            del self._shared[key]
+
+    def _sweep(self) -> None:
+        """Detach the uprobes a switch left attached: retired per-pid ones, and shared sets no target uses any more.
+        Kept until now so that a collection running across the switch returns through the uprobes it entered by."""
+        for events in self._retired.values():
+            _detach_events(events)
+        self._retired.clear()
+        for key in [k for k, shared in self._shared.items() if not shared.users]:
+            _detach_events(self._shared.pop(key).events)
 
     def _sync_follow(self) -> None:
         """The kernel follows the forks of the followed targets it counts through shared uprobes, and of the
@@ -725,11 +749,9 @@ class GcPauseProbe:
                 self._watcher.unwatch(attachment.handle)
             attachment.handle.close()
         _detach_events(attachment.events)
+        _detach_events(self._retired.pop(tgid, []))
         if attachment.shared is not None and (shared := self._shared.get(attachment.shared)) is not None:
-            shared.users.discard(tgid)
-            if not shared.users:
-                _detach_events(shared.events)
-                del self._shared[attachment.shared]
+            shared.users.discard(tgid)  # detached at the next read when no target uses it any more
         self._seen_totals.pop(tgid, None)
         self._seen_hist = {k: v for k, v in self._seen_hist.items() if k[0] != tgid}
         for name in (b"totals", b"hist", b"maxima"):

@@ -332,6 +332,9 @@ for line in sys.stdin:
             os._exit(0)
         os.read(r, 1)
         print(pid, flush=True)
+    elif cmd == "heap":
+        keep = [[i] for i in range(n)]  # full collections of it take a few hundred ms
+        print(os.getpid(), flush=True)
     elif cmd == "exec":
         pid = os.fork()
         if pid == 0:
@@ -471,3 +474,32 @@ def test_a_placed_child_whose_pid_is_reused_before_the_read_reports_only_its_own
             _finish(stranger)
     assert first[short].collections == 7 and held is None
     assert short not in second and short not in third and in_filter is None
+
+
+@pytest.mark.bpf
+def test_a_collection_running_while_its_process_is_switched_is_counted_once(require_bpf, python_exe) -> None:
+    """Per-pid to shared uprobes and back, each switch made in the middle of a ~0.3 s collection: the uprobes it
+    entered by stay attached until the next read and count it, the other set leaves it alone."""
+    parent = subprocess.Popen([python_exe, "-c", FAMILY_PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    assert parent.stdout.readline().strip() == "ready"
+    probe = GcPauseProbe()
+    counts, modes = [], []
+    try:
+        probe.start([parent.pid])
+        _ask(parent, "heap 1000000")
+        probe.read()
+        for follow in ([parent.pid], [], [parent.pid]):
+            parent.stdin.write("self 1\n")
+            parent.stdin.flush()
+            time.sleep(0.05)  # inside the collection
+            probe.set_followed(follow)
+            assert int(parent.stdout.readline()) == parent.pid
+            counts.append(probe.read()[parent.pid].collections)
+            modes.append(probe.shared(parent.pid))
+        health = probe.health()
+    finally:
+        probe.stop()
+        _finish(parent)
+    assert counts == [1, 1, 1] and modes == [True, False, True]
+    assert health.lost_events == 0
