@@ -619,40 +619,48 @@ class GcPauseProbe:
         uprobes. A child the kernel shows exited gets no pidfd (its pid may already be another process's): its
         counts are reported once, then it is dropped. A child that exec'd is looked at again."""
         newborn = self._bpf[b"newborn"]
-        for key, nb in list(newborn.items()):
-            child, parent = int(key.value), int(nb.parent)
-            if child in self._attached:
-                attachment = self._attached[child]
-                if attachment.image is None and nb.execs != attachment.execs:
-                    self._after_exec(child, attachment, bool(nb.exited), int(nb.execs))
-                continue
-            if parent not in self._attached:
-                self._forget_child(child)  # its parent was dropped since the fork
-                continue
-            handle = None
-            if not nb.exited:
-                try:
-                    handle = ProcessHandle.open(child, proc_root=self._proc)
-                except TargetGone:
-                    handle = None
-                # The kernel flags the exit before the pid can be reused: alive after the open, the pidfd is its.
-                if handle is not None and newborn[key].exited:
-                    handle.close()
-                    handle = None
-            parent_attachment = self._attached[parent]
-            attachment = _Attachment(image=None, method=parent_attachment.method, events=[], handle=handle,
-                                     shared=parent_attachment.shared)
-            with self._lock:
-                self._attached[child] = attachment
-            self._family.parents[child] = parent
-            if attachment.shared is not None and attachment.shared in self._shared:
-                self._shared[attachment.shared].users.add(child)
-            if handle is not None:
-                assert self._watcher is not None
-                self._watcher.watch(handle)
-            if nb.execs:
+        pending = []
+        for key, nb in newborn.items():
+            child = int(key.value)
+            if child not in self._attached:
+                pending.append((key, nb))
+            elif (attachment := self._attached[child]).image is None and nb.execs != attachment.execs:
                 self._after_exec(child, attachment, bool(nb.exited), int(nb.execs))
+        # Parents first: a child may have forked its own before either was adopted.
+        while placed := [(k, nb) for k, nb in pending if int(nb.parent) in self._attached]:
+            for key, nb in placed:
+                self._adopt_one(newborn, key, nb)
+            pending = [(k, nb) for k, nb in pending if int(k.value) not in self._attached]
+        for key, _ in pending:
+            self._forget_child(int(key.value))  # its parent was dropped since the fork
         self._sync_follow()
+
+    def _adopt_one(self, newborn: Any, key: Any, nb: Any) -> None:
+        """One placed child, its parent already a target, becomes a target (see _adopt)."""
+        child, parent = int(key.value), int(nb.parent)
+        handle = None
+        if not nb.exited:
+            try:
+                handle = ProcessHandle.open(child, proc_root=self._proc)
+            except TargetGone:
+                handle = None
+            # The kernel flags the exit before the pid can be reused: alive after the open, the pidfd is its.
+            if handle is not None and newborn[key].exited:
+                handle.close()
+                handle = None
+        parent_attachment = self._attached[parent]
+        attachment = _Attachment(image=None, method=parent_attachment.method, events=[], handle=handle,
+                                 shared=parent_attachment.shared)
+        with self._lock:
+            self._attached[child] = attachment
+        self._family.parents[child] = parent
+        if attachment.shared is not None and attachment.shared in self._shared:
+            self._shared[attachment.shared].users.add(child)
+        if handle is not None:
+            assert self._watcher is not None
+            self._watcher.watch(handle)
+        if nb.execs:
+            self._after_exec(child, attachment, bool(nb.exited), int(nb.execs))
 
     def _after_exec(self, child: int, attachment: _Attachment, exited: bool, execs: int) -> None:
         """A placed child exec'd: counted on if it runs an image with shared uprobes (its own attached when needed);

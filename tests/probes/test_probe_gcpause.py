@@ -332,6 +332,20 @@ for line in sys.stdin:
             os._exit(0)
         os.read(r, 1)
         print(pid, flush=True)
+    elif cmd == "grand":  # a child whose own child collects; both end before the next read
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            grand = os.fork()
+            if grand == 0:
+                for _ in range(n):
+                    gc.collect()
+                os._exit(0)
+            os.waitpid(grand, 0)
+            os.write(w, str(grand).encode().ljust(16))
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(int(os.read(r, 16)), pid, flush=True)
     elif cmd == "heap":
         keep = [[i] for i in range(n)]  # full collections of it take a few hundred ms
         print(os.getpid(), flush=True)
@@ -395,6 +409,9 @@ def test_a_followed_family_counts_its_forks_exactly_and_never_a_stranger_on_the_
         assert probe._bpf[b"newborn"][probe._bpf[b"newborn"].Key(short)].exited == 1
         long = _ask(parent, "long 9")
         execd = _ask(parent, "exec 0")
+        parent.stdin.write("grand 3\n")
+        parent.stdin.flush()
+        grand, middle = (int(w) for w in parent.stdout.readline().split())
         kids += [long, execd]
         _wait_for(lambda: os.readlink(f"/proc/{execd}/exe").endswith("sleep"))
         first = probe.read()
@@ -414,9 +431,9 @@ def test_a_followed_family_counts_its_forks_exactly_and_never_a_stranger_on_the_
         _finish(parent)
         _finish(stranger)
     assert second_self == parent.pid
-    assert {pid: r.collections for pid, r in first.items()} == {parent.pid: 5, short: 7, long: 9}
+    assert {pid: r.collections for pid, r in first.items()} == {parent.pid: 5, short: 7, long: 9, middle: 0, grand: 3}
     assert execd not in first and "exec'd a program gc cannot trace" in health.unsupported[execd]
-    assert children == {short: parent.pid, long: parent.pid, execd: parent.pid}
+    assert children == {short: parent.pid, long: parent.pid, execd: parent.pid, middle: parent.pid, grand: middle}
     # The short child went out once, with its whole life's counts; the stranger was never counted at all.
     assert {pid: r.collections for pid, r in second.items()} == {parent.pid: 4, long: 0}
     assert {pid: r.collections for pid, r in third.items()} == {parent.pid: 3, long: 0}
