@@ -397,6 +397,9 @@ class FollowSwitch:
         else:
             self.probe.set_followed([])
             self.probe.set_targets([])
+        # The uprobes a switch leaves attached (per-pid ones moved from, shared sets no longer used) go at the next
+        # read, as in the agent, where a read comes every window: here at once, or they would be timed too.
+        self.probe.read()
         self.attached = on
 
 
