@@ -182,10 +182,11 @@ class Collectors:
         for name, probe in list(self._running.items()):
             self._target_errors.pop(name, None)
             try:
-                probe.set_targets(pids)
+                try:
+                    probe.set_targets(pids)
+                except Unsupported as exc:  # it traces the others, and follows them below
+                    log.info("probe %s cannot trace a new target: %s", name, exc)
                 self._follow(probe, pids)
-            except Unsupported as exc:
-                log.info("probe %s cannot trace a new target: %s", name, exc)
             except COLLECTOR_ERRORS as exc:
                 log.warning("probe %s could not change targets: %s", name, exc)
                 self._count_error(name)
@@ -407,6 +408,11 @@ class Collectors:
             if probe is not None and probe.health().state == "running":
                 log.info("probe %s cannot trace some targets: %s", name, exc)
                 self._running[name] = probe
+                try:
+                    self._follow(probe, pids)  # the targets it could take are followed all the same
+                except COLLECTOR_ERRORS as follow_exc:
+                    log.warning("probe %s could not follow its targets: %s", name, follow_exc)
+                    self._count_error(name)
                 return
             log.info("probe %s supports none of the targets: %s", name, exc)
             self._failed[name] = Health(name=name, state="unsupported", reason=str(exc),

@@ -1,7 +1,8 @@
 """A family target's readings against ground truth: a parent and three children, each making a known number of
 getppid calls, GC collections and sleeps, and a fourth child that lives 200 ms between two windows, measured by the
 real probes through the collection loop. Every count is exact per member and in total; the family's reading fields
-are the members' sums (analysis.family). The short-lived child's GC is not followed (docs/window.md says why)."""
+are the members' sums (analysis.family), the short-lived child's GC collections included: the gc probe follows the
+family's forks through its image's system-wide uprobes (docs/window.md)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ def serve(index):
         if child == 0:
             for _ in range(SHORT):
                 os.getppid()
+            for _ in range(SHORT_GC):
+                gc.collect()
             time.sleep(0.2)
             os._exit(0)
         os.waitpid(child, 0)
@@ -57,7 +60,16 @@ for index in (1, 2, 3):
     if os.fork() == 0:
         serve(index)
 serve(0)
-""".replace("WORK", repr(WORK)).replace("SHORT", "777")
+""".replace("WORK", repr(WORK)).replace("SHORT_GC", "11").replace("SHORT", "777")
+
+
+STRANGER = """
+import gc, time
+gc.disable()
+while True:
+    gc.collect()
+    time.sleep(0.001)
+"""
 
 
 def _wait(predicate, timeout: float, what: str) -> None:
@@ -84,6 +96,8 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.bpf
 def test_every_count_is_exact_per_member_and_in_total(require_bpf, tmp_path):
     go, out = tmp_path / "go", tmp_path / "done"
+    # Not of the family, on the same interpreter file: the family's GC uprobes fire in it too, and it is never counted.
+    stranger = subprocess.Popen([sys.executable, "-c", STRANGER])
     parent = subprocess.Popen([sys.executable, "-c", FAMILY, str(go), str(out)])
     try:
         _wait(lambda: len(_children(parent.pid)) == 3, 20, "three children")
@@ -114,8 +128,11 @@ def test_every_count_is_exact_per_member_and_in_total(require_bpf, tmp_path):
             os.kill(pid, 9)
         parent.kill()
         parent.wait()
+        stranger.kill()
+        stranger.wait()
 
     assert len(windows) == 2
+    assert all(m.pid != stranger.pid for w in windows for m in w.members)
     for n, (calls, collections, sleeps) in enumerate(WORK):
         got = [next(m for m in w.members if m.pid == pids[n]) for w in windows]
         assert all(m.role == f"worker-{n}" for m in got)
@@ -131,11 +148,11 @@ def test_every_count_is_exact_per_member_and_in_total(require_bpf, tmp_path):
     assert seen[0].syscalls["getppid"] == 777 and seen[0].role == "worker-0"  # a fork runs its parent's program
     assert seen[0].offcpu_by_kind.get("sleep", 0.0) >= 0.2
     assert "process" in seen[0].errors  # no process source ever ran for it: said, never a zero
-    assert seen[0].gc_collections is None and "gc" in seen[0].errors  # uprobes are per process: not followed
+    assert seen[0].gc_collections == 11 and "gc" not in seen[0].errors  # followed by its image's shared uprobes
     # The family's fields are the sums of its members'.
     total_calls = sum(w.syscalls.counts.get("getppid", 0) for w in windows)
     assert total_calls == sum(c for c, _, _ in WORK) + 777
-    assert sum(w.gc.collections for w in windows) == sum(g for _, g, _ in WORK)
+    assert sum(w.gc.collections for w in windows) == sum(g for _, g, _ in WORK) + 11
     for w in windows:
         assert w.gc.collections == sum(m.gc_collections for m in w.members if m.gc_collections is not None)
         assert abs(w.offcpu.seconds - sum(m.offcpu_seconds for m in w.members)) < 1e-6
@@ -201,3 +218,66 @@ def test_a_familys_source_health_is_one_entry_per_source_never_per_pid():
     down = _family_health([(10, Health(name="stacks", state="failed", reason="py-spy missing")),
                            (11, Health(name="stacks", state="unsupported", reason="not Python"))])
     assert down.state == "failed" and down.reason == "pid 10: py-spy missing"
+
+
+WITH_A_SHELL = r"""
+import gc, os, subprocess, sys, time
+gc.disable()
+go, out = sys.argv[1], sys.argv[2]
+subprocess.Popen(["sleep", "3600"])  # a member that is no Python process: the gc probe cannot trace it
+while not os.path.exists(go):
+    time.sleep(0.01)
+gc.collect()
+gc.collect()
+child = os.fork()
+if child == 0:
+    for _ in range(6):
+        gc.collect()
+    os._exit(0)
+os.waitpid(child, 0)
+open(out, "w").write(str(child))
+while True:
+    time.sleep(3600)
+"""
+
+
+@pytest.mark.bpf
+def test_a_member_gc_cannot_trace_does_not_stop_the_family_being_followed(require_bpf, tmp_path):
+    """The gc probe's start raises Unsupported for the `sleep` member; it must still be told which members to follow,
+    or the short-lived child's collections are lost."""
+    go, out = tmp_path / "go", tmp_path / "done"
+    parent = subprocess.Popen([sys.executable, "-c", WITH_A_SHELL, str(go), str(out)])
+    try:
+        _wait(lambda: len(_children(parent.pid)) == 1, 20, "the sleep child")
+        _wait(lambda: os.readlink(f"/proc/{_children(parent.pid)[0]}/exe").endswith("sleep"), 20, "sleep to run")
+        pids = [parent.pid, *_children(parent.pid)]
+        infos = [read_proc(pid) for pid in pids]
+        members = tuple(Member(pid=i.pid, start_time=i.start_time, role=f"m{n}", cmdline=i.cmdline)
+                        for n, i in enumerate(infos))
+        spec = TargetSpec(name="family", pid=parent.pid)
+        family = Target(name="family", pid=parent.pid, start_time=infos[0].start_time, cmdline=infos[0].cmdline,
+                        spec=spec, members=members)
+        config = Config(interval_seconds=1.0, targets=(spec,), stacks=StacksConfig(enabled=False),
+                        probes=ProbesConfig(syscalls=False, offcpu=False, tcp=False, runqueue=False, exits=False))
+        windows = []
+        loop = CollectionLoop(specs=[spec], collectors=build_collectors(config), state=AgentState(),
+                              sink=windows.append, interval=1.0, discover_fn=lambda specs, problems: [family])
+        try:
+            loop.start()
+            go.touch()
+            _wait(lambda: out.exists() and out.read_text(), 60, "the short child to end")
+            loop.tick()
+        finally:
+            loop.close()
+    finally:
+        for pid in _children(parent.pid):
+            os.kill(pid, 9)
+        parent.kill()
+        parent.wait()
+    short = int(out.read_text())
+    (window,) = windows
+    by_pid = {m.pid: m for m in window.members}
+    assert by_pid[parent.pid].gc_collections == 2
+    assert by_pid[short].gc_collections == 6
+    assert by_pid[pids[1]].gc_collections is None and "not a Python interpreter" in by_pid[pids[1]].errors["gc"]
+    assert window.gc.collections == 8

@@ -162,15 +162,17 @@ int main(int argc, char **argv)
 }
 """
 
-# The same protocol as WORKLOAD_C (argv after the script: mode ops-per-run cpu ops-per-chunk percentile).
+# The same protocol as WORKLOAD_C (argv after the script: mode ops-per-run cpu ops-per-chunk percentile), after
+# the name of the `time` clock it times with: perf_counter_ns (wall) or thread_time_ns (its own CPU time, which
+# includes the kernel's uprobe handling in its context and which other tasks taking the CPU do not inflate).
 GC_WORKLOAD_PY = r"""
 import gc, os, sys, time
-_, mode, n, cpu, chunk, pct = sys.argv
+_, clock_name, mode, n, cpu, chunk, pct = sys.argv
 n, chunk, pct = int(n), int(chunk), int(pct)
 chunks = n // chunk
 os.sched_setaffinity(0, {int(cpu)})
 gc.disable()  # only the loop's own collections run, one per op
-collect, clock = gc.collect, time.perf_counter_ns
+collect, clock = gc.collect, getattr(time, clock_name)
 per_op = [0.0] * chunks
 print(f"ready {os.getpid()} 0", flush=True)
 while sys.stdin.buffer.read(1) == b"g":
@@ -249,7 +251,8 @@ def start_workloads(binary: Path, args: argparse.Namespace) -> dict[str, Workloa
     sizes = {"getppid": (args.calls, args.chunk_calls), "getppid2": (args.calls, args.chunk_calls),
              "pingpong": (args.round_trips, args.chunk_round_trips),
              "gccollect": (args.collections, args.chunk_collections)}
-    commands = {w: [str(binary)] for w in WORKLOADS} | {"gccollect": [sys.executable, "-c", GC_WORKLOAD_PY]}
+    clock = {"wall": "perf_counter_ns", "cpu": "thread_time_ns"}[args.gc_clock]
+    commands = {w: [str(binary)] for w in WORKLOADS} | {"gccollect": [sys.executable, "-c", GC_WORKLOAD_PY, clock]}
     return {w: Workload(commands[w], w, *sizes[w], args.cpu, args.chunk_quantile) for w in WORKLOADS}
 
 
@@ -375,6 +378,31 @@ class TargetSwitch:
             self.attached = on
 
 
+class FollowSwitch:
+    """gcpause with its targets followed (a family's members): on, the targets' image has system-wide uprobes
+    (pid -1), which every process running that file pays, the in-kernel filter leaving out the non-targets;
+    off, no uprobes at all."""
+
+    def __init__(self, probe: GcPauseProbe, targets: list[int]) -> None:
+        self.probe = probe
+        self.targets = targets
+        self.attached = True
+
+    def set(self, on: bool) -> None:
+        if on == self.attached:
+            return
+        if on:
+            self.probe.set_targets(self.targets)
+            self.probe.set_followed(self.targets)
+        else:
+            self.probe.set_followed([])
+            self.probe.set_targets([])
+        # The uprobes a switch leaves attached (per-pid ones moved from, shared sets no longer used) go at the next
+        # read, as in the agent, where a read comes every window: here at once, or they would be timed too.
+        self.probe.read()
+        self.attached = on
+
+
 def _tool_text(tool: str) -> str:
     """The C text bcc's tool itself would load (its --ebpf output), for in-process toggling."""
     return subprocess.run([tool, "--ebpf"], capture_output=True, text=True, check=True).stdout
@@ -410,10 +438,11 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 """
 
 
-def toggle_switches(pids: Pids) -> tuple[dict[str, Switch | TargetSwitch], list[Callable[[], None]], dict[str, str]]:
+def toggle_switches(pids: Pids) -> tuple[dict[str, Switch | TargetSwitch | FollowSwitch], list[Callable[[], None]],
+                                       dict[str, str]]:
     from probes.base import load_bpf
 
-    switches: dict[str, Switch | TargetSwitch] = {}
+    switches: dict[str, Switch | TargetSwitch | FollowSwitch] = {}
     cleanups: list[Callable[[], None]] = []
     kinds: dict[str, str] = {}
     ours = [("ours syscalls count", "syscall", lambda: SyscallsProbe()),
@@ -443,6 +472,13 @@ def toggle_switches(pids: Pids) -> tuple[dict[str, Switch | TargetSwitch], list[
         cleanups.append(gc_probe.stop)
         label = f"ours gcpause ({'target' if target else 'non-target'})"
         switches[label], kinds[label] = TargetSwitch(gc_probe, gc_targets), "gc"
+        # Followed (a family): the non-target is the gccollect child, running the harness's libpython file.
+        followed = GcPauseProbe()
+        followed.start(gc_targets)
+        followed.set_followed(gc_targets)
+        cleanups.append(followed.stop)
+        label = f"ours gcpause followed ({'target' if target else 'non-target'})"
+        switches[label], kinds[label] = FollowSwitch(followed, gc_targets), "gc"
     for tool, kind in (("syscount-bpfcc", "syscall"), ("runqlat-bpfcc", "sched")):
         bpf = load_bpf(_tool_text(tool))
         cleanups.append(bpf.cleanup)
@@ -548,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-calls", type=int, default=2_000, help="getppid calls per timed chunk")
     parser.add_argument("--chunk-round-trips", type=int, default=100, help="round trips per timed chunk")
     parser.add_argument("--chunk-collections", type=int, default=500, help="gc.collect(0) calls per timed chunk")
+    parser.add_argument("--gc-clock", choices=("wall", "cpu"), default="wall",
+                        help="what gccollect times a chunk with: wall time, or the child's own CPU time")
     parser.add_argument("--chunk-quantile", type=int, default=10, help="percentile of chunk times a run reports")
     parser.add_argument("--cpu", type=int, default=max(os.sched_getaffinity(0)), help="CPU the workloads run on")
     parser.add_argument("--seed", type=int, default=1)
@@ -574,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
             run_blocks(binary, args, rng, conds, results, started)
     table, summary = report(results, kinds)
     header = (f"mode={args.mode} rounds={args.rounds} runs={args.runs} calls={args.calls} round_trips={args.round_trips} "
-              f"collections={args.collections} cpu={args.cpu} "
+              f"collections={args.collections} gc_clock={args.gc_clock} cpu={args.cpu} "
               f"chunk_quantile=p{args.chunk_quantile} "
               f"seed={args.seed} took={time.monotonic() - started:.0f}s "
               f"loadavg before={load_before[0]:.2f} after={os.getloadavg()[0]:.2f}")

@@ -298,3 +298,225 @@ def test_an_unexpected_error_locating_one_target_costs_only_that_target(require_
 def test_no_root_needed_to_locate(python_exe) -> None:
     """Locating the image works for any user who may read the target's /proc files."""
     assert find_python_image(os.getpid()).version == sys.version_info[:2]
+
+
+# A family parent driven over stdin: it collects itself, or forks a child that collects and ends at once (short), one
+# that collects and stays (long), or one that execs a program that is not Python (exec). Prints each child's pid.
+FAMILY_PARENT = r"""
+import gc, os, sys, time
+gc.disable()
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd, n = line.split()
+    n = int(n)
+    if cmd == "self":
+        for _ in range(n):
+            gc.collect()
+        print(os.getpid(), flush=True)
+    elif cmd == "short":
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(n):
+                gc.collect()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(pid, flush=True)
+    elif cmd == "long":
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(n):
+                gc.collect()
+            os.write(w, b"x")
+            time.sleep(3600)
+            os._exit(0)
+        os.read(r, 1)
+        print(pid, flush=True)
+    elif cmd == "grand":  # a child whose own child collects; both end before the next read
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            grand = os.fork()
+            if grand == 0:
+                for _ in range(n):
+                    gc.collect()
+                os._exit(0)
+            os.waitpid(grand, 0)
+            os.write(w, str(grand).encode().ljust(16))
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(int(os.read(r, 16)), pid, flush=True)
+    elif cmd == "heap":
+        keep = [[i] for i in range(n)]  # full collections of it take a few hundred ms
+        print(os.getpid(), flush=True)
+    elif cmd == "exec":
+        pid = os.fork()
+        if pid == 0:
+            os.execv("/bin/sleep", ["sleep", "3600"])
+        print(pid, flush=True)
+"""
+
+# Not a target, on the same interpreter and libpython as the family: collects without pause the whole time.
+STRANGER = r"""
+import gc, time
+gc.disable()
+while True:
+    gc.collect()
+    time.sleep(0.0005)
+"""
+
+
+def _ask(parent: subprocess.Popen, line: str) -> int:
+    parent.stdin.write(line + "\n")
+    parent.stdin.flush()
+    return int(parent.stdout.readline())
+
+
+def _wait_for(predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("interpreter", ["shared libpython", "static with USDT"])
+def test_a_followed_family_counts_its_forks_exactly_and_never_a_stranger_on_the_same_image(require_bpf, python_exe,
+                                                                                            interpreter) -> None:
+    """Followed, the parent is counted by its image's system-wide uprobes (USDT sites for Debian's static python):
+    they fire in its forks, and in every other process running that file, which the in-kernel filter leaves out."""
+    if interpreter == "static with USDT":
+        if not DEBIAN_PYTHON.exists():
+            pytest.skip(f"{DEBIAN_PYTHON} is not installed (Debian's python3.11 package)")
+        python_exe = str(DEBIAN_PYTHON)
+    parent = subprocess.Popen([python_exe, "-c", FAMILY_PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    stranger = subprocess.Popen([python_exe, "-c", STRANGER])
+    assert parent.stdout.readline().strip() == "ready"
+    kids: list[int] = []
+    probe = GcPauseProbe()
+    try:
+        probe.start([parent.pid])
+        assert probe.method(parent.pid) == ("usdt" if interpreter == "static with USDT" else "uprobe")
+        assert not probe.shared(parent.pid)  # not followed: uprobes bound to its pid, as for any single process
+        probe.set_followed([parent.pid])
+        assert probe.shared(parent.pid) and probe.health().detail["shared_images"] == 1
+        probe.read()
+        _ask(parent, "self 5")
+        short = _ask(parent, "short 7")  # lives a few ms and ends between two reads
+        # Out of the filter at its exit, before its pid can be reused, and flagged so that no pidfd is taken for it.
+        assert probe._bpf[b"targets"].get(probe._bpf[b"targets"].Key(short)) is None
+        assert probe._bpf[b"newborn"][probe._bpf[b"newborn"].Key(short)].exited == 1
+        long = _ask(parent, "long 9")
+        execd = _ask(parent, "exec 0")
+        parent.stdin.write("grand 3\n")
+        parent.stdin.flush()
+        grand, middle = (int(w) for w in parent.stdout.readline().split())
+        kids += [long, execd]
+        _wait_for(lambda: os.readlink(f"/proc/{execd}/exe").endswith("sleep"))
+        first = probe.read()
+        children = probe.children()
+        second_self = _ask(parent, "self 4")
+        second = probe.read()
+        probe.set_followed([])  # followed no more: back on uprobes of its own, exactly one set counting it
+        assert not probe.shared(parent.pid)
+        _ask(parent, "self 3")
+        third = probe.read()
+        health = probe.health()
+        totals = {int(k.value) for k in probe._bpf[b"totals"].keys()}
+    finally:
+        probe.stop()
+        for pid in kids:
+            os.kill(pid, 9)
+        _finish(parent)
+        _finish(stranger)
+    assert second_self == parent.pid
+    assert {pid: r.collections for pid, r in first.items()} == {parent.pid: 5, short: 7, long: 9, middle: 0, grand: 3}
+    assert execd not in first and "exec'd a program gc cannot trace" in health.unsupported[execd]
+    assert children == {short: parent.pid, long: parent.pid, execd: parent.pid, middle: parent.pid, grand: middle}
+    # The short child went out once, with its whole life's counts; the stranger was never counted at all.
+    assert {pid: r.collections for pid, r in second.items()} == {parent.pid: 4, long: 0}
+    assert {pid: r.collections for pid, r in third.items()} == {parent.pid: 3, long: 0}
+    assert stranger.pid not in totals and short not in totals
+    assert health.lost_events == 0 and health.detail["followed_children_missed"] == 0
+
+
+def _take_pid(pid: int, argv: list[str]) -> subprocess.Popen | None:
+    """`argv` started with exactly `pid` (the host's ns_last_pid set right before the fork); None when another
+    process took the pid first."""
+    for _ in range(20):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        proc = subprocess.Popen(argv)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+        if os.path.exists(f"/proc/{pid}"):
+            return None
+    return None
+
+
+@pytest.mark.bpf
+def test_a_placed_child_whose_pid_is_reused_before_the_read_reports_only_its_own_life(require_bpf,
+                                                                                       python_exe) -> None:
+    """A followed child ends, and a stranger on the same libpython takes its pid before the next read: the child is
+    reported once with its own 7 collections, no pidfd is taken for the stranger, and the stranger's collections
+    (reached by the same system-wide uprobes) are never counted."""
+    parent = subprocess.Popen([python_exe, "-c", FAMILY_PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    assert parent.stdout.readline().strip() == "ready"
+    probe = GcPauseProbe()
+    stranger = None
+    try:
+        probe.start([parent.pid])
+        probe.set_followed([parent.pid])
+        for _ in range(5):  # another process on the host may fork between and take the pid: again, new child
+            short = _ask(parent, "short 7")
+            stranger = _take_pid(short, [python_exe, "-c", STRANGER])
+            if stranger is not None:
+                break
+            probe.read()  # the lost attempt's child goes out, and is dropped at the next read
+        else:
+            pytest.fail("another process took the child's pid first, 5 times")
+        time.sleep(0.3)  # the stranger collects hundreds of times meanwhile
+        first = probe.read()
+        held = probe._attached[short].handle
+        second = probe.read()
+        third = probe.read()
+        in_filter = probe._bpf[b"targets"].get(probe._bpf[b"targets"].Key(short))
+    finally:
+        probe.stop()
+        _finish(parent)
+        if stranger is not None:
+            _finish(stranger)
+    assert first[short].collections == 7 and held is None
+    assert short not in second and short not in third and in_filter is None
+
+
+@pytest.mark.bpf
+def test_a_collection_running_while_its_process_is_switched_is_counted_once(require_bpf, python_exe) -> None:
+    """Per-pid to shared uprobes and back, each switch made in the middle of a ~0.3 s collection: the uprobes it
+    entered by stay attached until the next read and count it, the other set leaves it alone."""
+    parent = subprocess.Popen([python_exe, "-c", FAMILY_PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    assert parent.stdout.readline().strip() == "ready"
+    probe = GcPauseProbe()
+    counts, modes = [], []
+    try:
+        probe.start([parent.pid])
+        _ask(parent, "heap 1000000")
+        probe.read()
+        for follow in ([parent.pid], [], [parent.pid]):
+            parent.stdin.write("self 1\n")
+            parent.stdin.flush()
+            time.sleep(0.05)  # inside the collection
+            probe.set_followed(follow)
+            assert int(parent.stdout.readline()) == parent.pid
+            counts.append(probe.read()[parent.pid].collections)
+            modes.append(probe.shared(parent.pid))
+        health = probe.health()
+    finally:
+        probe.stop()
+        _finish(parent)
+    assert counts == [1, 1, 1] and modes == [True, False, True]
+    assert health.lost_events == 0
