@@ -1,4 +1,4 @@
-"""When stack sampling should run at full rate: a regression is open, or the detector's score is climbing."""
+"""When stack sampling should run at full rate: a regression is open, or the detector's score climbs to a high level."""
 
 from __future__ import annotations
 
@@ -18,22 +18,42 @@ class Snapshot(Protocol):
     findings: dict[str, Finding]
 
 
+# A burst costs ~16x the steady rate's py-spy CPU (49 vs 3 Hz), so a new high must also be high in itself:
+# three quarters of the way to the detector's open_score (4.0; its close_score is 1.5). Healthy traffic on the
+# recorded suite scores within about -2..+1.5 with single windows up to 3-4; replayed over the recordings
+# (`infersight eval --replay ... --bursts`, docs/BENCHMARKS.md "Bursts") this level cut false bursts on steady
+# traffic from 8.0 to 1.3 an hour and started more bursts before their regression opened than the ungated
+# two-rise trigger did.
+DEFAULT_MIN_SCORE = 3.0
+# A minute of scored windows before a new high means anything: right after warm-up every window is one.
+DEFAULT_MIN_HISTORY = 12
+
+
 class BurstPolicy:
     """`wants_burst(target)` for the stack sampler, from the detector's latest findings.
 
     True while the target's regression is open, and when its score rose `rising_windows` windows
-    running to above every score of the `history` windows before them: a new high that keeps
-    climbing, so the burst starts before the detector opens the episode and its flame graph has the
-    onset. Scale-free on purpose: the detector's score has no fixed unit.
+    running to above every score of the `history` windows before them (a new high, so the burst
+    starts before the detector opens the episode and its flame graph has the onset) and is at least
+    `min_score`, with `min_history` scored windows before them to compare with. The level is what
+    keeps healthy traffic's occasional new highs (a noisy window on a quiet baseline) from paying
+    for a full-rate burst.
     """
 
-    def __init__(self, snapshot: Callable[[], Snapshot], rising_windows: int = 2, history: int = 60) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot], rising_windows: int = 1, history: int = 60,
+                 min_score: float = DEFAULT_MIN_SCORE, min_history: int = DEFAULT_MIN_HISTORY) -> None:
         if rising_windows < 1:
             raise ValueError(f"rising_windows must be >= 1, got {rising_windows!r}")
         if history < 1:
             raise ValueError(f"history must be >= 1, got {history!r}")
+        if not 1 <= min_history <= history:
+            raise ValueError(f"min_history must be within 1..history ({history}), got {min_history!r}")
+        if min_score != min_score:
+            raise ValueError(f"min_score must be a number, got {min_score!r}")
         self.rising_windows = rising_windows
         self.history = history
+        self.min_score = min_score
+        self.min_history = min_history
         self._snapshot = snapshot
         self._scores: dict[str, deque[tuple[float, float]]] = {}
         self._lock = threading.Lock()
@@ -57,7 +77,7 @@ class BurstPolicy:
                 seen.append((finding.window_end, finding.score))
             scores = [s for _, s in seen]
         k = self.rising_windows
-        if len(scores) <= k:
+        if len(scores) < k + self.min_history or scores[-1] < self.min_score:
             return False
         recent, before = scores[-k - 1:], scores[:-k]
         rising = all(a < b for a, b in zip(recent, recent[1:]))
