@@ -133,8 +133,12 @@ def test_bench_overhead_takes_the_server_shape(monkeypatch) -> None:
     from benchmarks import overhead
 
     seen: list = []
-    monkeypatch.setattr(overhead, "main", lambda *args: seen.append(args) or 0)
+    monkeypatch.setattr(overhead, "main", lambda *args, **kw: seen.append((args, kw)) or 0)
     args = build_parser().parse_args(["bench", "overhead", "--server", "gunicorn"])
-    assert args.func(args) == 0 and seen[0][-1] == "gunicorn"
+    assert args.func(args) == 0 and seen[0][0][-1] == "gunicorn"
+    # Past warm-up unless asked for fresh agents.
+    assert seen[0][1] == {"warm": True}
+    args = build_parser().parse_args(["bench", "overhead", "--cold"])
+    assert args.func(args) == 0 and seen[1][1] == {"warm": False}
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "overhead", "--server", "uwsgi"])
