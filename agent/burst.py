@@ -8,10 +8,16 @@ from collections.abc import Callable
 from typing import Protocol
 
 
+class Episode(Protocol):
+    @property
+    def top_cause(self) -> str: ...
+
+
 class Finding(Protocol):
     state: str
     score: float | None
     window_end: float
+    regression: Episode | None
 
 
 class Snapshot(Protocol):
@@ -27,12 +33,17 @@ class Snapshot(Protocol):
 DEFAULT_MIN_SCORE = 3.0
 # A minute of scored windows before a new high means anything: right after warm-up every window is one.
 DEFAULT_MIN_HISTORY = 12
+# Causes the target's own stacks cannot show: other processes taking its CPUs. A burst there buys a flame graph of
+# the same code running slower, and adds 49 Hz of py-spy to a host already short of CPU (a soak on a shared host
+# opened such an episode and burst at ~12 % of a core for minutes).
+OUTSIDE_CAUSES = frozenset({"cpu_contention"})
 
 
 class BurstPolicy:
     """`wants_burst(target)` for the stack sampler, from the detector's latest findings.
 
-    True while the target's regression is open, and when its score rose `rising_windows` windows
+    True while the target's regression is open (unless its top cause is one of `outside_causes`, which the
+    target's stacks cannot show), and when its score rose `rising_windows` windows
     running to above every score of the `history` windows before them (a new high, so the burst
     starts before the detector opens the episode and its flame graph has the onset) and is at least
     `min_score`, with `min_history` scored windows before them to compare with. The level is what
@@ -41,7 +52,8 @@ class BurstPolicy:
     """
 
     def __init__(self, snapshot: Callable[[], Snapshot], rising_windows: int = 1, history: int = 60,
-                 min_score: float = DEFAULT_MIN_SCORE, min_history: int = DEFAULT_MIN_HISTORY) -> None:
+                 min_score: float = DEFAULT_MIN_SCORE, min_history: int = DEFAULT_MIN_HISTORY,
+                 outside_causes: frozenset[str] = OUTSIDE_CAUSES) -> None:
         if rising_windows < 1:
             raise ValueError(f"rising_windows must be >= 1, got {rising_windows!r}")
         if history < 1:
@@ -54,6 +66,7 @@ class BurstPolicy:
         self.history = history
         self.min_score = min_score
         self.min_history = min_history
+        self.outside_causes = outside_causes
         self._snapshot = snapshot
         self._scores: dict[str, deque[tuple[float, float]]] = {}
         self._lock = threading.Lock()
@@ -68,7 +81,7 @@ class BurstPolicy:
         if finding is None:
             return False
         if finding.state == "regression":
-            return True
+            return finding.regression is None or finding.regression.top_cause not in self.outside_causes
         if finding.score is None or finding.state == "warmup":
             return False
         with self._lock:

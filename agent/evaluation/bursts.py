@@ -21,10 +21,16 @@ _TARGET = "replayed"
 
 
 @dataclass(frozen=True)
+class _Episode:
+    top_cause: str
+
+
+@dataclass(frozen=True)
 class _Finding:
     state: str
     score: float | None
     window_end: float
+    regression: _Episode | None
 
 
 @dataclass(frozen=True)
@@ -41,13 +47,15 @@ class Burst:
 
 @dataclass(frozen=True)
 class BurstReplay:
-    """The bursts of one run. `early`: openings whose burst began on an earlier window (the onset is sampled)."""
+    """The bursts of one run. `early`: openings whose burst began on an earlier window (the onset is sampled);
+    `unsampled`: openings on a window at the steady rate (a cause outside the target, `BurstPolicy.outside_causes`)."""
 
     windows: int
     seconds: float
     bursts: list[Burst]
     openings: int
     early: int
+    unsampled: int = 0
 
     @property
     def false_bursts(self) -> int:
@@ -70,9 +78,10 @@ def replay_bursts(outcomes: Sequence[Outcome], interval: float, make_policy: Pol
     bursts: list[Burst] = []
     first: int | None = None
     opened = False
-    openings = early = 0
+    openings = early = unsampled = 0
     for i, o in enumerate(outcomes):
-        current[_TARGET] = _Finding(o.state, o.score, o.end)
+        episode = _Episode(o.top_cause) if o.state == "regression" and o.top_cause is not None else None
+        current[_TARGET] = _Finding(o.state, o.score, o.end, episode)
         wanted = policy.wants_burst(_TARGET)
         burst = wanted or hold > 0
         hold = hold_segments if wanted else max(0, hold - 1)
@@ -81,6 +90,7 @@ def replay_bursts(outcomes: Sequence[Outcome], interval: float, make_policy: Pol
         if o.opened is not None:
             openings += 1
             early += int(first is not None and first < i)
+            unsampled += int(not burst)
             opened = opened or burst
         if not burst and first is not None:
             bursts.append(Burst(first, i - 1, opened))
@@ -88,7 +98,7 @@ def replay_bursts(outcomes: Sequence[Outcome], interval: float, make_policy: Pol
     if first is not None:
         bursts.append(Burst(first, len(outcomes) - 1, opened))
     return BurstReplay(windows=len(outcomes), seconds=len(outcomes) * interval, bursts=bursts,
-                       openings=openings, early=early)
+                       openings=openings, early=early, unsampled=unsampled)
 
 
 def burst_table(rows: Sequence[tuple[str, BurstReplay]]) -> str:

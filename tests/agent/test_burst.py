@@ -18,6 +18,12 @@ class F:
     state: str
     score: float | None
     window_end: float
+    regression: object = None
+
+
+@dataclass
+class Episode:
+    top_cause: str
 
 
 @dataclass
@@ -105,3 +111,14 @@ def test_the_default_level_lies_between_the_detectors_close_and_open_scores() ->
     # The level is on the detector's score scale: a detector rescaled without it would burst on everything or nothing.
     detector = LatencyDetector()
     assert detector.close_score < DEFAULT_MIN_SCORE < detector.open_score
+
+
+def test_no_burst_while_the_open_regressions_top_cause_is_outside_the_target() -> None:
+    # Other processes taking the CPUs: the target's stacks cannot show that, and 49 Hz of py-spy adds to it.
+    snap = S({"w": F("regression", 9.0, 1.0, Episode("cpu_contention"))})
+    policy = BurstPolicy(lambda: snap)
+    assert policy.wants_burst("w") is False
+    # Re-ranked to a cause in the target's own code: the burst starts.
+    snap.findings["w"] = F("regression", 9.0, 2.0, Episode("compute"))
+    assert policy.wants_burst("w") is True
+    assert BurstPolicy(lambda: snap, outside_causes=frozenset({"compute"})).wants_burst("w") is False
