@@ -63,6 +63,7 @@ def test_faults_still_burst_before_their_regression_opens() -> None:
     assert openings >= len(FAULTS)
     # Every opening is sampled at the burst rate from its first window but those whose top cause is another
     # process taking the CPUs (OUTSIDE_CAUSES), and at least as many onsets are sampled as by the ungated trigger.
-    assert [r.unsampled for _, r in gated] == outside
+    # (An outside opening may still fall in the hold of a burst its rising score started.)
+    assert all(r.unsampled <= n for (_, r), n in zip(gated, outside)), ([r.unsampled for _, r in gated], outside)
     assert sum(outside) < openings / 2
     assert sum(r.early for _, r in gated) >= sum(r.early for _, r in before) > 0
