@@ -15,8 +15,9 @@ def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged) -> N
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH", parser_class=parser_class)
 
     overhead = bench_sub.add_parser("overhead", help="workload under fixed load, agent off/on in interleaved pairs")
-    overhead.add_argument("--pairs", type=ranged(int, 1, 1000), default=5, help="off/on pairs per source (default 5)")
-    overhead.add_argument("--seconds", type=ranged(float, 5, 3600), default=30.0, help="seconds per side (default 30)")
+    overhead.add_argument("--pairs", type=ranged(int, 1, 1000), default=3, help="off/on pairs per source (default 3)")
+    overhead.add_argument("--seconds", type=ranged(float, 5, 3600), default=120.0,
+                          help="seconds per side (default 120: long enough for what a steady agent does in minutes)")
     overhead.add_argument("--only", type=_source_list, default=None,
                           help="comma-separated sources measured alone (probes, stacks, store, page, all; 'each': "
                                "every one); default: the default agent")
@@ -24,6 +25,9 @@ def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged) -> N
                           help="open-loop requests per second (default 4)")
     overhead.add_argument("--settle", type=ranged(float, 0, 600), default=5.0,
                           help="seconds between an agent's first window and its measurement (default 5)")
+    overhead.add_argument("--cold", action="store_true",
+                          help="measure fresh agents, in their detector's warm-up (no bursts); by default each starts "
+                               "from a store whose detector a first agent armed on the same server")
     overhead.add_argument("--compare-tree", type=Path, metavar="DIR",
                           help="also run each source's agent from this checkout (before/after, interleaved)")
     overhead.add_argument("--server", choices=("single", "engine-process", "gunicorn"), default="single",
@@ -36,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged) -> N
     soak = bench_sub.add_parser("soak", help="workload, load and agent for M minutes: RSS, fds, threads, CPU, store")
     soak.add_argument("--minutes", type=ranged(float, 0.5, 7 * 24 * 60), required=True, help="how long to run")
     soak.add_argument("--every", type=ranged(float, 1, 3600), default=15.0, help="seconds between readings (default 15)")
-    soak.add_argument("--rate", type=ranged(float, 0.1, 1000), default=2.0, help="requests per second (default 2)")
+    soak.add_argument("--rate", type=ranged(float, 0.1, 1000), default=4.0, help="requests per second (default 4)")
     soak.add_argument("--restart-every", type=ranged(float, 1, 24 * 60), default=None, metavar="MIN",
                       help="restart the server every MIN minutes (a new pid behind its pidfile): targets come and go")
     soak.add_argument("--plot", metavar="FILE.png", help="draw the readings (SVG rendered by headless chromium)")
@@ -58,7 +62,7 @@ def _overhead(args: argparse.Namespace) -> int:
     from benchmarks import overhead  # imported only when asked for: every other command stays light
 
     return overhead.main(args.pairs, args.seconds, args.only, args.rate, args.json, args.settle, args.compare_tree,
-                         args.server)
+                         args.server, warm=not args.cold)
 
 
 def _soak(args: argparse.Namespace) -> int:

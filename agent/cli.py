@@ -180,7 +180,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     return command.main(scenarios=args.scenarios, replay_files=args.replay or [], record=args.record,
                         as_json=args.json, plot=args.plot, interval=args.interval, record_only=args.record_only,
-                        nice=args.nice)
+                        nice=args.nice, bursts=args.bursts)
 
 
 def _time_arg(text: str) -> float:
@@ -293,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run the server and load at this priority (the suite was recorded at -10 on a shared host)")
     ev.add_argument("--json", action="store_true", help="print the scores as one JSON object on the last line")
     ev.add_argument("--plot", metavar="FILE.png", help="draw latency, the expected band, phases and regressions")
+    ev.add_argument("--bursts", action="store_true",
+                    help="instead of the scores, the stack sampler's bursts each run would start: false ones per hour")
     ev.set_defaults(func=_cmd_eval)
 
     from agent import bench_cmd

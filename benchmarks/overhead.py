@@ -18,6 +18,11 @@ from typing import Any, TextIO
 from benchmarks.harness import REPO, SOURCES, AgentProcess, BenchError, agent_config, free_port
 from benchmarks.openloop import Done, OpenLoop
 from benchmarks.procstat import usage
+from benchmarks.recorders import RecorderLedger
+
+# A measured agent starts from a copy of a store whose detector is past its warm-up (`Run.warm_store`): the default
+# detector learns for 24 windows (2 minutes), and a fresh agent in warm-up never bursts (docs/BENCHMARKS.md).
+WARM_TIMEOUT_S = 600.0
 
 # The server the agent watches (--server): the bundled one as one process, as vLLM's shape (an API process and an
 # engine process), or pre-forked under gunicorn (a master and three workers): a family of 1, 2 or 4 processes.
@@ -44,6 +49,9 @@ class Phase:
     # Of agent_cpu: the agent process alone; the rest is its children (py-spy).
     agent_own_cpu: float | None = None
     agent_peak_rss: int | None = None
+    # Of the py-spy CPU, the share spent at the burst rate, and the bursts that started in the side.
+    burst_share: float | None = None
+    bursts: int | None = None
     requests: list[Done] = field(default_factory=list)
 
     @property
@@ -67,7 +75,7 @@ def summarize(phases: list[Phase]) -> dict[str, Any]:
     by_pair: dict[int, dict[bool, Phase]] = {}
     for p in phases:
         by_pair.setdefault(p.pair, {})[p.agent_on] = p
-    tput, p50, p99, cpt, agent_cpu, own_cpu = [], [], [], [], [], []
+    tput, p50, p99, cpt, agent_cpu, own_cpu, burst_cpu = [], [], [], [], [], [], []
     for sides in by_pair.values():
         off, on = sides.get(False), sides.get(True)
         if off is None or on is None or not off.tokens or not on.tokens:
@@ -82,11 +90,15 @@ def summarize(phases: list[Phase]) -> dict[str, Any]:
             agent_cpu.append(100.0 * on.agent_cpu / on.seconds)
         if on.agent_own_cpu is not None:
             own_cpu.append(100.0 * on.agent_own_cpu / on.seconds)
+        if on.agent_cpu is not None and on.agent_own_cpu is not None:
+            burst_cpu.append(100.0 * (on.burst_share or 0.0) * (on.agent_cpu - on.agent_own_cpu) / on.seconds)
     peaks = [p.agent_peak_rss for p in phases if p.agent_peak_rss is not None]
     summary = {"pairs": len(tput), "throughput_ratio": _spread(tput), "p50_ratio": _spread(p50),
                "p99_ratio": _spread(p99), "cpu_per_token_ratio": _spread(cpt), "agent_cpu_percent": _spread(agent_cpu),
                "agent_process_cpu_percent": _spread(own_cpu),
                "agent_children_cpu_percent": _spread([a - b for a, b in zip(agent_cpu, own_cpu)]),
+               "burst_cpu_percent": _spread(burst_cpu),
+               "bursts_per_hour": _per_hour([p for p in phases if p.agent_on and p.bursts is not None]),
                "agent_rss_bytes": max(peaks) if peaks else None,
                "requests_off": sum(len(p.requests) for p in phases if not p.agent_on),
                "requests_on": sum(len(p.requests) for p in phases if p.agent_on),
@@ -94,6 +106,11 @@ def summarize(phases: list[Phase]) -> dict[str, Any]:
                "tokens_per_s_off": _spread([p.tokens / p.seconds for p in phases if not p.agent_on])}
     summary["goals"] = goals(summary)
     return summary
+
+
+def _per_hour(phases: list[Phase]) -> float | None:
+    seconds = sum(p.seconds for p in phases)
+    return round(3600.0 * sum(p.bursts or 0 for p in phases) / seconds, 2) if seconds > 0 else None
 
 
 def goals(s: dict[str, Any]) -> dict[str, bool | None]:
@@ -138,9 +155,14 @@ class PageScraper:
 class Run:
     """Everything one `bench overhead` invocation starts: the server, the load, and agents in turn."""
 
-    def __init__(self, seconds: float, settle: float, rate: float, progress: TextIO, family: bool = False) -> None:
+    def __init__(self, seconds: float, settle: float, rate: float, progress: TextIO, family: bool = False,
+                 warm: bool = True) -> None:
         self.seconds, self.settle, self.rate, self.out = seconds, settle, rate, progress
         self.family = family
+        self.warm = warm
+        # Per condition, a store whose detector finished its warm-up on this run's server.
+        self.warm_stores: dict[str, Path] = {}
+        self.ledgers: dict[int, RecorderLedger] = {}
         self.workdir = Path(tempfile.mkdtemp(prefix="infersight-bench-"))
         self.load: OpenLoop | None = None
 
@@ -172,6 +194,9 @@ class Run:
             u1 = usage(agent.pid)
             phase.agent_cpu, phase.agent_peak_rss = u1.total_cpu - u0.total_cpu, u1.peak_rss_bytes
             phase.agent_own_cpu = u1.own_cpu - u0.own_cpu
+            if agent.pid in self.ledgers:
+                used = self.ledgers[agent.pid].use(t0, t1)
+                phase.burst_share, phase.bursts = used.burst_share, used.bursts
         cpu_note = f", agent {100 * phase.agent_cpu / phase.seconds:.2f}% of a core" if phase.agent_cpu is not None else ""
         self.log(f"{label}: {phase.tokens / phase.seconds:.1f} tokens/s, server {phase.server_cpu / phase.seconds:.2f} "
                  f"cores{cpu_note}")
@@ -179,16 +204,48 @@ class Run:
 
     def start_agent(self, cond: Condition, server: Any, n: int) -> AgentProcess:
         source = cond.label
+        if self.warm and source not in self.warm_stores:
+            self.warm_stores[source] = self.warm_store(cond, server)
         listen = f"127.0.0.1:{free_port()}"
         folder = self.workdir / f"agent{n}"
         folder.mkdir(mode=0o700)
+        if source in self.warm_stores:
+            shutil.copytree(self.warm_stores[source], folder / "store")
         agent = AgentProcess(folder, agent_config(cond.source, folder / "store", listen, server.proc.pid, server.url,
                                                   children=self.family), listen, tree=cond.tree)
         agent.start()
         self.log(f"[{source}] agent starting (pid {agent.pid}); waiting for its first window")
         agent.wait_ready()
+        self.ledgers[agent.pid] = RecorderLedger(agent.pid).start()
         time.sleep(self.settle)
         return agent
+
+    def stop_agent(self, agent: AgentProcess) -> None:
+        agent.stop()
+        ledger = self.ledgers.pop(agent.pid, None)
+        if ledger is not None:
+            ledger.stop()
+
+    def warm_store(self, cond: Condition, server: Any) -> Path:
+        """Run `cond`'s agent once until its detector is armed (its warm-up done on this server), and keep its
+        store: every measured agent starts from a copy and resumes the learned baseline at its first window."""
+        listen = f"127.0.0.1:{free_port()}"
+        folder = self.workdir / f"warm-{len(self.warm_stores)}"
+        folder.mkdir(mode=0o700)
+        agent = AgentProcess(folder, agent_config(cond.source, folder / "store", listen, server.proc.pid, server.url,
+                                                  children=self.family), listen, tree=cond.tree)
+        agent.start()
+        self.log(f"[{cond.label}] warm-up agent (pid {agent.pid}): waiting until its detector is armed")
+        try:
+            agent.wait_ready()
+            deadline = time.monotonic() + WARM_TIMEOUT_S
+            while agent.scrape().get("infersight_detector_armed", 0) < 1:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"the warm-up agent's detector was not armed within {WARM_TIMEOUT_S:.0f} s")
+                time.sleep(2.0)
+        finally:
+            agent.stop()  # a clean stop saves the detector's state
+        return folder / "store"
 
 
 @dataclass(frozen=True)
@@ -237,8 +294,8 @@ def _wait_healthy(url: str, timeout_s: float = 180.0) -> None:
 
 
 def run(pairs: int, seconds: float, conds: list[Condition], rate: float, settle: float = 5.0,
-        progress: TextIO = sys.stderr, server_kind: str = "single") -> dict[str, Any]:
-    bench = Run(seconds, settle, rate, progress, family=server_kind != "single")
+        progress: TextIO = sys.stderr, server_kind: str = "single", warm: bool = True) -> dict[str, Any]:
+    bench = Run(seconds, settle, rate, progress, family=server_kind != "single", warm=warm)
     phases: list[Phase] = []
     load_before = os.getloadavg()
     with _launch(server_kind, bench.workdir) as server:
@@ -263,7 +320,7 @@ def run(pairs: int, seconds: float, conds: list[Condition], rate: float, settle:
                         try:
                             phases.append(bench.phase(cond.label, pair, server, agent))
                         finally:
-                            agent.stop()
+                            bench.stop_agent(agent)
                         time.sleep(settle)
             time.sleep(5)  # the last requests finish before the results are sliced
         finally:
@@ -275,7 +332,10 @@ def run(pairs: int, seconds: float, conds: list[Condition], rate: float, settle:
     head = per_source["all"] if "all" in per_source else per_source[conds[0].label]
     return {**{k: head[k] for k in ("throughput_ratio", "p50_ratio", "p99_ratio", "cpu_per_token_ratio",
                                     "agent_cpu_percent", "agent_rss_bytes", "pairs", "goals")},
-            "seconds": seconds, "rate": rate, "server": server_kind, "load_average_before": [round(x, 2) for x in load_before],
+            "burst_cpu_percent": head["burst_cpu_percent"], "bursts_per_hour": head["bursts_per_hour"],
+            "agent_process_cpu_percent": head["agent_process_cpu_percent"],
+            "agent_children_cpu_percent": head["agent_children_cpu_percent"],
+            "warm": warm, "seconds": seconds, "rate": rate, "server": server_kind, "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()], "dropped_arrivals": loop.dropped,
             "sources": per_source}
 
@@ -287,19 +347,22 @@ def _fmt(s: dict[str, float] | None, digits: int = 3) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    rows = ["| source | agent CPU % of one core (with children) | of which py-spy | agent peak RSS MiB | throughput on/off | p50 on/off | p99 on/off "
+    rows = ["| source | agent CPU % of one core (with children) | of which py-spy | of which bursts | bursts per hour "
+            "| agent peak RSS MiB | throughput on/off | p50 on/off | p99 on/off "
             "| server CPU per token on/off | pairs | requests off/on |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in result["sources"].items():
         rss = f"{s['agent_rss_bytes'] / 2**20:.0f}" if s["agent_rss_bytes"] else "n/a"
-        rows.append(f"| {name} | {_fmt(s['agent_cpu_percent'], 2)} | {_fmt(s['agent_children_cpu_percent'], 2)} | {rss} | {_fmt(s['throughput_ratio'])} | "
+        per_hour = "n/a" if s.get("bursts_per_hour") is None else f"{s['bursts_per_hour']:.1f}"
+        rows.append(f"| {name} | {_fmt(s['agent_cpu_percent'], 2)} | {_fmt(s['agent_children_cpu_percent'], 2)} | "
+                    f"{_fmt(s.get('burst_cpu_percent'), 2)} | {per_hour} | {rss} | {_fmt(s['throughput_ratio'])} | "
                     f"{_fmt(s['p50_ratio'])} | {_fmt(s['p99_ratio'])} | {_fmt(s['cpu_per_token_ratio'])} | {s['pairs']} | "
                     f"{s['requests_off']}/{s['requests_on']} |")
     return "\n".join(rows)
 
 
 def main(pairs: int, seconds: float, only: list[str] | None, rate: float, as_json: bool, settle: float,
-         compare_tree: Path | None = None, server: str = "single") -> int:
+         compare_tree: Path | None = None, server: str = "single", warm: bool = True) -> int:
     if os.geteuid() != 0:
         print("infersight: bench overhead must run as root: the agent loads BPF programs and runs py-spy",
               file=sys.stderr)
@@ -312,7 +375,7 @@ def main(pairs: int, seconds: float, only: list[str] | None, rate: float, as_jso
               file=sys.stderr)
         return 2
     try:
-        result = run(pairs, seconds, conditions(sources, compare_tree), rate, settle, server_kind=server)
+        result = run(pairs, seconds, conditions(sources, compare_tree), rate, settle, server_kind=server, warm=warm)
     except (BenchError, OSError) as exc:
         print(f"infersight: bench overhead failed: {exc}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -17,10 +18,16 @@ from benchmarks import plot
 from benchmarks.harness import AgentProcess, BenchError, agent_config, free_port
 from benchmarks.openloop import OpenLoop
 from benchmarks.procstat import ProcessGone, usage
+from benchmarks.recorders import RecorderLedger
 
 # Readings before this share of the run are warm-up (BPF compiled, caches and the store's first pages filled).
 WARMUP_SHARE = 0.2
 RSS_GROWTH_GOAL = 0.10
+# Issue 33's steady-state goals: the agent with its py-spy children, median of 10-minute slices after the
+# detector's warm-up, at most 1 % of one core; its peak RSS at most 200 MiB.
+SLICE_SECONDS = 600.0
+STEADY_CPU_GOAL_PERCENT = 1.0
+PEAK_RSS_GOAL_BYTES = 200 * 2**20
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,75 @@ class Reading:
     late_ticks: int | None
     dropped_windows: int | None
     tick_seconds: float | None
+    # Cumulative CPU seconds since the agent started: with its children, and the agent process alone.
+    cpu_total: float | None = None
+    cpu_own: float | None = None
+    # The detector has learned its baseline (past warm-up); None when the agent does not say.
+    armed: bool | None = None
+
+
+@dataclass(frozen=True)
+class Slice:
+    """`seconds` of the soak after the detector's warm-up: the agent's CPU (% of one core) with its children,
+    alone, in py-spy and in py-spy's bursts, and the bursts that started in it."""
+
+    start_min: float
+    seconds: float
+    cpu_percent: float
+    own_percent: float
+    children_percent: float
+    burst_percent: float | None
+    bursts: int
+    bursts_per_hour: float
+
+
+def slices(readings: list[Reading], bursts: Callable[[float, float], tuple[float | None, int]],
+           seconds: float = SLICE_SECONDS) -> list[Slice]:
+    """Consecutive slices of `seconds` from the first reading with the detector armed (a last one of at least half
+    that length counts too). `bursts(t0, t1)`: the share of py-spy's CPU at the burst rate and the bursts started."""
+    timed = [r for r in readings if r.cpu_total is not None and r.cpu_own is not None]
+    first = next((i for i, r in enumerate(timed) if r.armed), None)
+    if first is None:
+        return []
+    out = []
+    start = timed[first]
+    for r in timed[first + 1:]:
+        span = r.t - start.t
+        if span < seconds and r is not timed[-1]:
+            continue
+        if span < seconds / 2:
+            break
+        total = 100 * (r.cpu_total - start.cpu_total) / span  # type: ignore[operator]
+        own = 100 * (r.cpu_own - start.cpu_own) / span  # type: ignore[operator]
+        share, started = bursts(start.t, r.t)
+        out.append(Slice(start_min=round(start.t / 60, 2), seconds=round(span, 1), cpu_percent=round(total, 3),
+                         own_percent=round(own, 3), children_percent=round(total - own, 3),
+                         burst_percent=None if share is None else round(share * (total - own), 3), bursts=started,
+                         bursts_per_hour=round(started * 3600 / span, 2)))
+        start = r
+    return out
+
+
+def steady_verdict(cut: list[Slice], peak_rss_bytes: int) -> dict[str, Any]:
+    """The median slice and the spread over slices, against issue 33's goals."""
+    if not cut:
+        return {"error": "no 10-minute slice after the detector's warm-up: run longer"}
+    cpu = sorted(s.cpu_percent for s in cut)
+    med = _median_f(cpu)
+    return {"slices": len(cut), "cpu_percent_median": round(med, 3), "cpu_percent_min": cpu[0],
+            "cpu_percent_max": cpu[-1],
+            "own_percent_median": round(_median_f([s.own_percent for s in cut]), 3),
+            "children_percent_median": round(_median_f([s.children_percent for s in cut]), 3),
+            "burst_percent_median": round(_median_f([s.burst_percent or 0.0 for s in cut]), 3),
+            "bursts_per_hour": round(sum(s.bursts for s in cut) * 3600 / sum(s.seconds for s in cut), 2),
+            "goals": {"steady_cpu<=1%": med <= STEADY_CPU_GOAL_PERCENT,
+                      "peak_rss<=200MiB": peak_rss_bytes <= PEAK_RSS_GOAL_BYTES}}
+
+
+def _median_f(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def store_bytes(folder: Path) -> int:
@@ -128,17 +204,23 @@ class Served:
 
 
 def run(minutes: float, every: float, rate: float, restart_every: float | None = None,
-        progress: TextIO = sys.stderr) -> list[Reading]:
+        progress: TextIO = sys.stderr, slice_seconds: float = SLICE_SECONDS,
+        observe: Callable[[Reading, int], None] | None = None) -> tuple[list[Reading], list[Slice]]:
+    """The soak's readings and its steady slices; `observe(reading, agent pid)` is called after each reading
+    (a test reads the agent's /proc at the same moments, its own way)."""
     workdir = Path(tempfile.mkdtemp(prefix="infersight-soak-"))
     readings: list[Reading] = []
     served = Served(rate, workdir)
     listen = f"127.0.0.1:{free_port()}"
     store = workdir / "store"
     agent = AgentProcess(workdir, agent_config("all", store, listen, None, served.url, pidfile=served.pidfile), listen)
+    ledger: RecorderLedger | None = None
+    cut: list[Slice] = []
     try:
         served.start()
         agent.start()
         agent.wait_ready()
+        ledger = RecorderLedger(agent.pid).start()
         print(f"agent pid {agent.pid} ready; soaking {minutes:g} min, a reading every {every:g} s"
               + (f", the server restarted every {restart_every:g} min" if restart_every else ""),
               file=progress, flush=True)
@@ -172,17 +254,40 @@ def run(minutes: float, every: float, rate: float, restart_every: float | None =
                         windows=metric("infersight_agent_windows_total"),
                         late_ticks=metric("infersight_agent_late_ticks_total"),
                         dropped_windows=metric("infersight_agent_dropped_windows_total"),
-                        tick_seconds=m.get("infersight_agent_window_duration_seconds"))
+                        tick_seconds=m.get("infersight_agent_window_duration_seconds"),
+                        cpu_total=u.total_cpu, cpu_own=u.own_cpu,
+                        armed=m["infersight_detector_armed"] >= 1 if "infersight_detector_armed" in m else None)
             readings.append(r)
+            if observe is not None:
+                observe(r, agent.pid)
             print(f"{r.t / 60:5.1f} min  RSS {r.rss_bytes / 2**20:6.1f} MiB  fds {r.fds}  threads {r.threads}  "
                   f"CPU {cpu if cpu is None else round(cpu, 2)}%  store {r.store_bytes / 2**20:.2f} MiB  "
                   f"late {r.late_ticks}", file=progress, flush=True)
             time.sleep(max(0.0, every - (time.monotonic() - now)))
+
+        def bursts(a: float, b: float) -> tuple[float | None, int]:
+            assert ledger is not None
+            used = ledger.use(t0 + a, t0 + b)
+            return used.burst_share, used.bursts
+
+        cut = slices(readings, bursts, slice_seconds)
     finally:
+        if ledger is not None:
+            ledger.stop()
         agent.stop()
         served.stop()
     shutil.rmtree(workdir, ignore_errors=True)  # kept when the soak failed: the agent's log is there
-    return readings
+    return readings, cut
+
+
+def slice_table(cut: list[Slice]) -> str:
+    lines = ["| slice from min | minutes | agent CPU % of one core (with children) | agent process | py-spy "
+             "| of which bursts | bursts |", "|---|---|---|---|---|---|---|"]
+    for s in cut:
+        burst = "n/a" if s.burst_percent is None else f"{s.burst_percent:.2f}"
+        lines.append(f"| {s.start_min:.1f} | {s.seconds / 60:.1f} | {s.cpu_percent:.2f} | {s.own_percent:.2f} | "
+                     f"{s.children_percent:.2f} | {burst} | {s.bursts} |")
+    return "\n".join(lines)
 
 
 def main(minutes: float, every: float, rate: float, plot_path: str | None, as_json: bool,
@@ -193,12 +298,16 @@ def main(minutes: float, every: float, rate: float, plot_path: str | None, as_js
         print("infersight: bench soak must run as root: the agent loads BPF programs and runs py-spy", file=sys.stderr)
         return 1
     try:
-        readings = run(minutes, every, rate, restart_every)
+        readings, cut = run(minutes, every, rate, restart_every)
     except (BenchError, OSError) as exc:
         print(f"infersight: bench soak failed: {exc}", file=sys.stderr)
         return 1
     result = verdict(readings, retention_bytes)
+    if readings:
+        result["steady"] = steady_verdict(cut, max(r.peak_rss_bytes for r in readings))
+    result["steady_slices"] = [asdict(c) for c in cut]
     print(table(readings))
+    print(slice_table(cut))
     print(json.dumps(result, indent=1))
     if plot_path:
         panels = {"RSS MiB": [(r.t, r.rss_bytes / 2**20) for r in readings],

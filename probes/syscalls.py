@@ -33,6 +33,7 @@ from typing import Any
 
 from analysis.window import Log2Histogram, SyscallReading
 from probes import c_helpers, target_filter
+from probes.map_read import percpu_array_sums
 from probes.slotted import SlottedProbe
 from probes.syscall_names import SYSCALL_NAMES
 
@@ -220,10 +221,7 @@ class SyscallsProbe(SlottedProbe):
                     pass  # gone already: nothing to prune
 
     def _read_counts(self) -> list[int]:
-        counts = [0] * (self.config.max_targets * SYSCALL_SLOTS)
-        for key, values in self._bpf[b"counts"].items_lookup_batch():
-            counts[int(key)] = _percpu_sum(values)
-        return counts
+        return percpu_array_sums(self._bpf[b"counts"])
 
     def _read_latency(self) -> dict[tuple[int, int], int]:
         return {(k.idx, k.bucket): _percpu_sum(v) for k, v in self._bpf[b"latency"].items_lookup_batch()}

@@ -60,7 +60,7 @@ def live(paths: list[Path], factory: DetectorFactory | None, record: Path | None
 
 def main(scenarios: list[str], replay_files: list[str], record: str | None, as_json: bool, plot: str | None,
          interval: float | None, record_only: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-         factory: DetectorFactory | None = None, nice: int = 0) -> int:
+         factory: DetectorFactory | None = None, nice: int = 0, bursts: bool = False) -> int:
     """Exit 0 when scored (or recorded), 1 when a run failed, 2 on bad input."""
     if bool(scenarios) == bool(replay_files):
         err.write("infersight: eval: give scenario files, or --replay with recordings (not both)\n")
@@ -70,6 +70,9 @@ def main(scenarios: list[str], replay_files: list[str], record: str | None, as_j
         return 2
     if record_only and (as_json or plot):
         err.write("infersight: eval: --record-only scores nothing, so --json and --plot have nothing to show\n")
+        return 2
+    if record_only and bursts:
+        err.write("infersight: eval: --record-only scores nothing, so --bursts has nothing to replay\n")
         return 2
     if record_only and not record:
         err.write("infersight: eval: --record-only needs --record FILE\n")
@@ -111,6 +114,12 @@ def main(scenarios: list[str], replay_files: list[str], record: str | None, as_j
         err.write(f"infersight: wrote {plot}\n")
     from agent.evaluation.report import table
 
+    if bursts:
+        from agent.evaluation.bursts import burst_table, replay_bursts
+
+        names = [str(Path(p).with_suffix("").with_suffix("")) for p in replay_files] or [r.scenario.name for r in runs]
+        out.write(burst_table([(name, replay_bursts(r.outcomes, r.interval)) for name, r in zip(names, runs)]))
+        return 0
     if as_json:
         summary["seconds"] = round(time.monotonic() - started, 2)
         out.write(json.dumps(_jsonable(summary), sort_keys=True) + "\n")

@@ -6,7 +6,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from agent.burst import BurstPolicy
+from agent.burst import DEFAULT_MIN_SCORE, BurstPolicy
+from analysis.detector import LatencyDetector
+
+# The rise logic alone, as before the level and the history minimum were added.
+NO_LEVEL = {"min_score": float("-inf"), "min_history": 1}
 
 
 @dataclass
@@ -14,6 +18,12 @@ class F:
     state: str
     score: float | None
     window_end: float
+    regression: object = None
+
+
+@dataclass
+class Episode:
+    top_cause: str
 
 
 @dataclass
@@ -38,26 +48,26 @@ def test_open_regression_bursts_and_unknown_target_does_not() -> None:
 
 def test_warmup_and_missing_score_never_burst() -> None:
     snap = S()
-    policy = BurstPolicy(lambda: snap, rising_windows=1, history=2)
+    policy = BurstPolicy(lambda: snap, rising_windows=1, history=2, **NO_LEVEL)
     assert feed(policy, snap, [1.0, 2.0, 3.0, 4.0], state="warmup") == [False] * 4
 
 
 def test_noise_below_the_recent_high_does_not_burst() -> None:
     snap = S()
-    policy = BurstPolicy(lambda: snap, rising_windows=2, history=5)
+    policy = BurstPolicy(lambda: snap, rising_windows=2, history=5, **NO_LEVEL)
     # Rises twice running, but stays under the 5.0 seen before: noise, not onset.
     assert feed(policy, snap, [5.0, 1.0, 2.0, 3.0, 4.0]) == [False] * 5
 
 
 def test_climb_to_a_new_high_bursts_at_the_second_rise() -> None:
     snap = S()
-    policy = BurstPolicy(lambda: snap, rising_windows=2, history=5)
+    policy = BurstPolicy(lambda: snap, rising_windows=2, history=5, **NO_LEVEL)
     assert feed(policy, snap, [2.0, 1.0, 1.5, 2.5, 4.0, 3.0]) == [False, False, False, True, True, False]
 
 
 def test_same_window_polled_twice_counts_once() -> None:
     snap = S()
-    policy = BurstPolicy(lambda: snap, rising_windows=1, history=1)
+    policy = BurstPolicy(lambda: snap, rising_windows=1, history=1, **NO_LEVEL)
     snap.findings["w"] = F("healthy", 1.0, 0.0)
     assert policy.wants_burst("w") is False
     snap.findings["w"] = F("healthy", 2.0, 1.0)
@@ -65,18 +75,50 @@ def test_same_window_polled_twice_counts_once() -> None:
     assert policy.wants_burst("w") is True  # same window: still a rise over the one before
 
 
-@pytest.mark.parametrize("kw", [{"rising_windows": 0}, {"history": 0}])
+@pytest.mark.parametrize("kw", [{"rising_windows": 0}, {"history": 0}, {"min_history": 0},
+                                {"history": 5, "min_history": 6}, {"min_score": float("nan")}])
 def test_bad_parameters_quote_the_value(kw) -> None:
-    with pytest.raises(ValueError, match="0"):
+    with pytest.raises(ValueError, match="0|6|nan"):
         BurstPolicy(lambda: S(), **kw)
 
 
 def test_forget_drops_a_targets_score_history() -> None:
     snap = S()
-    policy = BurstPolicy(lambda: snap, rising_windows=2, history=3)
+    policy = BurstPolicy(lambda: snap, rising_windows=2, history=3, **NO_LEVEL)
     feed(policy, snap, [1.0, 2.0])
     policy.forget("w")
     policy.forget("never-seen")
     assert policy._scores == {}
     # A returning name starts over: two rises are not yet a new high over a history it no longer has.
     assert feed(policy, snap, [3.0, 4.0]) == [False, False]
+
+
+def test_a_new_high_below_the_level_does_not_burst_and_one_at_it_does() -> None:
+    snap = S()
+    policy = BurstPolicy(lambda: snap, rising_windows=1, history=10, min_score=3.0, min_history=3)
+    # New highs on a quiet baseline (healthy traffic's noisy window) pay for nothing until one reaches 3.0.
+    assert feed(policy, snap, [-1.0, -0.5, 0.0, 1.0, 2.9, 3.0]) == [False] * 5 + [True]
+
+
+def test_no_new_high_before_min_history_scored_windows() -> None:
+    snap = S()
+    policy = BurstPolicy(lambda: snap, rising_windows=1, history=10, min_score=0.0, min_history=3)
+    # Right after warm-up every window is a new high over the few before it.
+    assert feed(policy, snap, [1.0, 2.0, 3.0, 4.0]) == [False, False, False, True]
+
+
+def test_the_default_level_lies_between_the_detectors_close_and_open_scores() -> None:
+    # The level is on the detector's score scale: a detector rescaled without it would burst on everything or nothing.
+    detector = LatencyDetector()
+    assert detector.close_score < DEFAULT_MIN_SCORE < detector.open_score
+
+
+def test_no_burst_while_the_open_regressions_top_cause_is_outside_the_target() -> None:
+    # Other processes taking the CPUs: the target's stacks cannot show that, and 49 Hz of py-spy adds to it.
+    snap = S({"w": F("regression", 9.0, 1.0, Episode("cpu_contention"))})
+    policy = BurstPolicy(lambda: snap)
+    assert policy.wants_burst("w") is False
+    # Re-ranked to a cause in the target's own code: the burst starts.
+    snap.findings["w"] = F("regression", 9.0, 2.0, Episode("compute"))
+    assert policy.wants_burst("w") is True
+    assert BurstPolicy(lambda: snap, outside_causes=frozenset({"compute"})).wants_burst("w") is False

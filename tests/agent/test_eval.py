@@ -145,3 +145,21 @@ def test_a_window_the_server_did_not_answer_is_marked_in_its_outcome_and_survive
     png = tmp_path / "eval.png"
     code, _, err = run(replay=[str(path)], plot=str(png))
     assert code == 0 and "wrote" in err and png.stat().st_size > 10_000
+
+
+def test_replay_bursts_table_counts_the_sampler_bursts(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.jsonl.gz", {11, 12})
+    code, out, err = run(replay=[str(path)], bursts=True)
+    assert code == 0, err
+    header, row, total = out.splitlines()
+    assert header.split()[:4] == ["scenario", "hours", "bursts", "false"]
+    # The regression opens on window 11: one burst, from that window through its hold, and it is not false.
+    assert row.split()[2:5] == ["1", "0", "0.0"] and total.split()[0] == "total"
+    code, _, err = run(scenarios=["a.toml"], record="r.jsonl.gz", record_only=True, bursts=True)
+    assert code == 2 and "--bursts" in err
+
+
+def test_the_cli_parses_eval_bursts() -> None:
+    from agent.cli import build_parser
+
+    assert build_parser().parse_args(["eval", "--replay", "a.jsonl.gz", "--bursts"]).bursts is True

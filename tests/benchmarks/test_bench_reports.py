@@ -133,8 +133,23 @@ def test_bench_overhead_takes_the_server_shape(monkeypatch) -> None:
     from benchmarks import overhead
 
     seen: list = []
-    monkeypatch.setattr(overhead, "main", lambda *args: seen.append(args) or 0)
+    monkeypatch.setattr(overhead, "main", lambda *args, **kw: seen.append((args, kw)) or 0)
     args = build_parser().parse_args(["bench", "overhead", "--server", "gunicorn"])
-    assert args.func(args) == 0 and seen[0][-1] == "gunicorn"
+    assert args.func(args) == 0 and seen[0][0][-1] == "gunicorn"
+    # Past warm-up unless asked for fresh agents.
+    assert seen[0][1] == {"warm": True}
+    args = build_parser().parse_args(["bench", "overhead", "--cold"])
+    assert args.func(args) == 0 and seen[1][1] == {"warm": False}
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "overhead", "--server", "uwsgi"])
+
+
+def test_summary_splits_pyspy_into_bursts_and_counts_bursts_per_hour() -> None:
+    on0 = phase(0, True, 990, 5.0, [1.0], agent_cpu=0.2)
+    on0.agent_own_cpu, on0.burst_share, on0.bursts = 0.1, 0.5, 1  # 1 % of a core, half of py-spy's 1 % in bursts
+    on1 = phase(1, True, 990, 5.0, [1.0], agent_cpu=0.1)
+    on1.agent_own_cpu, on1.burst_share, on1.bursts = 0.06, None, 0  # no recorder seen: no burst CPU
+    s = summarize([phase(0, False, 1000, 5.0, [1.0]), on0, phase(1, False, 1000, 5.0, [1.0]), on1])
+    assert s["burst_cpu_percent"] == {"median": 0.25, "min": 0.0, "max": 0.5}
+    assert s["bursts_per_hour"] == 180.0  # one burst in 20 s of agent-on sides
+    assert s["agent_children_cpu_percent"]["max"] == pytest.approx(1.0)

@@ -1,0 +1,51 @@
+"""Whole BPF per-CPU arrays read in one batch into numpy: the sum over CPUs of every entry, without a Python
+object per entry.
+
+bcc's `items_lookup_batch()` yields a ctypes key and value per entry: for the syscalls probe's 64 x 512 counters
+that is ~20 ms of the agent's CPU per window (measured, docs/BENCHMARKS.md "Where the agent process's own CPU goes
+in steady state"), for the ~512 a single target uses. The same kernel call (BPF_MAP_LOOKUP_BATCH) fills two flat
+buffers here, and numpy sums them.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+from typing import Any
+
+import numpy as np
+
+
+def percpu_array_sums(table: Any) -> list[int]:
+    """Entry i of a bcc per-CPU array of u64 (`BPF_PERCPU_ARRAY(name, u64, N)`), summed over CPUs, for every i.
+
+    Raises OSError when the kernel refuses the batch lookup (kernels before 5.6 lack it for arrays)."""
+    from bcc.libbcc import lib
+
+    n = int(table.max_entries)
+    keys = (table.Key * n)()
+    values = (table.Leaf * n)()
+    key_size, leaf_size = ct.sizeof(table.Key), ct.sizeof(table.Leaf)
+    if leaf_size % 8:
+        raise ValueError(f"not a per-CPU array of u64: a value is {leaf_size} bytes")
+    batch, count = ct.c_uint32(0), ct.c_uint32(0)
+    total = 0
+    while total < n:
+        count.value = n - total
+        res = lib.bpf_lookup_batch(table.map_fd, ct.byref(batch) if total else None, ct.byref(batch),
+                                   ct.byref(keys, key_size * total), ct.byref(values, leaf_size * total),
+                                   ct.byref(count))
+        err = ct.get_errno()
+        total += count.value
+        if res != 0:
+            if err != errno.ENOENT:  # ENOENT: the last batch, read in full
+                raise OSError(err, f"BPF_MAP_LOOKUP_BATCH failed: {os.strerror(err)}")
+            break
+        if count.value == 0:
+            break
+    index = np.frombuffer(keys, dtype=np.uint32, count=total)
+    sums = np.frombuffer(values, dtype=np.uint64, count=total * (leaf_size // 8)).reshape(total, -1).sum(axis=1)
+    out = np.zeros(n, dtype=np.uint64)
+    out[index] = sums
+    return out.tolist()

@@ -1,0 +1,39 @@
+"""replay_bursts: the sampler's bursts over scored windows, false ones (no opening) told from those that lead one."""
+
+from __future__ import annotations
+
+from agent.burst import BurstPolicy
+from agent.evaluation.bursts import burst_table, replay_bursts
+from analysis.scoring import Outcome
+
+
+def outcomes(scores: list[float | None], opened_at: int | None = None, open_for: int = 0) -> list[Outcome]:
+    out = []
+    for i, s in enumerate(scores):
+        state = "warmup" if s is None else "healthy"
+        if opened_at is not None and opened_at <= i < opened_at + open_for:
+            state = "regression"
+        out.append(Outcome(start=5.0 * i, end=5.0 * (i + 1), label="normal", phase=0, warmup=state == "warmup",
+                           state=state, opened="r1" if i == opened_at else None, score=s))
+    return out
+
+
+def policy(snapshot) -> BurstPolicy:
+    return BurstPolicy(snapshot, rising_windows=1, history=60, min_score=3.0, min_history=3)
+
+
+def test_a_lone_high_on_healthy_traffic_is_one_false_burst_with_its_hold() -> None:
+    got = replay_bursts(outcomes([None, 0.0, 0.5, 0.2, 3.5, 0.1, 0.0, 0.3, 0.2, 0.1]), 5.0, policy, hold_segments=3)
+    # Window 4 asks for it; the hold keeps windows 5-7 at the burst rate.
+    assert [(b.first, b.last, b.opened) for b in got.bursts] == [(4, 7, False)]
+    assert got.false_bursts == 1 and got.burst_windows == 4 and got.per_hour(got.false_bursts) == 72.0
+    assert got.openings == 0 and got.early == 0
+
+
+def test_a_climb_that_opens_a_regression_is_led_and_not_false() -> None:
+    # 3.2 at window 4 starts the burst; the regression opens at window 5 and holds it to window 7, then the hold.
+    got = replay_bursts(outcomes([None, 0.0, 0.5, 0.2, 3.2, 6.0, 7.0, 7.0, 0.1, 0.0, 0.1, 0.0, 0.0],
+                                 opened_at=5, open_for=3), 5.0, policy, hold_segments=3)
+    assert [(b.first, b.last, b.opened) for b in got.bursts] == [(4, 10, True)]
+    assert got.false_bursts == 0 and got.openings == 1 and got.early == 1
+    assert "total" in burst_table([("a", got)])
