@@ -116,3 +116,23 @@ def prometheus_view(points: list[dict], families) -> dict[tuple[str, tuple], flo
 def prometheus_samples(families) -> dict[tuple[str, tuple], float]:
     return {(s.name, tuple(sorted(s.labels.items()))): float(s.value)
             for fam in families for s in fam.samples if not s.name.endswith("_created")}
+
+
+def spans(receiver: OtlpReceiver) -> list[dict]:
+    """Every span of every accepted traces request: ids as hex, attributes as a dict, the service's name."""
+    import base64
+
+    def hexid(b64: str | None) -> str:
+        return base64.b64decode(b64).hex() if b64 else ""
+
+    out = []
+    for doc in receiver.docs("/v1/traces"):
+        for rs in doc["resource_spans"]:
+            service = attrs(rs["resource"].get("attributes", [])).get("service.name")
+            for ss in rs["scope_spans"]:
+                for s in ss["spans"]:
+                    out.append({"service": service, "name": s["name"], "kind": s.get("kind"),
+                                "trace_id": hexid(s.get("trace_id")), "span_id": hexid(s.get("span_id")),
+                                "parent": hexid(s.get("parent_span_id")), "attrs": attrs(s.get("attributes", [])),
+                                "start": int(s["start_time_unix_nano"]), "end": int(s["end_time_unix_nano"])})
+    return out
