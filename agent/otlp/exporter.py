@@ -27,6 +27,7 @@ from agent.alerts.transport import PostResult, post
 from agent.otlp import metrics as otlp_metrics
 from agent.otlp.config import OtlpSettings
 from agent.otlp.events import OUTBOX_RECEIVER, RegressionEvents
+from agent.otlp.exemplars import ExemplarWatch
 from agent.store import Store
 from agent.store.alerts import AGENT_OWNER, Outbox
 
@@ -39,7 +40,8 @@ IDLE_POLL_SECONDS = 1.0
 class OtlpExporter:
     def __init__(self, settings: OtlpSettings, registry: CollectorRegistry, store: Store, alerts: AlertsConfig, *,
                  host: str, external_url: str, started: float, on_error: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.time, rng: random.Random | None = None) -> None:
+                 clock: Callable[[], float] = time.time, rng: random.Random | None = None,
+                 exemplars: ExemplarWatch | None = None) -> None:
         self.settings = settings
         self._registry = registry
         self._outbox = Outbox(store)
@@ -53,10 +55,17 @@ class OtlpExporter:
         self._count_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake_logs = threading.Event()
-        self.events = RegressionEvents(store, self.resource, host=host, external_url=external_url,
-                                       wake=self._wake_logs.set, clock=clock)
+        self.exemplars = exemplars
+        window = settings.export_interval_seconds
+        self.events = RegressionEvents(
+            store, self.resource, host=host, external_url=external_url, wake=self._wake_logs.set, clock=clock,
+            # The window that opened the episode began up to one interval before it.
+            exemplars=(lambda reg: exemplars.trace_ids(reg.target, reg.opened_at - window, reg.closed_at))
+            if exemplars is not None else None)
         self._threads = [threading.Thread(target=self._metrics_loop, name="otlp-metrics", daemon=True),
                          threading.Thread(target=self._logs_loop, name="otlp-logs", daemon=True)]
+        if exemplars is not None:
+            self._threads.append(threading.Thread(target=self._exemplars_loop, name="otlp-exemplars", daemon=True))
 
     # ---- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -97,6 +106,11 @@ class OtlpExporter:
             deadline += interval * max(1, int((time.monotonic() - deadline) // interval) + 1)
             self._guarded(self.export_metrics)
         self._guarded(self.export_metrics)
+
+    def _exemplars_loop(self) -> None:
+        assert self.exemplars is not None
+        while not self._stop.wait(self.settings.export_interval_seconds):
+            self._guarded(self.exemplars.poll)
 
     # ---- log records -------------------------------------------------------------------------------------------
 
