@@ -50,6 +50,7 @@ class OtlpExporter:
         self._clock = clock
         self._rng = rng or random.Random()
         self._start_ns = int(started * 1e9)
+        self._metrics_failing = False
         self.resource = Resource(dict(settings.resource))
         self._counts: Counter[tuple[str, str]] = Counter()
         self._count_lock = threading.Lock()
@@ -94,9 +95,23 @@ class OtlpExporter:
         result = self._post("metrics", otlp_metrics.encode(data))
         self._count("metrics", "sent" if result.accepted else "failed")
         if not result.accepted:
+            self._metrics_failing = True
             self._on_error("otlp")
             log.info("otlp: metrics export failed (%s); the next export carries the totals", result.error)
+        elif self._metrics_failing:
+            self._metrics_failing = False
+            self._retry_records_now()
         return result
+
+    def _retry_records_now(self) -> None:
+        """The Collector answers again: records waiting out their backoff (up to backoff_max_seconds after a long
+        outage) are due now, so what opened during the outage arrives within an interval of its end."""
+        with self._outbox.store.transaction() as conn:
+            n = conn.execute("UPDATE alert_notifications SET next_attempt_at = ? WHERE receiver = ? AND owner = ? "
+                             "AND state = 'pending'", (self._clock(), OUTBOX_RECEIVER, AGENT_OWNER)).rowcount
+        if n:
+            log.info("otlp: the Collector answers again; %d regression record(s) due now", n)
+            self._wake_logs.set()
 
     def _metrics_loop(self) -> None:
         interval = self.settings.export_interval_seconds

@@ -32,13 +32,15 @@ class OtlpReceiver(Receiver):
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def docs(self, path: str) -> list[dict]:
-        return [decode(a.path, a.body) for a in self.accepted() if a.path == path]
+    def docs(self, path: str, arrivals: list | None = None) -> list[dict]:
+        return [decode(a.path, a.body) for a in (self.accepted() if arrivals is None else arrivals)
+                if a.path == path]
 
-    def metric_points(self) -> list[dict]:
-        """Every data point of every accepted metrics request, flattened: resource attrs, name, kind, point."""
+    def metric_points(self, arrivals: list | None = None) -> list[dict]:
+        """Every data point of the accepted metrics requests (or of `arrivals`), flattened: resource attrs, name,
+        kind, point."""
         out = []
-        for doc in self.docs("/v1/metrics"):
+        for doc in self.docs("/v1/metrics", arrivals):
             for rm in doc["resource_metrics"]:
                 resource = attrs(rm["resource"].get("attributes", []))
                 for sm in rm["scope_metrics"]:
