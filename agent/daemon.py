@@ -27,7 +27,7 @@ from agent.detection import Detection, DownState
 from agent.detection_metrics import DetectionCollector
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
-from agent.otlp.service import make_otlp_exporter
+from agent.otlp.service import make_otlp_exporter, otlp_settings
 from agent.peers import peer_uid
 from agent.pidlock import PidLock
 from agent.state import AgentState
@@ -186,6 +186,7 @@ class Agent:
         self.config = config
         self.state = AgentState()
         check_config_paths(config)
+        otlp = otlp_settings(config)
         # Made and vetted on what is opened (agent.store.open_store_dir), before the lock file is created in it.
         store_dir, dir_fd = open_store_dir(Path(config.store_dir))
         os.close(dir_fd)
@@ -200,7 +201,7 @@ class Agent:
         self.alerts = AlertService(config, self.store, on_error=self.state.count_error)
         self.registry = build_registry(self.state)
         self.registry.register(self.alerts.collector())
-        self.otlp = make_otlp_exporter(config, self.registry, self.store, started=self.state.snapshot().started,
+        self.otlp = make_otlp_exporter(config, otlp, self.registry, self.store, started=self.state.started,
                                        on_error=self.state.count_error)
         listeners: list = [self.alerts, DownState(self.state.set_down)]
         if self.otlp is not None:

@@ -133,7 +133,7 @@ def test_bench_overhead_takes_the_server_shape(monkeypatch) -> None:
     from benchmarks import overhead
 
     seen: list = []
-    monkeypatch.setattr(overhead, "main", lambda *args: seen.append(args) or 0)
+    monkeypatch.setattr(overhead, "main", lambda *args, **kwargs: seen.append(args) or 0)
     args = build_parser().parse_args(["bench", "overhead", "--server", "gunicorn"])
     assert args.func(args) == 0 and seen[0][-1] == "gunicorn"
     with pytest.raises(SystemExit):

@@ -83,3 +83,17 @@ def test_a_wrong_variable_is_refused_by_name(env, variable) -> None:
     with pytest.raises(OtlpFieldError) as err:
         settings(OtlpConfig(), interval_seconds=5.0, environ=env, host="h1")
     assert str(err.value).startswith(f"{variable}:")
+
+
+def test_infersight_run_stops_at_start_on_a_wrong_variable_with_one_line(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'store_dir = "{tmp_path / "store"}"\nlisten = "127.0.0.1:1"\n[otlp]\n')
+    out = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--config", str(config)], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "soon"})
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "infersight: config error: otlp: OTEL_EXPORTER_OTLP_TIMEOUT: must be a number of milliseconds"]
+    assert not (tmp_path / "store").exists()
