@@ -34,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction, parser_class: type, ranged) -> N
                           help="the server watched: one process (default), an API and an engine process "
                                "(--engine-process), or a gunicorn master and 3 workers; the agent watches it as a "
                                "family (children = true) unless single")
+    overhead.add_argument("--otlp", action="store_true",
+                          help="also run each source's agent with [otlp] exporting to a loopback endpoint "
+                               "(interleaved with the same agent without it)")
     overhead.add_argument("--json", action="store_true", help="also print one JSON object on the last line")
     overhead.set_defaults(func=_overhead)
 
@@ -62,7 +65,7 @@ def _overhead(args: argparse.Namespace) -> int:
     from benchmarks import overhead  # imported only when asked for: every other command stays light
 
     return overhead.main(args.pairs, args.seconds, args.only, args.rate, args.json, args.settle, args.compare_tree,
-                         args.server, warm=not args.cold)
+                         args.server, warm=not args.cold, otlp=args.otlp)
 
 
 def _soak(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import msgspec
 
 from agent.alerts.config import SENSITIVE, AlertsConfig, AlertsFieldError, ReceiverConfig, check_receivers
 from agent.errors import ConfigError
+from agent.otlp.config import OtlpConfig, OtlpFieldError
 from agent.presets import LATENCY_KINDS, PRESETS, LatencyKind
 from agent.sources.pyspy import (
     DEFAULT_BURST_HOLD_SEGMENTS,
@@ -272,6 +273,8 @@ class Config:
     targets: tuple[TargetSpec, ...] = field(default_factory=default_targets)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     receivers: tuple[ReceiverConfig, ...] = field(default=(), metadata=SENSITIVE)
+    # OTLP export (docs/otlp.md): off unless the table is there.
+    otlp: OtlpConfig | None = None
 
     def __post_init__(self) -> None:
         _require_range("interval_seconds", self.interval_seconds, 1, 60)
@@ -413,11 +416,11 @@ def _decode(data: dict[str, Any]) -> Config:
         return msgspec.convert(table, Config, dec_hook=_path_hook)
     except msgspec.ValidationError as exc:
         cause = exc.__cause__
-        if cause is not None and not isinstance(cause, (FieldError, AlertsFieldError, _NotAPath)):
+        if cause is not None and not isinstance(cause, (FieldError, AlertsFieldError, OtlpFieldError, _NotAPath)):
             raise cause from None  # a record's own bug, not the config's: shown as it is
         _, sep, at = str(exc).rpartition(" - at `")
         steps = re.findall(r"\.([^.\[`]+)|\[(\d+|\.\.\.)\]", at) if sep else []
-        if isinstance(cause, (FieldError, AlertsFieldError)):
+        if isinstance(cause, (FieldError, AlertsFieldError, OtlpFieldError)):
             where = ".".join(k for k in (_key_of(steps), cause.key) if k)
             raise ConfigError(f"{where}: {cause.problem}" if where else cause.problem) from None
         raise ConfigError(_wrong_type(table, steps)) from None
@@ -522,6 +525,11 @@ def credential_keys(config: Config) -> list[str]:
             keys.append(f"receivers[{i}].headers")
     if config.alerts.external_url and carries(config.alerts.external_url):
         keys.append("alerts.external_url")
+    if config.otlp is not None:
+        if config.otlp.endpoint and carries(config.otlp.endpoint):
+            keys.append("otlp.endpoint")
+        if config.otlp.headers:
+            keys.append("otlp.headers")
     return keys
 
 

@@ -27,6 +27,7 @@ from agent.detection import Detection, DownState
 from agent.detection_metrics import DetectionCollector
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
+from agent.otlp.service import make_otlp_exporter, otlp_settings
 from agent.peers import peer_uid
 from agent.pidlock import PidLock
 from agent.state import AgentState
@@ -185,6 +186,7 @@ class Agent:
         self.config = config
         self.state = AgentState()
         check_config_paths(config)
+        otlp = otlp_settings(config)
         # Made and vetted on what is opened (agent.store.open_store_dir), before the lock file is created in it.
         store_dir, dir_fd = open_store_dir(Path(config.store_dir))
         os.close(dir_fd)
@@ -199,12 +201,19 @@ class Agent:
         self.alerts = AlertService(config, self.store, on_error=self.state.count_error)
         self.registry = build_registry(self.state)
         self.registry.register(self.alerts.collector())
+        self.otlp = make_otlp_exporter(config, otlp, self.registry, self.store, started=self.state.started,
+                                       on_error=self.state.count_error)
+        listeners: list = [self.alerts, DownState(self.state.set_down)]
+        if self.otlp is not None:
+            self.state.count_error("otlp", 0)  # the series exists before the first failure
+            self.registry.register(self.otlp.collector())
+            listeners.append(self.otlp.events)  # after the alert service, which files each episode first
         self.detection: Detection | None = None
         self.burst: BurstPolicy | None = None
         if config.detector.enabled:
             warmup = config.detector.warmup_windows
             self.detection = Detection(self.store, make_detector=lambda: _latency_detector(warmup),
-                                       identity=self._identity, listeners=[self.alerts, DownState(self.state.set_down)])
+                                       identity=self._identity, listeners=listeners)
             for target, finding in self.detection.snapshot().findings.items():
                 if finding.state == "down" and finding.regression is not None:  # an outage the store held open
                     self.state.set_down(target, finding.regression.causes[0].evidence)
@@ -279,6 +288,8 @@ class Agent:
     def run(self) -> None:
         self.web.start()
         self.alerts.start()
+        if self.otlp is not None:
+            self.otlp.start()
         log.info("status page at %s/ and metrics at %s/metrics", self.web.url, self.web.url)
         self.loop.start()
         housekeeping = threading.Thread(target=self._housekeeping, name="housekeeping", daemon=True)
@@ -316,6 +327,8 @@ class Agent:
             self.detection.flush()
         self.web.stop()
         self.alerts.stop()
+        if self.otlp is not None:
+            self.otlp.stop()
         self.page_store.close()
         self.store.close()
         self.lock.release()

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 from benchmarks.harness import REPO, SOURCES, AgentProcess, BenchError, agent_config, free_port
 from benchmarks.openloop import Done, OpenLoop
+from benchmarks.otlp_sink import OtlpSink
 from benchmarks.procstat import usage
 from benchmarks.recorders import RecorderLedger
 
@@ -212,7 +213,7 @@ class Run:
         if source in self.warm_stores:
             shutil.copytree(self.warm_stores[source], folder / "store")
         agent = AgentProcess(folder, agent_config(cond.source, folder / "store", listen, server.proc.pid, server.url,
-                                                  children=self.family), listen, tree=cond.tree)
+                                                  children=self.family) + cond.extra, listen, tree=cond.tree)
         agent.start()
         self.log(f"[{source}] agent starting (pid {agent.pid}); waiting for its first window")
         agent.wait_ready()
@@ -255,12 +256,16 @@ class Condition:
     label: str
     source: str
     tree: Path = REPO
+    # TOML appended to the agent's config (the [otlp] table of `--otlp`).
+    extra: str = ""
 
 
-def conditions(sources: list[str], compare_tree: Path | None) -> list[Condition]:
+def conditions(sources: list[str], compare_tree: Path | None, otlp_endpoint: str | None = None) -> list[Condition]:
     out = [Condition(s, s) for s in sources]
     if compare_tree is not None:
         out += [Condition(f"{s} @ {compare_tree}", s, compare_tree) for s in sources]
+    if otlp_endpoint is not None:
+        out += [Condition(f"{s} + otlp", s, extra=f'[otlp]\nendpoint = "{otlp_endpoint}"\n') for s in sources]
     return out
 
 
@@ -362,7 +367,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(pairs: int, seconds: float, only: list[str] | None, rate: float, as_json: bool, settle: float,
-         compare_tree: Path | None = None, server: str = "single", warm: bool = True) -> int:
+         compare_tree: Path | None = None, server: str = "single", warm: bool = True, otlp: bool = False) -> int:
     if os.geteuid() != 0:
         print("infersight: bench overhead must run as root: the agent loads BPF programs and runs py-spy",
               file=sys.stderr)
@@ -374,11 +379,16 @@ def main(pairs: int, seconds: float, only: list[str] | None, rate: float, as_jso
         print(f"infersight: --compare-tree {str(compare_tree)!r} is not an infersight checkout (no agent/cli.py)",
               file=sys.stderr)
         return 2
+    sink = OtlpSink() if otlp else None
     try:
-        result = run(pairs, seconds, conditions(sources, compare_tree), rate, settle, server_kind=server, warm=warm)
+        result = run(pairs, seconds, conditions(sources, compare_tree, sink.endpoint if sink else None), rate,
+                     settle, server_kind=server, warm=warm)
     except (BenchError, OSError) as exc:
         print(f"infersight: bench overhead failed: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if sink is not None:
+            sink.close()
     print(table(result))
     print("goals (default agent or the first source): "
           + ", ".join(f"{k} {'met' if v else 'MISSED' if v is not None else 'not measured'}"

@@ -46,14 +46,16 @@ def _connection(url: str, timeout: float) -> tuple[http.client.HTTPConnection, s
 
 
 def complete(url: str, prompt: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
-             stream: bool = True, timeout: float = 60.0, clock=time.perf_counter) -> CompletionResult:
+             stream: bool = True, timeout: float = 60.0, clock=time.perf_counter,
+             headers: dict[str, str] | None = None) -> CompletionResult:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": stream}
     if seed is not None:
         body["seed"] = seed
     start = clock()
     conn, base = _connection(url, timeout)
     try:
-        conn.request("POST", f"{base}/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        conn.request("POST", f"{base}/v1/completions", json.dumps(body),
+                     {"Content-Type": "application/json", **(headers or {})})
         response = conn.getresponse()
         if response.status != 200:
             return CompletionResult(response.status, clock() - start, error=response.read().decode()[:300])

@@ -13,6 +13,7 @@ from typing import TextIO
 
 from workload.client import CompletionResult, complete
 from workload.stats import Summary, percentile
+from workload.tracing import LoadTracing, check_endpoint, provider
 
 WORDS = ("the", "model", "token", "cache", "batch", "latency", "kernel", "python", "request", "stream",
          "tensor", "layer", "attention", "queue", "server", "probe")
@@ -104,8 +105,10 @@ def iter_arrivals(spec: LoadSpec) -> Iterator[Arrival]:
 
 
 def run_load(url: str, spec: LoadSpec, progress: TextIO | None = None,
-             clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep) -> LoadResult:
-    """Open loop: each arrival is sent at its time whether or not earlier ones have finished."""
+             clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
+             tracing: LoadTracing | None = None) -> LoadResult:
+    """Open loop: each arrival is sent at its time whether or not earlier ones have finished. With `tracing`, each
+    request is a span of its own whose W3C traceparent the server continues."""
     plan = iter_arrivals(spec)
     total = sum(p.duration_s for p in spec.phases)
     result = LoadResult()
@@ -115,8 +118,12 @@ def run_load(url: str, spec: LoadSpec, progress: TextIO | None = None,
 
     def send(arrival: Arrival) -> None:
         try:
+            span, headers = tracing.start(arrival.max_tokens) if tracing is not None else (None, {})
             outcome = complete(url, arrival.prompt, arrival.max_tokens, spec.temperature, arrival.seed,
-                               timeout=spec.timeout_s)
+                               timeout=spec.timeout_s, headers=headers)
+            if span is not None:
+                span.set_attribute("http.response.status_code", outcome.status)
+                span.end()
             with lock:
                 result.outcomes.append(Outcome(arrival, outcome))
         finally:
@@ -196,14 +203,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                        help="start a trace per request (sent as traceparent) and export its span to this "
+                             "OTLP/HTTP endpoint; off by default")
     args = parser.parse_args(argv)
     phases = parse_schedule(args.schedule) if args.schedule else (Phase(args.rate, args.duration),)
     spec = LoadSpec(phases, args.prompt_bytes, args.max_tokens, args.temperature, args.seed)
+    tracing = None
+    if args.otlp_endpoint is not None:
+        try:
+            tracing = LoadTracing(provider(check_endpoint(args.otlp_endpoint), "workload-loadgen"))
+        except ValueError as exc:
+            parser.error(str(exc))
     try:
-        result = run_load(args.url, spec, progress=None if args.no_progress else sys.stderr)
+        result = run_load(args.url, spec, progress=None if args.no_progress else sys.stderr, tracing=tracing)
     except KeyboardInterrupt:
         print("load: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
     summary = summarize(result)
     print(json.dumps(summary.to_dict(), sort_keys=True) if args.json else summary.text())
     return 0 if summary.ok else 1

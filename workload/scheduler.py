@@ -48,6 +48,11 @@ class Request:
     cancelled: threading.Event = field(default_factory=threading.Event)
     admitted_at: float | None = None
     first_token_at: float | None = None
+    finished_at: float | None = None
+    # Set when the server traces the request (workload/tracing.py): the e2e histogram's exemplar, and the
+    # running batch's size at each of the request's steps (one int per token: bounded by max_tokens).
+    trace_id: str | None = None
+    batch_sizes: list[int] = field(default_factory=list)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -105,11 +110,12 @@ class Scheduler:
         return self._thread.is_alive() and not self._stop.is_set()
 
     def submit(self, seq: Sequence, prompt_len: int, arrival: float | None = None,
-               events: EventSink | None = None) -> Request:
+               events: EventSink | None = None, trace_id: str | None = None) -> Request:
         """`arrival` and `events` come from the API process when the engine runs in its own (engine_core.py)."""
         if not self.alive:
             raise NotServing("the scheduler is not running")
-        request = Request(seq=seq, arrival=self.clock() if arrival is None else arrival, prompt_len=prompt_len)
+        request = Request(seq=seq, arrival=self.clock() if arrival is None else arrival, prompt_len=prompt_len,
+                          trace_id=trace_id)
         if events is not None:
             request.events = events
         with self._cond:
@@ -170,6 +176,8 @@ class Scheduler:
         self.metrics.observe_step(len(batch), iteration_tokens)
         self.metrics.generation_tokens.labels(self.metrics.model_name).inc(len(batch))
         for request, token in zip(batch, tokens):
+            if request.trace_id is not None:
+                request.batch_sizes.append(len(batch))
             if request.first_token_at is None:
                 request.first_token_at = now
                 self.metrics.ttft.labels(self.metrics.model_name).observe(now - request.arrival)
@@ -205,8 +213,13 @@ class Scheduler:
             self._running.remove(request)
             self._gauges()
         name = self.metrics.model_name
+        request.finished_at = now
         if reason == "length":
-            self.metrics.e2e.labels(name).observe(now - request.arrival)
+            if request.trace_id is not None:
+                # OpenMetrics exemplar: a scrape that asks for OpenMetrics sees which trace a bucket's latest is.
+                self.metrics.e2e.labels(name).observe(now - request.arrival, exemplar={"trace_id": request.trace_id})
+            else:
+                self.metrics.e2e.labels(name).observe(now - request.arrival)
             n = len(request.seq.generated)
             if n > 1 and request.first_token_at is not None:
                 self.metrics.tpot.labels(name).observe((now - request.first_token_at) / (n - 1))

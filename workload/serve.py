@@ -22,6 +22,7 @@ from workload.placement import PlacedFaults
 from workload.scheduler import Scheduler, SchedulerConfig
 from workload.server import MAX_BODY_BYTES, RESERVED_THREADS, Serving, create_app
 from workload.tokenfile import TokenFileError, read_token_file
+from workload.tracing import ServerTracing, check_endpoint, provider
 
 log = logging.getLogger("workload.serve")
 
@@ -51,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "infersight::EngineCore, fed over ZeroMQ as vLLM V1 does; HTTP, tokenisation and "
                              "/metrics stay in this one")
     parser.add_argument("--pidfile", type=Path)
+    parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                        help="export a trace per completion (queue, prefill and decode spans, continuing the "
+                             "client's traceparent) to this OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318; off by "
+                             "default; not with --engine-process")
     parser.add_argument("--admin-token-file", type=Path, default=None,
                         help=f"file (mode 0600) holding the token for /admin (else ${ADMIN_TOKEN_ENV}); "
                              "without one /admin is disabled")
@@ -61,6 +66,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.otlp_endpoint is not None:
+        if args.engine_process:
+            raise SystemExit("workload: --otlp-endpoint needs the single-process server: with --engine-process the "
+                             "requests' queue, prefill and decode moments stay in the engine process")
+        try:
+            check_endpoint(args.otlp_endpoint)
+        except ValueError as exc:
+            raise SystemExit(f"workload: {exc}") from None
     torch.set_num_threads(args.threads)
     config = preset(args.model)
     device = resolve_device(args.device)
@@ -98,7 +111,9 @@ def serve(args: argparse.Namespace) -> int:
         metrics.fault_active.labels(name).set(0)
     limits = Limits(max_prompt_bytes=min(args.max_prompt_bytes, config.max_seq - 2), max_seq=config.max_seq,
                     max_inflight=max(1, args.http_threads - RESERVED_THREADS))
-    apps.append(create_app(Serving(engine, metrics, registry, faults, limits, token, config.name)))
+    tracing = (ServerTracing(provider(args.otlp_endpoint, "workload"), config.name)
+               if args.otlp_endpoint is not None else None)
+    apps.append(create_app(Serving(engine, metrics, registry, faults, limits, token, config.name, tracing)))
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -123,6 +138,8 @@ def serve(args: argparse.Namespace) -> int:
         faults.all_off()
         engine.stop()
         server.close()
+        if tracing is not None:
+            tracing.shutdown()  # the spans still queued go out (or time out) before exit
         if args.pidfile:
             args.pidfile.unlink(missing_ok=True)
     return 0

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from workload import tokenizer
 from workload.api import ADMIN_TOKEN_ENV, BadRequest, Limits, parse_completion
@@ -20,6 +22,7 @@ from workload.faults import FaultSet, UnknownFault, gc_debug
 from workload.metrics import ServerMetrics
 from workload.placement import PlacedFaults
 from workload.scheduler import NotServing, QueueFull, Request, Scheduler
+from workload.tracing import ServerTracing, Timings, trace_id_hex
 
 # A finished stream never waits longer than this for the next token before giving up.
 TOKEN_TIMEOUT_S = 120.0
@@ -42,6 +45,8 @@ class Serving:
     limits: Limits
     admin_token: str | None
     model_name: str
+    # Request traces (workload/tracing.py), with `serve --otlp-endpoint` only.
+    tracing: ServerTracing | None = None
 
 
 def _error(status: int, message: str, kind: str, headers: dict | None = None) -> Response:
@@ -75,7 +80,15 @@ def models() -> Response:
 
 @api.get("/metrics")
 def metrics() -> Response:
-    return Response(generate_latest(_serving().registry), mimetype=CONTENT_TYPE_LATEST)
+    serving = _serving()
+    # With traces on, OpenMetrics (the only format that carries the e2e histogram's exemplars) to a scraper that
+    # lists it in Accept, as Prometheus does; the 0.0.4 text format otherwise. "allow-utf-8": our names are all
+    # legal as they are, and prometheus_client's default escaping would rename `vllm:` samples to `vllm_` while
+    # leaving their TYPE lines as `vllm:`.
+    if serving.tracing is not None and "application/openmetrics-text" in request.headers.get("Accept", ""):
+        return Response(openmetrics_latest(serving.registry, escaping="allow-utf-8"),
+                        content_type=OPENMETRICS_CONTENT_TYPE)
+    return Response(generate_latest(serving.registry), mimetype=CONTENT_TYPE_LATEST)
 
 
 @api.post("/v1/completions")
@@ -113,19 +126,41 @@ def completions() -> Response:
 def _submit(serving: Serving, parsed) -> Response:
     prompt_ids = tokenizer.encode(parsed.prompt)
     seq = Sequence(prompt_ids, parsed.max_tokens, parsed.temperature, parsed.seed)
-    try:
-        submitted = serving.scheduler.submit(seq, prompt_len=len(prompt_ids))
-    except QueueFull as exc:
-        serving.metrics.rejected.labels(serving.model_name, "queue_full").inc()
-        return _error(429, str(exc), "rate_limit_error", {"Retry-After": "1"})
-    except NotServing as exc:
-        serving.metrics.rejected.labels(serving.model_name, "not_serving").inc()
-        return _error(503, str(exc), "server_error", {"Retry-After": "5"})
     completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
+    span, traced = None, {}
+    if serving.tracing is not None:
+        arrival = time.monotonic()
+        span = serving.tracing.start(request.headers, arrival, completion_id, parsed.max_tokens, parsed.temperature)
+        traced = {"arrival": arrival, "trace_id": trace_id_hex(span)}
+    try:
+        submitted = serving.scheduler.submit(seq, prompt_len=len(prompt_ids), **traced)
+    except (QueueFull, NotServing) as exc:
+        if span is not None:
+            span.end()
+        serving.metrics.rejected.labels(serving.model_name,
+                                        "queue_full" if isinstance(exc, QueueFull) else "not_serving").inc()
+        if isinstance(exc, QueueFull):
+            return _error(429, str(exc), "rate_limit_error", {"Retry-After": "1"})
+        return _error(503, str(exc), "server_error", {"Retry-After": "5"})
     if parsed.stream:
-        return Response(_sse(submitted, completion_id, serving.model_name), mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache"})
-    return _complete(submitted, completion_id, serving.model_name)
+        response = Response(_sse(submitted, completion_id, serving.model_name), mimetype="text/event-stream",
+                            headers={"Cache-Control": "no-cache"})
+    else:
+        response = _complete(submitted, completion_id, serving.model_name)
+    if span is not None and serving.tracing is not None:
+        tracing = serving.tracing
+        # When the whole answer has gone (or the client has): the request's moments are final by then.
+        response.call_on_close(lambda: _end_span(tracing, span, submitted))
+    return response
+
+
+def _end_span(tracing: ServerTracing, span, submitted: Request) -> None:
+    done = submitted.finished_at is not None and submitted.seq.done
+    tracing.finish(span, Timings(
+        arrival=submitted.arrival, admitted_at=submitted.admitted_at, first_token_at=submitted.first_token_at,
+        finished_at=submitted.finished_at, batch_sizes=tuple(submitted.batch_sizes),
+        prompt_tokens=submitted.prompt_len, completion_tokens=len(submitted.seq.generated),
+        finish_reason="length" if done else "abort"))
 
 
 def _events(submitted: Request) -> Iterator[tuple[str, int | str]]:

@@ -246,8 +246,9 @@ class Exchange:
     so a receive in progress returns). `stage` says how far it got: "connect" until a connection is made, then
     "response"; `received` counts the answer's bytes so far. The deadline starts when the Exchange is made."""
 
-    def __init__(self, url: str, limits: Limits, prefixes: tuple[str, ...] | None) -> None:
-        self.url, self.limits, self.prefixes = url, limits, prefixes
+    def __init__(self, url: str, limits: Limits, prefixes: tuple[str, ...] | None,
+                 accept: str = "text/plain;version=0.0.4") -> None:
+        self.url, self.limits, self.prefixes, self.accept = url, limits, prefixes, accept
         self.deadline = time.monotonic() + limits.deadline_seconds
         self.stage = "connect"
         self.received = 0
@@ -287,7 +288,7 @@ class Exchange:
                 sock.close()
 
     def _exchange(self, conn: http.client.HTTPConnection, parts, path: str, where: str) -> Scraped:
-        headers = {"Accept": "text/plain;version=0.0.4", "User-Agent": "infersight", "Connection": "close"}
+        headers = {"Accept": self.accept, "User-Agent": "infersight", "Connection": "close"}
         if parts.username is not None:
             # What Prometheus's basic_auth sends; the URL's userinfo is never shown (analysis/redact.py).
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"

@@ -137,9 +137,9 @@ def test_bench_overhead_takes_the_server_shape(monkeypatch) -> None:
     args = build_parser().parse_args(["bench", "overhead", "--server", "gunicorn"])
     assert args.func(args) == 0 and seen[0][0][-1] == "gunicorn"
     # Past warm-up unless asked for fresh agents.
-    assert seen[0][1] == {"warm": True}
+    assert seen[0][1] == {"warm": True, "otlp": False}
     args = build_parser().parse_args(["bench", "overhead", "--cold"])
-    assert args.func(args) == 0 and seen[1][1] == {"warm": False}
+    assert args.func(args) == 0 and seen[1][1] == {"warm": False, "otlp": False}
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "overhead", "--server", "uwsgi"])
 
