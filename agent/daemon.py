@@ -21,10 +21,12 @@ from waitress.server import BaseWSGIServer, create_server
 from agent import logs
 from agent.alerts.service import AlertService
 from agent.burst import BurstPolicy
+from agent.changes import ChangeCollector, ChangeTracker
 from agent.collectors import exits_probe
 from agent.config import Config, check_config_paths
 from agent.detection import Detection, DownState
 from agent.detection_metrics import DetectionCollector
+from agent.identity import IdentityReader
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
 from agent.peers import peer_uid
@@ -210,6 +212,12 @@ class Agent:
                     self.state.set_down(target, finding.regression.causes[0].evidence)
             self.registry.register(DetectionCollector(self.detection.snapshot))
             self.burst = BurstPolicy(self.detection.snapshot)
+        self.changes: ChangeTracker | None = None
+        if config.identity.enabled:
+            self.changes = ChangeTracker(self.store, IdentityReader(config.identity.env_allowlist,
+                                                                    config.identity.refresh_windows),
+                                         settle_windows=config.identity.settle_windows)
+            self.registry.register(ChangeCollector(self.changes.latest))
         self.rollup = Rollup(self.store)
         # The page reads through connections that cannot write; the agent alone writes the store.
         self.page_store = self.store.read_only()
@@ -248,6 +256,7 @@ class Agent:
 
     def _sink(self, window: Window) -> None:
         self.store.add_window(window)
+        self._observe_identity(window)
         if self.detection is None:
             return
         try:
@@ -255,6 +264,20 @@ class Agent:
         except Exception:  # a detector fault must not cost the window, already stored; counted and shown
             self.state.count_error("detector")
             log.exception("detector failed on the window of %s", window.target)
+
+    def _observe_identity(self, window: Window) -> None:
+        if self.changes is None:
+            return
+        watched = self.loop.watched
+        target = next((t for t in watched if t.name == window.target and t.pid == window.pid), None)
+        if target is None:
+            return
+        try:
+            self.changes.observe(target, window)
+            self.changes.forget(watched)
+        except Exception:  # an identity the store cannot take must not cost the window, already stored
+            self.state.count_error("identity")
+            log.exception("identity of %s not recorded", window.target)
 
     def _down(self, target: str, pid: int, at: float, reason: str) -> None:
         if self.detection is None:
