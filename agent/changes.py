@@ -27,7 +27,7 @@ class ChangeStore(Protocol):
     def settle_identity(self, target: str, pid: int, start_time: int, since: float, identity: dict,
                         change: StoredChange | None) -> None: ...
     def target_identity(self, target: str) -> tuple[int, int, dict] | None: ...
-    def last_changes(self) -> dict[str, float]: ...
+    def identities_since(self) -> dict[str, float]: ...
 
 
 @dataclass
@@ -62,7 +62,7 @@ class ChangeTracker:
         self._processes: dict[str, _Process] = {}
         self._last: dict[str, Identity] = {}
         self._lock = threading.Lock()
-        self._latest: dict[str, float] = dict(store.last_changes())
+        self._latest: dict[str, float] = dict(store.identities_since())
         self.gone_reads = 0
 
     def observe(self, target: Target, window: Window) -> StoredChange | None:
@@ -96,9 +96,10 @@ class ChangeTracker:
                                   diff=[{"part": c.part, "before": c.before, "after": c.after} for c in changed])
         self._store.settle_identity(target.name, target.pid, target.start_time, at, identity.to_dict(), change)
         self._last[target.name] = identity
-        if change is not None:
+        if change is not None or last is None:
             with self._lock:
-                self._latest[target.name] = change.at
+                self._latest[target.name] = at
+        if change is not None:
             log.warning("target %s changed: %s", target.name, "; ".join(c.describe() for c in changed))
         elif first and last is not None:
             log.info("target %s restarted with the same identity (pid %d): no change", target.name, target.pid)
@@ -141,9 +142,9 @@ class ChangeCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         gauge = GaugeMetricFamily("infersight_target_change_timestamp_seconds",
-                                  "When the target's identity (executable, command line, allowlisted environment, "
-                                  "distributions, model files) last changed, in seconds since the epoch.",
-                                  labels=["target"])
+                                  "When the target's current identity (executable, command line, allowlisted "
+                                  "environment, distributions, model files) began: its last change, else when the "
+                                  "agent first recorded it; seconds since the epoch.", labels=["target"])
         for name, at in sorted(self._latest().items()):
             gauge.add_metric([name], at)
         yield gauge

@@ -143,6 +143,18 @@ def _cmd_regressions(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
 
+def _cmd_changes(args: argparse.Namespace) -> int:
+    config, code = _load_config(args.config)
+    if config is None:
+        return code
+    from agent import changes_cmd, regressions_cmd
+
+    try:
+        return changes_cmd.list_changes(config, args.store, args.target, args.json, args.limit)
+    except regressions_cmd.UsageError as exc:
+        return _fail(str(exc))
+
+
 def _cmd_baseline_reset(args: argparse.Namespace) -> int:
     config, code = _load_config(args.config)
     if config is None:
@@ -254,6 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
     regressions.add_argument("--config", metavar="FILE", help="agent config (store location)")
     regressions.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
     regressions.set_defaults(func=_cmd_regressions)
+
+    changes = sub.add_parser("changes", help="list changes to what a target runs (build, command line, allowlisted "
+                                              "environment, distributions, model files)")
+    changes.add_argument("--target", help="only this target")
+    changes.add_argument("--json", action="store_true", help="one JSON object per change, with both identities")
+    changes.add_argument("--limit", type=_ranged(int, 1, 10000), default=50, help="newest N (default 50)")
+    changes.add_argument("--config", metavar="FILE", help="agent config (store location)")
+    changes.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
+    changes.set_defaults(func=_cmd_changes)
 
     baseline = sub.add_parser("baseline", help="manage the detector's learned baselines")
     baseline_sub = baseline.add_subparsers(dest="baseline_command", required=True, metavar="ACTION",

@@ -64,10 +64,12 @@ class ChangeTables:
                         change: StoredChange | None) -> None:
         """Save `target`'s settled identity and, when it differs from the last one, its change: one transaction."""
         with self.transaction() as conn:
+            # `since` is when this identity began: a restart with the same identity keeps it.
             conn.execute("INSERT INTO target_identities(target, pid, start_time, since, identity) "
                          "VALUES (?, ?, ?, ?, ?) ON CONFLICT(target) DO UPDATE SET pid = excluded.pid, "
-                         "start_time = excluded.start_time, since = excluded.since, identity = excluded.identity",
-                         (target, pid, start_time, since, _dumps(identity)))
+                         "start_time = excluded.start_time, identity = excluded.identity, "
+                         "since = CASE WHEN ? THEN excluded.since ELSE target_identities.since END",
+                         (target, pid, start_time, since, _dumps(identity), change is not None))
             if change is not None:
                 _insert_change(conn, change)
 
@@ -95,10 +97,9 @@ class ChangeTables:
                                      (change_id,)).fetchone()
         return _decode(row) if row else None
 
-    def last_changes(self) -> dict[str, float]:
-        """Target -> the time of its newest change (for /metrics)."""
-        rows = self._reader().execute("SELECT target, MAX(at) FROM changes GROUP BY target").fetchall()
-        return {r[0]: r[1] for r in rows}
+    def identities_since(self) -> dict[str, float]:
+        """Target -> when its current identity began: its newest change, else when it was first recorded."""
+        return dict(self._reader().execute("SELECT target, since FROM target_identities").fetchall())
 
 
 def _insert_change(conn: sqlite3.Connection, change: StoredChange) -> None:

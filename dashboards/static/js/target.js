@@ -24,6 +24,7 @@
   let range = new URLSearchParams(location.search).get("range") || root.dataset.range || "1h";
   let charts = [];
   let regressions = [];
+  let changes = [];
   let zoomed = false;
   let syncing = false;
 
@@ -36,6 +37,19 @@
       const x0 = Math.max(left, u.valToPos(r.opened_at, "x", true));
       const x1 = Math.min(left + width, u.valToPos(r.closed_at || Date.now() / 1000, "x", true));
       if (x1 > x0) ctx.fillRect(x0, top, x1 - x0, height);
+    }
+    // A change to what the target runs (docs/changes.md): a dashed line and a Δ; its diff is listed below the charts.
+    ctx.strokeStyle = "#444";
+    ctx.fillStyle = "#444";
+    ctx.setLineDash([3, 3]);
+    for (const c of changes) {
+      const x = u.valToPos(c.at, "x", true);
+      if (x < left || x > left + width) continue;
+      ctx.beginPath();
+      ctx.moveTo(x, top);
+      ctx.lineTo(x, top + height);
+      ctx.stroke();
+      ctx.fillText("Δ", x + 2, top + 10);
     }
     ctx.restore();
   }
@@ -143,10 +157,28 @@
       el("li", {class: "meta"}, "none"));
   }
 
+  function listChanges() {
+    const list = document.getElementById("target-changes");
+    replace(list, changes.length ? changes.map((c) => el("li", {"data-change": c.id},
+      fmtTime(c.at) + " · pid " + c.pid + " · ",
+      el("ul", {}, c.diff.map((d) => el("li", {}, el("b", {}, d.part), ": " + d.before + " → " + d.after))))) :
+      el("li", {class: "meta"}, "none"));
+  }
+
+  async function loadChanges(data) {
+    try {
+      changes = (await IS.getJSON("/api/changes", {target, since: data.from, until: data.to, limit: 100})).changes;
+    } catch (err) {
+      changes = [];
+    }
+    listChanges();
+  }
+
   async function load() {
     const started = performance.now();
     try {
       const data = await IS.getJSON("/api/series", {target, range, points: 600});
+      await loadChanges(data);
       update(data);
       listRegressions();
       await loadKinds();

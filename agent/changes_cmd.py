@@ -1,0 +1,44 @@
+"""`infersight changes`: a target's changes (what it runs, before and after) from the store."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from agent.config import Config
+from agent.identity import printable
+from agent.regressions_cmd import open_store
+from agent.store.changes import StoredChange
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def format_table(found: list[StoredChange]) -> str:
+    """One line per changed part, the first part of each change on its line; text the target chose made printable."""
+    if not found:
+        return "no changes"
+    lines = [f"{'at':19}  {'target':16} {'pid':>7}  {'part':8}  before → after"]
+    for c in found:
+        for n, part in enumerate(c.diff or [{"part": "-", "before": "", "after": ""}]):
+            head = f"{_when(c.at):19}  {printable(c.target, 16):16} {c.pid:>7}" if n == 0 else " " * 45
+            lines.append(f"{head}  {part['part']:8}  {printable(part['before'])} → {printable(part['after'])}")
+        lines.append(f"{'':45}  id {printable(c.id)}")
+    return "\n".join(lines)
+
+
+def list_changes(config: Config, store_dir: Path | None, target: str | None, as_json: bool, limit: int,
+                 out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    with open_store(config, store_dir) as store:
+        found = store.changes(target, limit=limit)
+    if as_json:
+        for c in found:
+            print(json.dumps(c.to_dict(), sort_keys=True), file=out)
+    else:
+        print(format_table(found), file=out)
+    return 0

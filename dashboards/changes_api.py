@@ -1,0 +1,36 @@
+"""/api/changes: a target's changes (what it runs, before and after) from the store, newest first."""
+
+from __future__ import annotations
+
+import re
+
+from flask import Blueprint, abort, jsonify, request
+
+from dashboards.errors import json_errors, require_store
+from dashboards.query import unix_seconds_arg
+
+bp = Blueprint("changes_api", __name__, url_prefix="/api")
+json_errors(bp, 400, 404, 503)
+
+MAX_CHANGES = 500
+_LIMIT_RE = re.compile(r"[0-9]{1,4}")
+
+
+@bp.get("/changes")
+def changes():
+    """?target=&since=&until=&limit= (default 100): each change with its diff and both identities."""
+    store = require_store()
+    raw = request.args.get("limit", "100")
+    if not _LIMIT_RE.fullmatch(raw) or not 1 <= int(raw) <= MAX_CHANGES:
+        abort(400, description=f"limit must be an integer in 1..{MAX_CHANGES}, got {raw!r}")
+    found = store.changes(request.args.get("target") or None, since=unix_seconds_arg("since"),
+                          until=unix_seconds_arg("until"), limit=int(raw))
+    return jsonify({"changes": [c.to_dict() for c in found]})
+
+
+@bp.get("/changes/<change_id>")
+def change(change_id: str):
+    found = require_store().change(change_id)
+    if found is None:
+        abort(404, description=f"no change {change_id[:100]!r}")
+    return jsonify(found.to_dict())
