@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from agent.identity import Gone, Identity, IdentityReader, diff
 from agent.store.changes import StoredChange
 from agent.targets import Target
+from analysis.change_cause import ChangeNote
 from analysis.window import Window
 
 log = logging.getLogger("infersight.changes")
@@ -28,6 +29,8 @@ class ChangeStore(Protocol):
                         change: StoredChange | None) -> None: ...
     def target_identity(self, target: str) -> tuple[int, int, dict] | None: ...
     def identities_since(self) -> dict[str, float]: ...
+    def changes(self, target: str | None = None, *, since: float | None = None, until: float | None = None,
+                limit: int = 100) -> list[StoredChange]: ...
 
 
 @dataclass
@@ -63,6 +66,7 @@ class ChangeTracker:
         self._last: dict[str, Identity] = {}
         self._lock = threading.Lock()
         self._latest: dict[str, float] = dict(store.identities_since())
+        self._notes: dict[str, ChangeNote | None] = {}
         self.gone_reads = 0
 
     def observe(self, target: Target, window: Window) -> StoredChange | None:
@@ -100,6 +104,8 @@ class ChangeTracker:
             with self._lock:
                 self._latest[target.name] = at
         if change is not None:
+            with self._lock:
+                self._notes[target.name] = note(change)
             log.warning("target %s changed: %s", target.name, "; ".join(c.describe() for c in changed))
         elif first and last is not None:
             log.info("target %s restarted with the same identity (pid %d): no change", target.name, target.pid)
@@ -111,6 +117,15 @@ class ChangeTracker:
         for name in [n for n in self._processes if n not in names]:
             del self._processes[name]
         self._reader.forget(k for t in live for k in (t.member_keys + (t.key,)))
+
+    def last_change(self, target: str) -> ChangeNote | None:
+        """The target's newest change (from the store after an agent restart), for the `change` cause."""
+        with self._lock:
+            if target in self._notes:
+                return self._notes[target]
+        found = self._store.changes(target, limit=1)
+        with self._lock:
+            return self._notes.setdefault(target, note(found[0]) if found else None)
 
     def latest(self) -> dict[str, float]:
         with self._lock:
@@ -126,6 +141,12 @@ class ChangeTracker:
 
     def _started_at(self, target: Target) -> float:
         return self._boot() + target.start_time / self._hz
+
+
+def note(change: StoredChange) -> ChangeNote:
+    """What the detector's layer needs of a stored change: each changed part as one line."""
+    return ChangeNote(id=change.id, at=change.at,
+                      diff=tuple(f"{d['part']}: {d['before'][:200]} → {d['after'][:200]}" for d in change.diff))
 
 
 def _settled(window: Window, windows: int, settle: int) -> bool:

@@ -10,7 +10,7 @@ from typing import TextIO
 
 from agent.config import Config
 from agent.identity import printable
-from agent.regressions_cmd import open_store
+from agent.regressions_cmd import UsageError, open_store
 from agent.store.changes import StoredChange
 
 
@@ -41,4 +41,21 @@ def list_changes(config: Config, store_dir: Path | None, target: str | None, as_
             print(json.dumps(c.to_dict(), sort_keys=True), file=out)
     else:
         print(format_table(found), file=out)
+    return 0
+
+
+def accept(config: Config, store_dir: Path | None, target: str, out: TextIO | None = None) -> int:
+    """`infersight baseline accept TARGET`: the new build is the new normal. The detector forgets the old identity's
+    baseline (a durable request the running agent takes at its next window), closes the regression measured against
+    it, and learns the baseline again from the windows that follow."""
+    out = out or sys.stdout
+    with open_store(config, store_dir) as store:
+        known = {t.name for t in store.targets()}
+        if target not in known:
+            raise UsageError(f"no target {target!r} in the store (known: {', '.join(sorted(known)) or 'none'})")
+        newest = store.changes(target, limit=1)
+        store.request_baseline_reset(target)
+    since = f" (its change {newest[0].id})" if newest else ""
+    print(f"infersight: {target}'s current build accepted{since}; its open regression closes and the agent learns "
+          "a new baseline from its next windows", file=out)
     return 0

@@ -167,6 +167,18 @@ def _cmd_baseline_reset(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
 
+def _cmd_baseline_accept(args: argparse.Namespace) -> int:
+    config, code = _load_config(args.config)
+    if config is None:
+        return code
+    from agent import changes_cmd, regressions_cmd
+
+    try:
+        return changes_cmd.accept(config, args.store, args.target)
+    except regressions_cmd.UsageError as exc:
+        return _fail(str(exc))
+
+
 def _cmd_alerts(args: argparse.Namespace) -> int:
     config, code = _load_config(args.config)
     if config is None:
@@ -284,6 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
     reset.add_argument("--config", metavar="FILE", help="agent config (store location)")
     reset.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
     reset.set_defaults(func=_cmd_baseline_reset)
+    accept = baseline_sub.add_parser("accept", help="accept a target's change as its new normal: its open regression "
+                                                    "closes and the baseline is learned again from the new build")
+    accept.add_argument("target", help="target name")
+    accept.add_argument("--config", metavar="FILE", help="agent config (store location)")
+    accept.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
+    accept.set_defaults(func=_cmd_baseline_accept)
 
     alerts = sub.add_parser("alerts", help="list alerts and their delivery state (from the store)")
     alerts.add_argument("--json", action="store_true", help="print them as JSON")

@@ -201,23 +201,28 @@ class Agent:
         self.alerts = AlertService(config, self.store, on_error=self.state.count_error)
         self.registry = build_registry(self.state)
         self.registry.register(self.alerts.collector())
-        self.detection: Detection | None = None
-        self.burst: BurstPolicy | None = None
-        if config.detector.enabled:
-            warmup = config.detector.warmup_windows
-            self.detection = Detection(self.store, make_detector=lambda: _latency_detector(warmup),
-                                       identity=self._identity, listeners=[self.alerts, DownState(self.state.set_down)])
-            for target, finding in self.detection.snapshot().findings.items():
-                if finding.state == "down" and finding.regression is not None:  # an outage the store held open
-                    self.state.set_down(target, finding.regression.causes[0].evidence)
-            self.registry.register(DetectionCollector(self.detection.snapshot))
-            self.burst = BurstPolicy(self.detection.snapshot)
         self.changes: ChangeTracker | None = None
         if config.identity.enabled:
             self.changes = ChangeTracker(self.store, IdentityReader(config.identity.env_allowlist,
                                                                     config.identity.refresh_windows),
                                          settle_windows=config.identity.settle_windows)
             self.registry.register(ChangeCollector(self.changes.latest))
+        self.detection: Detection | None = None
+        self.burst: BurstPolicy | None = None
+        if config.detector.enabled:
+            warmup = config.detector.warmup_windows
+            # With changes tracked, a new build keeps the old baseline: it is judged against it, and a regression
+            # it brings is labelled `change` (docs/changes.md); without, a new command line means a new baseline.
+            self.detection = Detection(self.store, make_detector=lambda: _latency_detector(warmup),
+                                       identity=self._identity if self.changes is None else lambda target: None,
+                                       listeners=[self.alerts, DownState(self.state.set_down)],
+                                       last_change=self.changes.last_change if self.changes is not None
+                                       else lambda target: None)
+            for target, finding in self.detection.snapshot().findings.items():
+                if finding.state == "down" and finding.regression is not None:  # an outage the store held open
+                    self.state.set_down(target, finding.regression.causes[0].evidence)
+            self.registry.register(DetectionCollector(self.detection.snapshot))
+            self.burst = BurstPolicy(self.detection.snapshot)
         self.rollup = Rollup(self.store)
         # The page reads through connections that cannot write; the agent alone writes the store.
         self.page_store = self.store.read_only()

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from analysis.change_cause import DEFAULT_ONSET_SECONDS, ChangeNote, attribute_change
 from analysis.regression import Cause, Regression
 from analysis.verdict import Detector, Verdict
 from analysis.window import Window
@@ -71,9 +72,13 @@ class Detection:
 
     def __init__(self, store: FindingsStore, make_detector: Callable[[], Detector],
                  identity: Callable[[str], str | None] = lambda target: None,
-                 listeners: Iterable[RegressionListener] = (), save_every: int = 12, closed_windows: int = 2) -> None:
+                 listeners: Iterable[RegressionListener] = (), save_every: int = 12, closed_windows: int = 2,
+                 last_change: Callable[[str], ChangeNote | None] = lambda target: None,
+                 change_onset_seconds: float = DEFAULT_ONSET_SECONDS) -> None:
         """`closed_windows`: consecutive windows in which a process that had answered finds its latency port closed
-        (no listening socket) before the target is down (docs/detector.md, "When the server is down")."""
+        (no listening socket) before the target is down (docs/detector.md, "When the server is down").
+        `last_change(target)`: the target's newest change; a regression that opens within `change_onset_seconds`
+        after it, with no outside cause, is labelled `change` (analysis.change_cause, docs/changes.md)."""
         if closed_windows < 1:
             raise ValueError(f"closed_windows must be at least 1, got {closed_windows!r}")
         self._store = store
@@ -82,6 +87,8 @@ class Detection:
         self._listeners = list(listeners)
         self._save_every = save_every
         self._closed_windows = closed_windows
+        self._last_change = last_change
+        self._change_onset = change_onset_seconds
         # Per target: the pid that last answered its latency endpoint, and how many windows in a row since its port
         # has been closed. A process that never answered is starting (loading its model), not down.
         self._serving: dict[str, int] = {}
@@ -113,6 +120,7 @@ class Detection:
             return None
         tracked = self._tracked_for(window.target)
         verdict = tracked.detector.update(window)
+        verdict = self._with_change(window.target, verdict)
         for regression in (verdict.opened, verdict.regression, verdict.closed):
             if regression is not None:
                 self._store.save_regression(regression)
@@ -129,6 +137,18 @@ class Detection:
                 regression=verdict.regression, window_end=window.end, armed=verdict.state != "warmup")
         self._notify(verdict)
         return verdict
+
+    def _with_change(self, target: str, verdict: Verdict) -> Verdict:
+        """The verdict's episodes with the `change` cause where it applies; applied to every window's re-ranking, since
+        the detector ranks measured signals only."""
+        change = self._last_change(target)
+        if change is None:
+            return verdict
+
+        def label(r: Regression | None) -> Regression | None:
+            return None if r is None else attribute_change(r, change, self._change_onset)
+        return dataclasses.replace(verdict, regression=label(verdict.regression), opened=label(verdict.opened),
+                                   closed=label(verdict.closed))
 
     def _save(self, target: str, tracked: _Tracked) -> None:
         self._store.save_detector_state(target, tracked.identity, tracked.detector.get_state())

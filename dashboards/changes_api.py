@@ -28,9 +28,9 @@ def changes():
     return jsonify({"changes": [c.to_dict() for c in found]})
 
 
-@bp.get("/changes/<change_id>")
-def change(change_id: str):
-    found = require_store().change(change_id)
+@bp.get("/changes/<rid>")
+def change(rid: str):
+    found = require_store().change(rid)
     if found is None:
-        abort(404, description=f"no change {change_id[:100]!r}")
+        abort(404, description=f"no change {rid[:100]!r}")
     return jsonify(found.to_dict())
