@@ -48,7 +48,7 @@ MAX_DISTS = 512
 # A site-packages folder is listed once per change of its mtime; of a huge one only this many entries are indexed,
 # and top_level.txt is read for at most this many distributions (the rest are named by their folder name alone).
 MAX_DIST_ENTRIES = 20_000
-MAX_TOP_LEVEL_READS = 2_000
+MAX_TOP_LEVEL_READS = 10_000
 _TOP_LEVEL_BYTES = 4096
 
 
@@ -394,6 +394,7 @@ class IdentityReader:
                     top = rest.split("/", 1)[0]
                     tops.setdefault((head + marker.rstrip("/"), _top_name(top)), roots[path])
                     break
+        unresolved: list[str] = []
         for (site, top), pid in sorted(tops.items()):
             if top.endswith(".dist-info") or top.endswith(".egg-info") or top in ("__pycache__", ""):
                 continue
@@ -403,10 +404,16 @@ class IdentityReader:
             hit = index.by_name.get(_normalise(top))
             if hit is None:
                 hit_pair = self._by_top(index, site, pid).get(top)
+                if hit_pair is None:
+                    problems.extend(p for p in index.problems if p not in problems)
+                    unresolved.append(top)
             else:
                 hit_pair = (hit[0], hit[1])
             if hit_pair is not None and len(found) < MAX_DISTS:
                 found[printable(hit_pair[0], 128)] = printable(hit_pair[1], 128)
+        if unresolved:
+            problems.append(f"{len(unresolved)} package(s) with no dist-info naming them: "
+                            + ", ".join(printable(t, 64) for t in unresolved[:5]))
         return tuple(sorted(found.items())), problems
 
     def _site(self, site: str, pid: int, problems: list[str]) -> _SitePackages | None:
@@ -430,7 +437,6 @@ class IdentityReader:
                 match = _DIST_DIR.match(entry.name)
                 if match:
                     by_name.setdefault(_normalise(match["name"]), (match["name"], match["version"], entry.name))
-        problems.extend(index.problems)
         self._sites[site] = index
         return index
 

@@ -169,12 +169,13 @@ def test_thousands_of_distributions(tmp_path):
     (site / "other-2.0.dist-info" / "top_level.txt").write_text("renamed\n")
     (site / "renamed").mkdir()
     maps = ["/venv/lib/python3.11/site-packages/pkg4321/_ext.cpython-311-x86_64-linux-gnu.so",
-            "/venv/lib/python3.11/site-packages/renamed/_c.so"]
+            "/venv/lib/python3.11/site-packages/renamed/_c.so", "/venv/lib/python3.11/site-packages/orphan/_c.so"]
     proc_root = _fake_proc(tmp_path, 10, maps=maps)
     reader = IdentityReader(proc_root=proc_root)
     began = time.process_time()
     identity = reader.read(_fake_target(10))
     assert identity.dists == (("other", "2.0"), ("pkg4321", "1.4321"))
+    assert identity.unknown["dists_partial"] == "1 package(s) with no dist-info naming them: orphan"
     assert time.process_time() - began < 2.0
     # The folder is indexed once per mtime: the next refresh costs no listing.
     began = time.process_time()
