@@ -89,6 +89,12 @@ class ChangeTracker:
         last = self._last_identity(target.name)
         changed = diff(last, identity) if last is not None else []
         if last is not None and not changed and not first:
+            if _parts(identity) != _parts(last):
+                # More of the same build came into view (a package imported late): kept, so a later version of it is
+                # compared, but no change.
+                self._store.settle_identity(target.name, target.pid, target.start_time, window.end,
+                                            identity.to_dict(), None)
+                self._last[target.name] = identity
             return None
         # A new process's change dates from its start (what it measured since was the new build); a change within one
         # process (a model reloaded) from the window that saw it.
@@ -141,6 +147,10 @@ class ChangeTracker:
 
     def _started_at(self, target: Target) -> float:
         return self._boot() + target.start_time / self._hz
+
+
+def _parts(identity: Identity) -> dict:
+    return {k: v for k, v in identity.to_dict().items() if k != "unknown"}
 
 
 def note(change: StoredChange) -> ChangeNote:

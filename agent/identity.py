@@ -137,8 +137,12 @@ def diff(before: Identity, after: Identity) -> list[PartChange]:
         if old_items is None or new_items is None or old_items == new_items:
             continue
         old_map, new_map = dict(old_items), dict(new_items)
-        keys = sorted(set(old_map) | set(new_map))
+        # A process imports as it goes (a C extension on its first request): a distribution loaded by only one side is
+        # not a change, one loaded by both in another version is.
+        keys = sorted(set(old_map) & set(new_map) if part == "dists" else set(old_map) | set(new_map))
         changed = [k for k in keys if old_map.get(k) != new_map.get(k)]
+        if not changed:
+            continue
         out.append(PartChange(part, ", ".join(f"{k}={old_map.get(k, '(none)')}" for k in changed),
                               ", ".join(f"{k}={new_map.get(k, '(none)')}" for k in changed)))
     return sorted(out, key=lambda c: _PARTS.index(c.part))

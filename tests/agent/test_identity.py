@@ -229,3 +229,12 @@ def test_unknown_parts_are_no_change():
     rebuilt = diff(known, Identity(exe="/usr/bin/python3.11", build_id="cd", cmdline="b", env=(("X", "1"),),
                                    dists=(("n", "2"),)))
     assert [c.part for c in rebuilt] == ["build", "cmdline", "dists"]
+
+
+def test_a_distribution_loaded_by_one_side_only_is_no_change():
+    before = Identity(exe="/p", build_id="ab", dists=(("markupsafe", "3.0.4"), ("torch", "2.13.0")))
+    lazy = Identity(exe="/p", build_id="ab", dists=(("torch", "2.13.0"),))
+    assert diff(before, lazy) == [] and diff(lazy, before) == []
+    upgraded = Identity(exe="/p", build_id="ab", dists=(("torch", "2.14.0"),))
+    assert [(c.part, c.before, c.after) for c in diff(before, upgraded)] == [("dists", "torch=2.13.0",
+                                                                             "torch=2.14.0")]
