@@ -59,3 +59,35 @@ def accept(config: Config, store_dir: Path | None, target: str, out: TextIO | No
     print(f"infersight: {target}'s current build accepted{since}; its open regression closes and the agent learns "
           "a new baseline from its next windows", file=out)
     return 0
+
+
+def report(config: Config, store_dir: Path | None, change_id: str, html: Path | None, as_json: bool,
+           out: TextIO | None = None) -> int:
+    """`infersight changes --report CHANGE_ID [--html FILE]`: the change's before/after table (analysis.change_report)."""
+    from analysis.change_report import SPAN_SECONDS, compare, format_table, sides, to_html
+
+    out = out or sys.stdout
+    with open_store(config, store_dir) as store:
+        change = store.change(change_id)
+        if change is None:
+            raise UsageError(f"no change {printable(change_id, 100)!r} in the store (infersight changes lists them)")
+        around = store.changes(change.target, since=change.at - SPAN_SECONDS, until=change.at + SPAN_SECONDS,
+                               limit=1000)
+        previous = max((c.at for c in around if c.at < change.at), default=None)
+        following = min((c.at for c in around if c.at > change.at), default=None)
+        windows = store.windows(change.target, since=change.at - SPAN_SECONDS, until=change.at + SPAN_SECONDS,
+                                with_profiles=False)
+    before, after = sides(windows, change.at, change.pid, previous, following)
+    result = compare(before, after)
+    diff = [f"{d['part']}: {d['before']} → {d['after']}" for d in change.diff]
+    if html is not None:
+        html.write_text(to_html(result, f"{change.target}: change {change.id}", diff))
+        print(f"infersight: wrote {html}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"change": change.id, "diff": change.diff, **result.to_dict()}, sort_keys=True), file=out)
+    else:
+        print(f"{printable(change.target)} {_when(change.at)} (change {printable(change.id)})", file=out)
+        for line in diff:
+            print(f"  {printable(line)}", file=out)
+        print(format_table(result), file=out)
+    return 0

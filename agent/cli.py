@@ -150,6 +150,10 @@ def _cmd_changes(args: argparse.Namespace) -> int:
     from agent import changes_cmd, regressions_cmd
 
     try:
+        if args.report is not None:
+            return changes_cmd.report(config, args.store, args.report, args.html, args.json)
+        if args.html is not None:
+            return _fail("--html writes a report: give --report CHANGE_ID too")
         return changes_cmd.list_changes(config, args.store, args.target, args.json, args.limit)
     except regressions_cmd.UsageError as exc:
         return _fail(str(exc))
@@ -284,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     changes.add_argument("--target", help="only this target")
     changes.add_argument("--json", action="store_true", help="one JSON object per change, with both identities")
     changes.add_argument("--limit", type=_ranged(int, 1, 10000), default=50, help="newest N (default 50)")
+    changes.add_argument("--report", metavar="CHANGE_ID", help="the change's before/after report (docs/changes.md)")
+    changes.add_argument("--html", type=Path, metavar="FILE", help="with --report: also write it as an HTML page")
     changes.add_argument("--config", metavar="FILE", help="agent config (store location)")
     changes.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
     changes.set_defaults(func=_cmd_changes)

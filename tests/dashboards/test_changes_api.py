@@ -52,3 +52,34 @@ def test_unknown_change_is_404(client):
 def test_target_page_has_the_change_list(client):
     page = client.get("/targets/server").get_data(as_text=True)
     assert 'id="target-changes"' in page
+
+
+def test_report_of_a_slower_build_over_stored_windows(tmp_path: Path, capsys):
+    import dataclasses
+
+    from agent.cli import main
+    from tests.analysis.test_change_report import _windows
+
+    with Store.open(tmp_path / "store") as store:
+        for w in _windows(40, 1000.0, latency=0.05):
+            store.add_window(w)
+        for w in _windows(40, 1210.0, latency=0.09, seed=1):
+            store.add_window(dataclasses.replace(w, pid=2))
+        change = StoredChange(id="srv-change-1205.000", target="srv", at=1205.0, pid=2, before={}, after={},
+                              diff=[{"part": "cmdline", "before": "serve --max-batch 8", "after": HOSTILE}])
+        store.settle_identity("srv", 2, 1, 1205.0, {}, change)
+        client = create_app({"STATE": None, "STORE": store, "TESTING": True}).test_client()
+        body = client.get("/api/changes/srv-change-1205.000/report").get_json()
+        assert body["verdict"] == "regression"
+        p99 = next(r for r in body["rows"] if r["figure"] == "p99_at_equal_load")
+        assert p99["verdict"] == "regression" and 1.6 < p99["ratio"] < 2.0
+        assert client.get("/api/changes/nosuch/report").status_code == 404
+    html = tmp_path / "report.html"
+    assert main(["changes", "--store", str(tmp_path / "store"), "--report", "srv-change-1205.000",
+                 "--html", str(html)]) == 0
+    out = capsys.readouterr().out
+    assert "p99_at_equal_load" in out and "verdict: regression" in out
+    page = html.read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert main(["changes", "--store", str(tmp_path / "store"), "--html", str(html)]) != 0
+    assert main(["changes", "--store", str(tmp_path / "store"), "--report", "nosuch"]) != 0

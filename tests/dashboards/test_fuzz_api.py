@@ -40,6 +40,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/api/regressions/{}": (),
     "/api/changes": ("target", "since", "until", "limit"),
     "/api/changes/{}": (),
+    "/api/changes/{}/report": (),
     "/debug/pprof/profile": ("target", "kind", "seconds"),
     "/targets/{}": (),
     "/regressions": (),

@@ -157,12 +157,42 @@
       el("li", {class: "meta"}, "none"));
   }
 
+  // A change's before/after report (/api/changes/ID/report), shown under it on click.
+  async function showReport(id, box) {
+    replace(box, el("p", {class: "meta"}, "computing…"));
+    try {
+      const r = await IS.getJSON("/api/changes/" + encodeURIComponent(id) + "/report");
+      const fmt = (v, unit) => (v === null ? "–" : unit === "s" ? num(v * 1000, 2) + " ms" :
+        unit === "s/s" ? num(v * 1000, 2) + " ms/s" : num(v, 3) + " " + unit);
+      replace(box, el("p", {}, "verdict: ", el("b", {}, r.verdict), r.reason ? " · " + r.reason : ""),
+        el("table", {class: "change-report"}, el("tr", {}, ["figure", "before", "after", "after/before (95% CI)",
+          "verdict"].map((h) => el("th", {}, h))),
+          r.rows.map((x) => el("tr", {}, el("td", {}, x.figure), el("td", {}, fmt(x.before, x.unit)),
+            el("td", {}, fmt(x.after, x.unit)),
+            el("td", {}, x.ratio === null ? "–" : num(x.ratio, 3) + " (" + num(x.ratio_low, 3) + ".." +
+              num(x.ratio_high, 3) + ")"),
+            el("td", {}, x.verdict || "not judged: " + x.reason)))));
+    } catch (err) {
+      IS.showError(box, err);
+    }
+  }
+
+  let listed = null;
+
   function listChanges() {
     const list = document.getElementById("target-changes");
-    replace(list, changes.length ? changes.map((c) => el("li", {"data-change": c.id},
-      fmtTime(c.at) + " · pid " + c.pid + " · ",
-      el("ul", {}, c.diff.map((d) => el("li", {}, el("b", {}, d.part), ": " + d.before + " → " + d.after))))) :
-      el("li", {class: "meta"}, "none"));
+    // Redrawn only when the changes in range differ: a refresh must not close a report someone opened.
+    const key = changes.map((c) => c.id).join("\n");
+    if (key === listed) return;
+    listed = key;
+    replace(list, changes.length ? changes.map((c) => {
+      const box = el("div", {class: "change-report-box"});
+      const button = el("button", {type: "button", class: "change-report-button"}, "before/after");
+      button.addEventListener("click", () => showReport(c.id, box));
+      return el("li", {"data-change": c.id, title: c.diff.map((d) => d.part + ": " + d.before + " → " +
+        d.after).join("\n")}, fmtTime(c.at) + " · pid " + c.pid + " · ", button,
+        el("ul", {}, c.diff.map((d) => el("li", {}, el("b", {}, d.part), ": " + d.before + " → " + d.after))), box);
+    }) : el("li", {class: "meta"}, "none"));
   }
 
   async function loadChanges(data) {
