@@ -102,3 +102,56 @@ def test_restart_and_change_seen_by_the_running_agent_and_no_secret_anywhere(req
     assert "OMP_NUM_THREADS=2 → OMP_NUM_THREADS=1" in agent_log.read_text()
     store = b"".join(p.read_bytes() for p in (tmp_path / "store").iterdir() if p.is_file())
     assert SECRET.encode() not in store and b'"OMP_NUM_THREADS":"1"' in store
+
+
+@pytest.mark.slow
+@pytest.mark.workload
+@pytest.mark.root
+def test_a_slower_build_opens_a_regression_labelled_change(require_root, tmp_path: Path):
+    """The workload restarted with --no-cache (more work per token) under steady load: the old baseline stays, the
+    new build regresses against it, and the regression is put down to the change, its command line first."""
+    port, agent_port, tag = free_port(), free_port(), f"chg-{uuid.uuid4().hex[:12]}"
+    os.chmod(tmp_path, 0o700)
+    config = write_agent_config(tmp_path, agent_port, """
+        [probes]
+        syscalls = false
+        offcpu = false
+        gc = false
+        tcp = false
+        runqueue = false
+        exits = false
+        [stacks]
+        enabled = false
+        [detector]
+        warmup_windows = 12
+        [identity]
+        settle_windows = 2
+    """, workload_target(tag, port), interval=2)
+    base = f"http://127.0.0.1:{agent_port}"
+    log = open(tmp_path / "processes.log", "w")
+    server = agent = load = None
+    try:
+        server = _serve(port, tag, "1", log)
+        load = subprocess.Popen([sys.executable, "-m", "workload", "load", "--url", f"http://127.0.0.1:{port}",
+                                 "--rate", "4", "--duration", "600", "--no-progress"], stdout=log, stderr=log)
+        agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+                                 stdout=log, stderr=subprocess.STDOUT)
+        wait_http(f"{base}/api/status", 60)
+        _wait("the detector armed", lambda: 'infersight_detector_armed{target="workload"} 1.0'
+              in _get(f"{base}/metrics"), timeout=240)
+        time.sleep(20)  # healthy windows of the old build after warm-up
+        terminate(server)
+        server = subprocess.Popen([sys.executable, "-m", "workload", "serve", "--port", str(port), "--admin-token",
+                                   tag, "--no-cache"], stdout=log, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
+        found = _wait("a regression labelled change", lambda: [
+            r for r in json.loads(_get(f"{base}/api/regressions")) if r["top_cause"] == "change"],
+            timeout=240)
+        change = json.loads(_get(f"{base}/api/changes"))["changes"][0]
+    finally:
+        for proc in (agent, load, server):
+            terminate(proc)
+        log.close()
+    assert change["diff"][0]["part"] == "cmdline" and "--no-cache" in change["diff"][0]["after"]
+    assert found[0]["change_id"] == change["id"]
+    assert "--no-cache" in found[0]["causes"][0]["evidence"]
