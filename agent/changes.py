@@ -28,6 +28,7 @@ class ChangeStore(Protocol):
     def settle_identity(self, target: str, pid: int, start_time: int, since: float, identity: dict,
                         change: StoredChange | None) -> None: ...
     def target_identity(self, target: str) -> tuple[int, int, dict] | None: ...
+    def forget_identity(self, target: str) -> None: ...
     def identities_since(self) -> dict[str, float]: ...
     def changes(self, target: str | None = None, *, since: float | None = None, until: float | None = None,
                 limit: int = 100) -> list[StoredChange]: ...
@@ -118,10 +119,19 @@ class ChangeTracker:
         return change
 
     def forget(self, live: list[Target]) -> None:
-        """Drop the per-process caches of processes no longer watched (the settled identities stay)."""
+        """Drop the per-process caches of processes no longer watched; a named target's settled identity stays (it
+        may come back), a per-process one's (`name#pid`) goes."""
         names = {t.name for t in live}
         for name in [n for n in self._processes if n not in names]:
             del self._processes[name]
+            if "#" in name:
+                # One of several processes a regex matched: its name leaves with it (as its detector state does), or
+                # a regex over short-lived processes would grow the store by a row each.
+                self._store.forget_identity(name)
+                self._last.pop(name, None)
+                with self._lock:
+                    self._latest.pop(name, None)
+                    self._notes.pop(name, None)
         self._reader.forget(k for t in live for k in (t.member_keys + (t.key,)))
 
     def last_change(self, target: str) -> ChangeNote | None:

@@ -73,6 +73,11 @@ class ChangeTables:
             if change is not None:
                 _insert_change(conn, change)
 
+    def forget_identity(self, target: str) -> None:
+        """Drop a per-process target's (`name#pid`) settled identity: that name never comes back."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM target_identities WHERE target = ?", (target,))
+
     def target_identity(self, target: str) -> tuple[int, int, dict] | None:
         """(pid, start time, identity) last settled for `target`, or None."""
         row = self._reader().execute("SELECT pid, start_time, identity FROM target_identities WHERE target = ?",

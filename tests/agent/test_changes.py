@@ -160,3 +160,17 @@ def test_cli_lists_changes_as_text_and_json(server, tmp_path, capsys):
     assert '"after": {' in line and '"OMP_NUM_THREADS": "1"' in line
     assert main(["changes", "--store", str(tmp_path / "nowhere")]) != 0
     assert "no store at" in capsys.readouterr().err
+
+
+def test_a_per_process_target_leaves_no_identity_behind(server, tmp_path):
+    import dataclasses
+
+    with Store.open(tmp_path / "store") as store:
+        tracker = ChangeTracker(store, IdentityReader(), settle_windows=1)
+        named = server.start({})
+        per_process = dataclasses.replace(named, name=f"srv#{named.pid}")
+        _run(tracker, named, 1)
+        _run(tracker, per_process, 1)
+        assert set(store.identities_since()) == {"srv", f"srv#{named.pid}"}
+        tracker.forget([])
+        assert set(store.identities_since()) == {"srv"} and set(tracker.latest()) == {"srv"}
