@@ -10,6 +10,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from agent.store import Store, StoredChange
+from analysis.regression import Cause, Regression
 from dashboards.app import create_app
 from tests.analysis.test_change_report import _windows
 from tests.dashboards.browser import chromium, console_errors, serve, wait_for
@@ -29,6 +30,9 @@ def test_change_marker_diff_and_report(tmp_path):
         change = StoredChange(id=f"srv-change-{at:.3f}", target="srv", at=at, pid=2, before={}, after={},
                               diff=[{"part": "cmdline", "before": "serve --max-batch 8", "after": f"serve {HOSTILE}"}])
         store.settle_identity("srv", 2, 1, at, {}, change)
+        store.save_regression(Regression(id="srv-regression", target="srv", pid=2, opened_at=at + 20, severity="warning",
+                                         score=6.0, causes=[Cause("change", 4.0, f"began after a change: {HOSTILE}")],
+                                         change_id=change.id))
         app = create_app({"STATE": None, "STORE": store, "INTERVAL_SECONDS": 5.0})
         with serve(app) as url, chromium(tmp_path) as b:
             b.get(url + "/targets/srv?range=1h")
@@ -61,3 +65,9 @@ def test_change_marker_diff_and_report(tmp_path):
             assert b.find_elements(By.CSS_SELECTOR, "table.change-report")
             assert b.execute_script("return window.__xss === undefined")
             assert not [e for e in console_errors(b) if e["level"] == "SEVERE"]
+            # The regression that followed it names the change and leads back to the target page.
+            b.get(url + "/regressions/srv-regression")
+            wait_for(b, "return document.querySelector('#regression-detail p.change') !== null", what="change line")
+            line = b.find_element(By.CSS_SELECTOR, "#regression-detail p.change")
+            assert change.id in line.text
+            assert line.find_element(By.TAG_NAME, "a").get_attribute("href").endswith("/targets/srv")
