@@ -49,6 +49,7 @@ MAX_DISTS = 512
 # and top_level.txt is read for at most this many distributions (the rest are named by their folder name alone).
 MAX_DIST_ENTRIES = 20_000
 MAX_TOP_LEVEL_READS = 10_000
+MAX_SITES = 256
 _TOP_LEVEL_BYTES = 4096
 
 
@@ -106,7 +107,8 @@ class Identity:
 
 @dataclass(frozen=True)
 class PartChange:
-    """One part of the identity that differs: `before` and `after` as shown (strings), `detail` the items."""
+    """One part of the identity that differs, `before` and `after` as shown: the part's value, or for a part of many
+    items (env, models, dists) the changed items as `name=value`."""
 
     part: str
     before: str
@@ -423,11 +425,13 @@ class IdentityReader:
     def _site(self, site: str, pid: int, problems: list[str]) -> _SitePackages | None:
         host = f"{self._proc}/{pid}/root{site}"
         try:
-            mtime = os.stat(host).st_mtime_ns
+            st = os.stat(host)
         except OSError as exc:
             problems.append(f"cannot read {printable(site)}: {exc.strerror}")
             return None
-        cached = self._sites.get(site)
+        # By the folder itself, not its path: two containers' /usr/lib/python3/site-packages are different folders.
+        key, mtime = f"{st.st_dev}:{st.st_ino}", st.st_mtime_ns
+        cached = self._sites.get(key)
         if cached is not None and cached.mtime_ns == mtime:
             return cached
         by_name: dict[str, tuple[str, str, str]] = {}
@@ -441,7 +445,9 @@ class IdentityReader:
                 match = _DIST_DIR.match(entry.name)
                 if match:
                     by_name.setdefault(_normalise(match["name"]), (match["name"], match["version"], entry.name))
-        self._sites[site] = index
+        if len(self._sites) >= MAX_SITES:
+            self._sites.clear()  # containers come and go; their folders are indexed again when next seen
+        self._sites[key] = index
         return index
 
     def _by_top(self, index: _SitePackages, site: str, pid: int) -> dict[str, tuple[str, str]]:
