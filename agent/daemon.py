@@ -214,7 +214,7 @@ class Agent:
             # With changes tracked, a new build keeps the old baseline: it is judged against it, and a regression
             # it brings is labelled `change` (docs/changes.md); without, a new command line means a new baseline.
             self.detection = Detection(self.store, make_detector=lambda: _latency_detector(warmup),
-                                       identity=self._identity if self.changes is None else lambda target: None,
+                                       identity=self._identity if self.changes is None else None,
                                        listeners=[self.alerts, DownState(self.state.set_down)],
                                        last_change=self.changes.last_change if self.changes is not None
                                        else lambda target: None)

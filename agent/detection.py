@@ -67,11 +67,13 @@ class Detection:
     """One detector per target name; its learned state is saved after every window so a restart resumes it.
 
     `identity(target)` names what the target serves (its command line): when it differs from the one the
-    saved baseline was learned on, the baseline is dropped, since a new model or binary has a new normal.
+    saved baseline was learned on, the baseline is dropped, since a new model or binary has a new normal. With
+    `identity=None` the baseline is kept across builds: a regression a new build brings is then labelled `change`
+    through `last_change` (docs/changes.md).
     """
 
     def __init__(self, store: FindingsStore, make_detector: Callable[[], Detector],
-                 identity: Callable[[str], str | None] = lambda target: None,
+                 identity: Callable[[str], str | None] | None = lambda target: None,
                  listeners: Iterable[RegressionListener] = (), save_every: int = 12, closed_windows: int = 2,
                  last_change: Callable[[str], ChangeNote | None] = lambda target: None,
                  change_onset_seconds: float = DEFAULT_ONSET_SECONDS) -> None:
@@ -171,13 +173,15 @@ class Detection:
                 listener.regression_updated(verdict.regression)
 
     def _tracked_for(self, target: str) -> _Tracked:
-        identity = self._identity(target) or ""
+        # No identity rule (`identity=None`: changes are tracked, agent.changes): the baseline stays whatever runs.
+        keep = self._identity is None
+        identity = "" if keep else self._identity(target) or ""
         tracked = self._tracked.get(target)
-        if tracked is not None and tracked.identity == identity:
+        if tracked is not None and (keep or tracked.identity == identity):
             return tracked
         detector = self._make()
         saved = self._store.detector_state(target) if tracked is None else None
-        if saved is not None and saved[0] == identity:
+        if saved is not None and (keep or saved[0] == identity):
             detector.set_state(saved[1])
             log.info("target %s: baseline restored from the store", target)
         elif saved is not None or tracked is not None:

@@ -65,3 +65,16 @@ def test_baseline_accept_closes_the_regression_and_learns_again(tmp_path: Path, 
         assert made[0].resets == 1 and store.regressions(open_only=True) == []
         assert cli_main(["baseline", "accept", "nosuch", "--store", str(path)]) != 0
         assert "no target 'nosuch'" in capsys.readouterr().err
+
+
+def test_without_an_identity_rule_a_saved_baseline_is_kept_whatever_runs(tmp_path: Path):
+    path = tmp_path / "store"
+    with Store.open(path) as store:
+        old = Detection(store, make_detector=ScriptedDetector, identity=lambda t: "serve --max-batch 8")
+        old.observe(window(0))
+        old.flush()
+    with Store.open(path) as store:
+        made: list[ScriptedDetector] = []
+        kept = Detection(store, make_detector=lambda: made.append(ScriptedDetector()) or made[-1], identity=None)
+        kept.observe(window(1))
+        assert made[0].log == ["restored"] and made[0].learned == 2
