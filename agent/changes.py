@@ -104,7 +104,8 @@ class ChangeTracker:
         if changed and last is not None:
             change = StoredChange(id=f"{target.name}-change-{at:.3f}", target=target.name, at=at, pid=target.pid,
                                   before=last.to_dict(), after=identity.to_dict(),
-                                  diff=[{"part": c.part, "before": c.before, "after": c.after} for c in changed])
+                                  diff=[{"part": c.part, "before": c.before, "after": c.after} for c in changed],
+                                  seen_at=window.end)
         self._store.settle_identity(target.name, target.pid, target.start_time, at, identity.to_dict(), change)
         self._last[target.name] = identity
         if change is not None or last is None:
@@ -166,7 +167,8 @@ def _parts(identity: Identity) -> dict:
 def note(change: StoredChange) -> ChangeNote:
     """What the detector's layer needs of a stored change: each changed part as one line."""
     return ChangeNote(id=change.id, at=change.at,
-                      diff=tuple(f"{d['part']}: {d['before'][:200]} → {d['after'][:200]}" for d in change.diff))
+                      diff=tuple(f"{d['part']}: {d['before'][:200]} → {d['after'][:200]}" for d in change.diff),
+                      seen_at=change.seen_at)
 
 
 def _settled(window: Window, windows: int, settle: int) -> bool:

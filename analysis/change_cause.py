@@ -24,14 +24,19 @@ class ChangeNote:
     id: str
     at: float
     diff: tuple[str, ...]
+    # When the agent saw it: the new process settled (served) then. A build that takes minutes to load serves, and
+    # can regress, long after its start; the onset is counted from here.
+    seen_at: float | None = None
 
 
 def attribute_change(regression: Regression, change: ChangeNote | None,
                      onset_seconds: float = DEFAULT_ONSET_SECONDS) -> Regression:
-    """`regression` with `change` as its first cause when it opened within `onset_seconds` after the change and its
-    top measured cause is not an outside one; otherwise as measured (any earlier `change` label removed)."""
+    """`regression` with `change` as its first cause when it opened after the change and within `onset_seconds` after
+    the agent saw it, and its top measured cause is not an outside one; otherwise as measured (any earlier `change`
+    label removed)."""
     measured = [c for c in regression.causes if c.label != "change"]
-    applies = (change is not None and change.at <= regression.opened_at <= change.at + onset_seconds
+    applies = (change is not None
+               and change.at <= regression.opened_at <= max(change.at, change.seen_at or change.at) + onset_seconds
                and not (measured and measured[0].label in OUTSIDE_CAUSES))
     if not applies:
         return regression if len(measured) == len(regression.causes) and regression.change_id is None else \

@@ -29,7 +29,9 @@ MIGRATIONS: tuple[Migration, ...] = (
             before TEXT NOT NULL,
             after TEXT NOT NULL,
             -- [{"part", "before", "after"}] as JSON, the part most likely to matter first.
-            diff TEXT NOT NULL
+            diff TEXT NOT NULL,
+            -- When the agent saw it (the new process settled): `at` is when it began (the process started).
+            seen_at REAL NOT NULL
         );
         CREATE INDEX changes_by_target ON changes(target, at);
     """),
@@ -45,10 +47,11 @@ class StoredChange:
     before: dict
     after: dict
     diff: list[dict]
+    seen_at: float | None = None  # None: seen at `at`
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "target": self.target, "at": self.at, "pid": self.pid, "diff": self.diff,
-                "before": self.before, "after": self.after}
+        return {"id": self.id, "target": self.target, "at": self.at, "seen_at": self.seen_at or self.at,
+                "pid": self.pid, "diff": self.diff, "before": self.before, "after": self.after}
 
 
 def _dumps(value: object) -> str:
@@ -93,12 +96,12 @@ class ChangeTables:
                 clauses.append(clause)
                 params.append(value)
         rows = self._reader().execute(
-            f"SELECT id, target, at, pid, before, after, diff FROM changes WHERE {' AND '.join(clauses)} "
+            f"SELECT id, target, at, pid, before, after, diff, seen_at FROM changes WHERE {' AND '.join(clauses)} "
             "ORDER BY at DESC, id LIMIT ?", [*params, int(limit)]).fetchall()
         return [_decode(r) for r in rows]
 
     def change(self, change_id: str) -> StoredChange | None:
-        row = self._reader().execute("SELECT id, target, at, pid, before, after, diff FROM changes WHERE id = ?",
+        row = self._reader().execute("SELECT id, target, at, pid, before, after, diff, seen_at FROM changes WHERE id = ?",
                                      (change_id,)).fetchone()
         return _decode(row) if row else None
 
@@ -108,11 +111,12 @@ class ChangeTables:
 
 
 def _insert_change(conn: sqlite3.Connection, change: StoredChange) -> None:
-    conn.execute("INSERT INTO changes(id, target, at, pid, before, after, diff) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    conn.execute("INSERT INTO changes(id, target, at, pid, before, after, diff, seen_at) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                  (change.id, change.target, change.at, change.pid, _dumps(change.before), _dumps(change.after),
-                  _dumps(change.diff)))
+                  _dumps(change.diff), change.seen_at if change.seen_at is not None else change.at))
 
 
 def _decode(row: tuple) -> StoredChange:
     return StoredChange(id=row[0], target=row[1], at=row[2], pid=row[3], before=json.loads(row[4]),
-                        after=json.loads(row[5]), diff=json.loads(row[6]))
+                        after=json.loads(row[5]), diff=json.loads(row[6]), seen_at=row[7])

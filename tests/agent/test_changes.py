@@ -84,6 +84,7 @@ def test_first_identity_restart_and_change(server, tmp_path):
         assert change.diff[1] == {"part": "env", "before": "OMP_NUM_THREADS=2", "after": "OMP_NUM_THREADS=1"}
         # Dated from the new process's start, not from when it settled.
         assert change.at == pytest.approx(changed.start_time / 100.0)
+        assert change.seen_at == 1005.0 + 5 * 14  # the window in which it settled (its third)
         assert change.pid == changed.pid and tracker.latest() == {"srv": change.at}
 
 

@@ -33,13 +33,13 @@ def _serve(port: int, tag: str, omp: str, log) -> subprocess.Popen:
     return proc
 
 
-def _wait(what: str, check, timeout: float = 120):
+def _wait(what: str, check, timeout: float = 120, seen=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (found := check()):
             return found
         time.sleep(1)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
+    raise AssertionError(f"{what} did not happen within {timeout} s" + (f"; saw {seen()}" if seen else ""))
 
 
 @pytest.mark.slow
@@ -146,7 +146,10 @@ def test_a_slower_build_opens_a_regression_labelled_change(require_root, tmp_pat
                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
         found = _wait("a regression labelled change", lambda: [
             r for r in json.loads(_get(f"{base}/api/regressions")) if r["top_cause"] == "change"],
-            timeout=240)
+            timeout=240, seen=lambda: ([(r["top_cause"], r["opened_at"], r["causes"][0]["evidence"][:200])
+                                        for r in json.loads(_get(f"{base}/api/regressions"))],
+                                       json.loads(_get(f"{base}/api/changes"))["changes"][:1],
+                                       _get(f"{base}/api/overview")[:600]))
         change = json.loads(_get(f"{base}/api/changes"))["changes"][0]
     finally:
         for proc in (agent, load, server):

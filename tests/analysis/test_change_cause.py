@@ -54,3 +54,11 @@ def test_no_measured_mechanism_is_said():
     r = attribute_change(_regression(1010.0), CHANGE)
     assert r.top_cause == "change" and "no measured signal moved" in r.causes[0].evidence
     assert attribute_change(_regression(1010.0), None).causes == []
+
+
+def test_the_onset_counts_from_when_the_change_was_seen():
+    # A build that took three minutes to load and serve: its regression opens long after its start.
+    slow_loader = ChangeNote(id=CHANGE.id, at=1000.0, diff=CHANGE.diff, seen_at=1180.0)
+    assert attribute_change(_regression(1200.0, COMPUTE), slow_loader).top_cause == "change"
+    assert attribute_change(_regression(1200.0, COMPUTE), CHANGE).top_cause == "compute"
+    assert attribute_change(_regression(1241.0, COMPUTE), slow_loader).top_cause == "compute"
