@@ -1,6 +1,6 @@
 """The identity read's cost on the bundled torch server (docs/changes.md): CPU seconds of the agent's reads per window.
 
-    .venv/bin/python benchmarks/bench_identity.py [--windows 600] [--refresh 12]
+    .venv/bin/python tests/agent/bench_identity.py [--windows 600] [--refresh 12]
 
 Starts `python -m workload serve`, reads its identity once per simulated window the way the agent does (one read per
 window, distributions and model files again every `--refresh` windows) and prints the CPU time per window, the first
