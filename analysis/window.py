@@ -147,6 +147,23 @@ class LatencyReading:
 
 
 @dataclass
+class DeliveryReading:
+    """Replies of a target's server sockets acknowledged by their clients in the window (probes/delivery.py)."""
+
+    replies: int = 0
+    # Replies that were retransmitted / hit an RTO before the client acknowledged them.
+    retransmitted: int = 0
+    rto_replies: int = 0
+    # Delivery time (last write -> client's ACK) per bucket: upper bound as the latency source keys it -> replies.
+    buckets: dict[str, float] = field(default_factory=dict)
+    delivery_seconds: float = 0.0  # sum over the replies
+    srtt_mean_seconds: float | None = None  # the flows' smoothed RTT at each reply's completion, mean
+    retransmits: int = 0  # packets of its server sockets
+    rto_stall_seconds: float = 0.0  # time its flows waited for an RTO to fire
+    not_server: int = 0  # acknowledged writes on sockets that are not server sockets (not in the figures)
+
+
+@dataclass
 class GpuReading:
     available: bool = False
     reason: str | None = None
