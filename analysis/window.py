@@ -224,6 +224,9 @@ class Window:
     # A family target's processes, each with its own figures (the reading fields above are the family's totals);
     # empty for a single-process target and in windows recorded before families.
     members: list[MemberReading] = field(default_factory=list)
+    # Replies of its server sockets as the clients' acknowledgements tell (probes/delivery.py); null in windows
+    # recorded before it was kept or with the probe off.
+    delivery: DeliveryReading | None = None
 
     @property
     def duration(self) -> float:
@@ -255,4 +258,5 @@ class Window:
 # The fields a collector fills, each named after its collector (the config key and the metric label too). Written
 # out, not derived: `unanswered` and `unreachable` are lists about a reading, not readings (a test checks that
 # every Optional reading field of Window is here).
-READINGS: tuple[str, ...] = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks", "latency", "gpu")
+READINGS: tuple[str, ...] = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks", "latency", "gpu",
+                             "delivery")
