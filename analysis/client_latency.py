@@ -66,6 +66,22 @@ def bucket_quantiles(buckets: dict[str, float], qs: np.ndarray) -> np.ndarray | 
     return out
 
 
+def client_buckets(server: dict[str, float], delivery: dict[str, float]) -> dict[str, float]:
+    """The clients' latency histogram on the server's bucket bounds: the server's count of requests spread as the
+    independent sums of both histograms' RANKS evenly spaced values fall. {} when either is empty."""
+    qs = (np.arange(RANKS) + 0.5) / RANKS
+    a, b = bucket_quantiles(server, qs), bucket_quantiles(delivery, qs)
+    if a is None or b is None:
+        return {}
+    keys = sorted(server, key=_bound)
+    bounds = np.array([_bound(k) for k in keys])
+    sums = np.add.outer(a, b).ravel()
+    idx = np.minimum(np.searchsorted(bounds, sums, side="left"), len(bounds) - 1)
+    n = sum(max(0.0, v) for v in server.values())
+    counts = np.bincount(idx, minlength=len(bounds)) * (n / len(sums))
+    return {k: float(c) for k, c in zip(keys, counts, strict=True)}
+
+
 def estimate(latency: LatencyReading | None, delivery: DeliveryReading | None) -> ClientLatency | None:
     """The clients' p50/p95/p99 for a window; None unless both histograms have observations."""
     if latency is None or delivery is None or not latency.buckets or not delivery.buckets or not delivery.replies:
