@@ -2,6 +2,7 @@
 
 import functools
 import json
+import re
 from collections import deque
 from dataclasses import replace
 
@@ -717,6 +718,9 @@ def test_loss_on_replies_alone_opens_network_on_the_clients_latency_within_two_w
     assert first and first[0] <= by, [v.state for v in vs]
     cause = vs[first[0]].opened.causes[0]
     assert cause.label == "network", cause
+    # What the clients lost, in the words the issue asks for.
+    assert re.match(r"replies delivered 0\.\d+ s later at p99 \(x\d+(\.\d+)?\), \d+ % of replies retransmitted, "
+                    r"RTO stalls [\d.]+ s/s; ", cause.evidence), cause.evidence
 
 
 def test_healthy_delivery_opens_nothing_and_older_windows_without_it_score_as_before():
