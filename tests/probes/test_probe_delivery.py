@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -101,8 +102,10 @@ def _run(pair: NetnsPair, reply_loss: bool, delayed_ack: bool = False, requests:
 
 
 def _quantile(values: list[float], q: float) -> float:
+    """The value of rank ceil(q * n), the rank _kernel_quantile's bucket holds: at a step of the distribution (one
+    RTO vs two) ranks one apart fall in different buckets."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
 def _kernel_quantile(buckets: list[float], q: float) -> int:
@@ -146,8 +149,10 @@ def test_delivery_matches_client_timestamps(reply_loss, size, delayed_ack):
     assert -0.001 <= gap <= MEAN_BOUND_S, (gap, total / replies, sum(run.truth) / len(run.truth))
     for q in (0.5, 0.95, 0.99):
         k = _kernel_quantile(buckets, q)
-        lo = FINE_BOUNDS[k - 1] if k else 0.0
-        hi = FINE_BOUNDS[k] if k < len(FINE_BOUNDS) else float("inf")
+        # Runs the kernel skipped can shift the kernel's ranks: then the neighbouring buckets count too.
+        spread = 1 if run.lost else 0
+        lo = FINE_BOUNDS[k - 1 - spread] if k - spread > 0 else 0.0
+        hi = FINE_BOUNDS[k + spread] if k + spread < len(FINE_BOUNDS) else float("inf")
         assert lo - QUANTILE_SLACK_S <= _quantile(run.truth, q) <= hi + CLIENT_WAKEUP_SLACK_S, (q, k, buckets)
     # The retransmit tracepoint misses a few in ten thousand under contention (docs/tcpretrans.md): 1 % + 2 slack.
     assert run.retrans_segs - run.lost - 2 - run.retrans_segs // 100 <= retransmits <= run.retrans_segs
