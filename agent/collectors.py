@@ -57,6 +57,12 @@ def _runqueue() -> Probe:
     return RunqlatProbe()
 
 
+def _delivery() -> Probe:
+    from probes.delivery import DeliveryProbe
+
+    return DeliveryProbe()
+
+
 # Window field (= config key = metric label) -> probe constructor; imports are lazy because BCC costs ~76 MB.
 PROBE_FACTORIES: dict[str, Callable[[], Probe]] = {
     "syscalls": _syscalls,
@@ -64,6 +70,7 @@ PROBE_FACTORIES: dict[str, Callable[[], Probe]] = {
     "gc": _gc,
     "tcp": _tcp,
     "runqueue": _runqueue,
+    "delivery": _delivery,
 }
 
 def exits_probe(enabled: bool) -> ExitsProbe | None:

@@ -71,6 +71,8 @@ class ProbesConfig:
     gc: bool = True
     tcp: bool = True
     runqueue: bool = True
+    # Reply delivery time to the clients (docs/delivery.md).
+    delivery: bool = True
     # Not a Window field: how a target's process ended (signal and sender, exit status), for its `down` episode.
     exits: bool = True
 

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from agent.sources.gpu import NO_GPU, GpuSource, gpu_device_nodes
-from probes import offcpu, runqlat, syscalls, tcpretrans
+from probes import delivery, offcpu, runqlat, syscalls, tcpretrans
 
 PASS, FAIL, WARN, INFO = "ok", "FAIL", "warn", "info"
 
 # Taken from the probes themselves, so a hook a probe gains is checked here too.
 PROBE_TRACEPOINTS: tuple[str, ...] = tuple(dict.fromkeys(
-    syscalls.TRACEPOINTS + offcpu.TRACEPOINTS + runqlat.TRACEPOINTS + tcpretrans.TRACEPOINTS))
+    syscalls.TRACEPOINTS + offcpu.TRACEPOINTS + runqlat.TRACEPOINTS + tcpretrans.TRACEPOINTS
+    + delivery.TRACEPOINTS))
 
 # Counts one syscall of one process exactly: proves compile, load, attach and map reads all work.
 _TRIVIAL_BPF = r"""

@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from agent.state import AgentState
+from analysis.client_latency import estimate as estimate_client_latency
 from analysis.snapshot import TargetTotals
 from analysis.window import Log2Histogram
 
@@ -65,6 +66,12 @@ class TargetCollector(Collector):
         latency = GaugeMetricFamily("infersight_request_latency_seconds",
                                     "Target request latency percentile over the latest window.",
                                     labels=["target", "percentile"])
+        # The clients' wait, estimated: server latency + reply delivery (analysis/client_latency.py); only while
+        # both were measured in the latest window.
+        client = GaugeMetricFamily("infersight_client_latency_seconds",
+                                   "Estimated client-side request latency percentile over the latest window "
+                                   "(server latency + reply delivery to the client's ACK).",
+                                   labels=["target", "percentile"])
         rate = GaugeMetricFamily("infersight_request_rate_per_second", "Target requests per second, latest window.",
                                  labels=["target"])
         pid = GaugeMetricFamily("infersight_target_pid", "Pid of the watched target process.", labels=["target"])
@@ -98,8 +105,12 @@ class TargetCollector(Collector):
                     if v is not None:
                         latency.add_metric([name, q], v)
                 rate.add_metric([name], w.latency.request_rate)
+            est = estimate_client_latency(w.latency, w.delivery) if w else None
+            if est is not None:
+                for q, v in (("p50", est.p50_seconds), ("p95", est.p95_seconds), ("p99", est.p99_seconds)):
+                    client.add_metric([name, q], v)
         yield from (syscalls, offcpu, gc_count, gc_pause, runq, retrans, cpu, requests, rss, threads, latency,
-                    rate, pid)
+                    client, rate, pid)
         yield from _member_metrics(totals)
 
         up = GaugeMetricFamily("infersight_target_up",

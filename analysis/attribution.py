@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from analysis.cause_signals import SIGNALS, Signal
+from analysis.network_evidence import delivery_words
 from analysis.regression import Cause
 from analysis.robust import median, robust_z
 
@@ -81,6 +82,9 @@ class Attributor:
             self._keep(best, self.moved(sig, values.get(sig.name), stats.get(sig.name)))
         causes = self._causes(best, lambda m: evidence(m))
         self._add_profile(causes, jsd, jsd_stats)
+        if "network" in causes and (words := delivery_words(values, stats)) is not None:
+            c = causes["network"]
+            causes["network"] = Cause("network", c.score, f"{words}; {c.evidence}", c.value, c.baseline)
         return self._ranked(causes, not_measured)
 
     def persistent(self, sig: Signal, samples: Sequence[float | None], stats: SignalStats | None,

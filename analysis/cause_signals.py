@@ -67,6 +67,16 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("syscalls", "syscalls", "syscalls per request", lambda f: f.syscalls_per_request, 10.0, 200.0, "/req", 1,
            "syscalls"),
     Signal("retransmits", "network", "TCP retransmits", lambda f: f.retransmits_per_second, 0.2, 1.0, "/s", 1, "tcp"),
+    # What the network costs the clients, from the server's kernel (probes/delivery.py): the time from the reply's
+    # last write to the client's ACK, and how many replies needed a retransmission or waited for an RTO. Floors: a
+    # LAN's delivery is well under 10 ms; an RTO costs 200 ms at least, so a 100 ms rise of p99 is one.
+    Signal("delivery_p99", "network", "replies delivered at p99 in", lambda f: f.delivery_p99_seconds, 0.01, 0.1, "s",
+           1, "delivery"),
+    Signal("delivery_mean", "network", "replies delivered on average in", lambda f: f.delivery_mean_seconds, 0.005,
+           0.02, "ms", 1000, "delivery"),
+    Signal("retransmitted_replies", "network", "share of replies retransmitted", lambda f: f.retransmitted_share,
+           0.02, 0.05, "%", 100, "delivery"),
+    Signal("rto_stall", "network", "RTO stalls", lambda f: f.rto_stall_per_second, 0.01, 0.1, "s/s", 1, "delivery"),
     # The agent's own scrape as a probe of the path: a connection refused or timed out while the process lives
     # means nothing reaches its port (a partition drops every SYN, and with no connection open the server has
     # nothing to retransmit: a live 100 % drop read 0 retransmits and no other signal moved). A window is 1 or 0.

@@ -306,8 +306,14 @@ class LatencyDetector:
 
     def _score(self, f: Features, expected: dict[str, float], values: dict[str, float | None]) -> float | None:
         assert f.mean_seconds is not None and f.requests is not None
-        return self._latency_z(f.mean_seconds + self._retransmit_cost(f, values), f.mean_seconds, f.requests,
-                               f.buckets, cpu_wait(f), expected["mean"])
+        mean = f.mean_seconds + self._retransmit_cost(f, values)
+        server = self._latency_z(mean, f.mean_seconds, f.requests, f.buckets, cpu_wait(f), expected["mean"])
+        if not f.client_buckets:
+            return server
+        # The clients' latency (server + delivery) against the same expectation: a fault on the way to the clients
+        # moves only this one.
+        return max(server, self._latency_z(mean, f.mean_seconds, f.requests, f.client_buckets, cpu_wait(f),
+                                           expected["mean"]))
 
     def _latency_z(self, mean: float, server_mean: float, n: float, buckets: tuple[tuple[float, float], ...],
                    wait: float | None, expected_mean: float) -> float:
@@ -350,8 +356,17 @@ class LatencyDetector:
         rate, now = f.request_rate, values.get("retransmits")
         stats = self.baseline_.stats().get("retransmits")
         if rate is None or rate <= 0 or now is None or stats is None:
+            return self._delivery_cost(values)
+        return max(max(0.0, now - stats.median) * self.rto_min_seconds / rate, self._delivery_cost(values))
+
+    def _delivery_cost(self, values: dict[str, float | None]) -> float:
+        """Seconds per request the clients waited for their replies beyond the baseline's usual delivery, measured
+        (probes/delivery.py): the clients' latency is the server's plus this, so a regression opens on either with
+        the same expectation and false-alarm rules. 0 where delivery is not measured (older recordings)."""
+        now, stats = values.get("delivery_mean"), self.baseline_.stats().get("delivery_mean")
+        if now is None or stats is None:
             return 0.0
-        return max(0.0, now - stats.median) * self.rto_min_seconds / rate
+        return max(0.0, now - stats.median)
 
     def _stalled(self, f: Features) -> bool:
         """Far fewer requests finished than the baseline's usual count, or the server did not answer the scrape that

@@ -15,6 +15,7 @@ from typing import Any
 from analysis.features import is_idle_loop
 from analysis.waits import by_kind
 from analysis.window import (
+    DeliveryReading,
     GcReading,
     Log2Histogram,
     MemberReading,
@@ -28,7 +29,7 @@ from analysis.window import (
 
 # Readings measured per process, summed over a family's members. Latency and GPU are the family's own (read
 # from the leader's server and the host), never per member.
-PER_MEMBER: tuple[str, ...] = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks")
+PER_MEMBER: tuple[str, ...] = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks", "delivery")
 
 
 def _hist_sum(hists: Sequence[Log2Histogram], unit: str) -> Log2Histogram:
@@ -109,9 +110,27 @@ def _stacks(parts: Sequence[tuple[str, StackReading]]) -> StackReading:
     return out
 
 
+def _delivery(parts: Sequence[tuple[str, DeliveryReading]]) -> DeliveryReading:
+    readings = [r for _, r in parts]
+    buckets: dict[str, float] = {}
+    for r in readings:
+        for k, n in r.buckets.items():
+            buckets[k] = buckets.get(k, 0.0) + n
+    srtt = [(r.srtt_mean_seconds, r.replies) for r in readings if r.srtt_mean_seconds is not None and r.replies]
+    replies = sum(n for _, n in srtt)
+    return DeliveryReading(replies=sum(r.replies for r in readings),
+                           retransmitted=sum(r.retransmitted for r in readings),
+                           rto_replies=sum(r.rto_replies for r in readings), buckets=buckets,
+                           delivery_seconds=sum(r.delivery_seconds for r in readings),
+                           srtt_mean_seconds=sum(s * n for s, n in srtt) / replies if replies else None,
+                           retransmits=sum(r.retransmits for r in readings),
+                           rto_stall_seconds=sum(r.rto_stall_seconds for r in readings),
+                           not_server=sum(r.not_server for r in readings))
+
+
 _MERGE: dict[str, Callable[[Sequence[tuple[str, Any]]], Any]] = {
     "syscalls": _syscalls, "offcpu": _offcpu, "gc": _gc, "tcp": _tcp, "runqueue": _runqueue,
-    "process": _process, "stacks": _stacks,
+    "process": _process, "stacks": _stacks, "delivery": _delivery,
 }
 
 

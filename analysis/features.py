@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
+from analysis.client_latency import bucket_quantiles, client_buckets
 from analysis.waits import by_kind
-from analysis.window import Window
+from analysis.window import DeliveryReading, Window
 
 # Leaf frames of py-spy idle stacks where a thread waits for work rather than inside the work: the
 # standard library's waiting primitives and event loops. Idle samples anywhere else are a thread
@@ -58,6 +61,15 @@ class Features:
     # Threads stopped (a signal, a tracer) or in uninterruptible disk sleep at the window's end: a wait still in
     # progress, read from /proc, so it is there where the off-CPU probe cannot run.
     stuck_threads: float | None = None
+    # Replies' delivery to the clients (Window.delivery, probes/delivery.py): mean and p99 seconds from the last
+    # write to the client's ACK, share of replies retransmitted, RTO stall seconds per second. None without it.
+    delivery_mean_seconds: float | None = None
+    delivery_p99_seconds: float | None = None
+    retransmitted_share: float | None = None
+    rto_stall_per_second: float | None = None
+    # The clients' latency histogram (server latency + delivery, analysis/client_latency.py) on `buckets`' bounds;
+    # () where either is missing.
+    client_buckets: tuple[tuple[float, float], ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,6 +83,16 @@ def _buckets(raw: dict[str, float]) -> tuple[tuple[float, float], ...]:
         except ValueError:
             continue  # a malformed bound cannot be placed; the others still describe the window
     return tuple(sorted(pairs))
+
+
+def _delivery(d: DeliveryReading, dur: float) -> dict[str, float]:
+    out = {"rto_stall_per_second": d.rto_stall_seconds / dur}
+    if d.replies > 0:
+        p99 = bucket_quantiles(d.buckets, np.array([0.99]))
+        out.update(delivery_mean_seconds=d.delivery_seconds / d.replies, retransmitted_share=d.retransmitted / d.replies)
+        if p99 is not None:
+            out["delivery_p99_seconds"] = float(p99[0])
+    return out
 
 
 def is_idle_loop(leaf: str) -> bool:
@@ -114,6 +136,10 @@ def extract(window: Window) -> Features:
         f["gc_max_pause_seconds"] = window.gc.max_pause_seconds
     if window.tcp is not None:
         f["retransmits_per_second"] = window.tcp.retransmits / dur
+    if window.delivery is not None:
+        f.update(_delivery(window.delivery, dur))
+        if la is not None and la.requests > 0 and la.buckets and window.delivery.replies > 0:
+            f["client_buckets"] = _buckets(client_buckets(la.buckets, window.delivery.buckets))
     if window.runqueue is not None:
         f["runqueue_per_second"] = window.runqueue.total_seconds / dur
     if window.process is not None:

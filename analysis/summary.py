@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from analysis.client_latency import estimate as estimate_client_latency
 from analysis.own_syscalls import OWN_SYSCALLS
 from analysis.window import Window
 
@@ -14,6 +15,7 @@ def window_summary(w: Window) -> dict[str, Any]:
     top_syscalls = [(f"{name} ({OWN_SYSCALLS[name]})" if name in OWN_SYSCALLS else name, n) for name, n in
                     sorted((w.syscalls.counts.items() if w.syscalls else []), key=lambda kv: -kv[1])[:5]]
     gpu = w.gpu
+    client = estimate_client_latency(w.latency, w.delivery)
     return {
         "target": w.target,
         "pid": w.pid,
@@ -40,6 +42,11 @@ def window_summary(w: Window) -> dict[str, Any]:
                         else None),
         "gpu_note": None if gpu is None or gpu.available else (gpu.reason or "no GPU"),
         "errors": dict(w.errors),
+        # What the clients wait (server latency + reply delivery, analysis/client_latency.py), and the share of
+        # replies retransmitted; None without a delivery reading.
+        "client_p50_ms": _ms(client.p50_seconds) if client else None,
+        "client_p99_ms": _ms(client.p99_seconds) if client else None,
+        "replies_retransmitted_percent": (round(100 * client.retransmitted_share, 1) if client else None),
     }
 
 
@@ -48,7 +55,7 @@ def summary_line(s: dict[str, Any]) -> str:
     parts = [f"{time.strftime('%H:%M:%S', time.localtime(s['end']))} {s['target']} pid {s['pid']} "
              f"{s['end'] - s['start']:.1f}s"]
     figures = [
-        ("p99", s["p99_ms"], "{} ms"), ("rate", s["request_rate"], "{} req/s"), ("cpu", s["cpu_percent"], "{} %"),
+        ("p99", s["p99_ms"], "{} ms"), ("clients p99", s.get("client_p99_ms"), "{} ms"), ("rate", s["request_rate"], "{} req/s"), ("cpu", s["cpu_percent"], "{} %"),
         ("rss", s["rss_mb"], "{} MiB"), ("syscalls", s["syscalls"], "{}"), ("offcpu", s["offcpu_seconds"], "{} s"),
         ("gc", s["gc_collections"], "{}"), ("gc pause", s["gc_pause_ms"], "{} ms"),
         ("runq p99", s["runqueue_p99_us"], "{:.0f} us"), ("retrans", s["tcp_retransmits"], "{}"),

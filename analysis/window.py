@@ -147,6 +147,23 @@ class LatencyReading:
 
 
 @dataclass
+class DeliveryReading:
+    """Replies of a target's server sockets acknowledged by their clients in the window (probes/delivery.py)."""
+
+    replies: int = 0
+    # Replies that were retransmitted / hit an RTO before the client acknowledged them.
+    retransmitted: int = 0
+    rto_replies: int = 0
+    # Delivery time (last write -> client's ACK) per bucket: upper bound as the latency source keys it -> replies.
+    buckets: dict[str, float] = field(default_factory=dict)
+    delivery_seconds: float = 0.0  # sum over the replies
+    srtt_mean_seconds: float | None = None  # the flows' smoothed RTT at each reply's completion, mean
+    retransmits: int = 0  # packets of its server sockets
+    rto_stall_seconds: float = 0.0  # time its flows waited for an RTO to fire
+    not_server: int = 0  # acknowledged writes on sockets that are not server sockets (not in the figures)
+
+
+@dataclass
 class GpuReading:
     available: bool = False
     reason: str | None = None
@@ -207,6 +224,9 @@ class Window:
     # A family target's processes, each with its own figures (the reading fields above are the family's totals);
     # empty for a single-process target and in windows recorded before families.
     members: list[MemberReading] = field(default_factory=list)
+    # Replies of its server sockets as the clients' acknowledgements tell (probes/delivery.py); null in windows
+    # recorded before it was kept or with the probe off.
+    delivery: DeliveryReading | None = None
 
     @property
     def duration(self) -> float:
@@ -238,4 +258,5 @@ class Window:
 # The fields a collector fills, each named after its collector (the config key and the metric label too). Written
 # out, not derived: `unanswered` and `unreachable` are lists about a reading, not readings (a test checks that
 # every Optional reading field of Window is here).
-READINGS: tuple[str, ...] = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks", "latency", "gpu")
+READINGS: tuple[str, ...] = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks", "latency", "gpu",
+                             "delivery")

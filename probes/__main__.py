@@ -34,6 +34,7 @@ PROBES: dict[str, ProbeEntry] = {
     "gc": ProbeEntry("probes.gcpause", "GcPauseProbe", "GcPauseConfig"),
     "runqueue": ProbeEntry("probes.runqlat", "RunqlatProbe", "RunqlatConfig"),
     "tcp": ProbeEntry("probes.tcpretrans", "TcpRetransProbe", "TcpRetransConfig", host=_tcp_host),
+    "delivery": ProbeEntry("probes.delivery", "DeliveryProbe", "DeliveryConfig"),
 }
 
 _PARSERS: dict[str, Callable[[str], Any]] = {

@@ -58,7 +58,7 @@ def test_no_file_gives_defaults_with_the_bundled_workload_target() -> None:
     assert c.stacks == StacksConfig(enabled=True, rate_hz=3, burst_rate_hz=49, burst_hold_segments=3,
                                     segment_seconds=5, nonblocking=True)
     assert c.store_dir == Path("/var/lib/infersight")
-    assert c.probes.enabled() == ["syscalls", "offcpu", "gc", "tcp", "runqueue"]
+    assert c.probes.enabled() == ["syscalls", "offcpu", "gc", "tcp", "runqueue", "delivery"]
     (t,) = c.targets
     assert t.name == "workload" and t.process_regex == DEFAULT_TARGET_REGEX
     assert t.pattern.search("/work/main/.venv/bin/python -m workload serve --port 8000")
@@ -109,7 +109,7 @@ latency = { url = "https://h/metrics", metric = "my_latency_ms", unit_seconds = 
     assert (c.retention_days, c.retention_bytes, c.retention_seconds) == (0.5, 2097152, 43200.0)
     assert c.listen_address == ("::1", 9999)
     assert (c.stacks.rate_hz, c.stacks.nonblocking, c.stacks.enabled, c.log_level) == (97, False, True, "debug")
-    assert c.probes.enabled() == ["syscalls", "offcpu", "tcp", "runqueue"]
+    assert c.probes.enabled() == ["syscalls", "offcpu", "tcp", "runqueue", "delivery"]
     llm, tgi, triton, custom = c.targets
     assert llm.latency.url == "http://10.0.0.2:8001/metrics"
     assert llm.latency.metric == "vllm:e2e_request_latency_seconds" and llm.latency.preset == "vllm"

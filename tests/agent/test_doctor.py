@@ -46,7 +46,8 @@ def test_real_host_json_lists_every_check(require_bpf):
     assert {"root", "kernel", "tracefs", "btf", "uprobes", "kprobes", "kernel headers", "bcc",
             "bpf program", "py-spy", "torch"} <= names
     probes = {c["name"]: c for c in report["checks"] if c["name"].startswith("probe ")}
-    assert set(probes) == {"probe syscalls", "probe offcpu", "probe gc", "probe tcp", "probe runqueue", "probe exits"}
+    assert set(probes) == {"probe syscalls", "probe offcpu", "probe gc", "probe tcp", "probe runqueue", "probe delivery",
+                           "probe exits"}
     assert all(c["status"] == "ok" for c in probes.values()), probes
 
 
@@ -54,7 +55,10 @@ def test_doctor_checks_every_hook_the_probes_use():
     assert set(doctor.PROBE_TRACEPOINTS) == {
         "raw_syscalls:sys_enter", "raw_syscalls:sys_exit", "sched:sched_switch", "sched:sched_wakeup",
         "sched:sched_wakeup_new", "tcp:tcp_retransmit_skb", "tcp:tcp_retransmit_synack",
-        "task:task_newtask"}  # families: a member's forks are followed in the kernel
+        "task:task_newtask",  # families: a member's forks are followed in the kernel
+        # delivery (docs/delivery.md)
+        "sock:sock_send_length", "sock:sock_recv_length", "tcp:tcp_probe", "sock:inet_sock_set_state",
+        "tcp:tcp_cong_state_set", "tcp:tcp_destroy_sock"}
 
 
 def test_missing_tracepoint_fails_and_names_it(tmp_path):

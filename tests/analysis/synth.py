@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass, replace
 
 from analysis.window import (
+    DeliveryReading,
     GcReading,
     LatencyReading,
     OffCpuReading,
@@ -52,6 +53,8 @@ class Load:
     cpu_per_token: float = 0.002
     stuck_threads: int = 0         # stopped or in disk sleep at the window's end
     hot_function: str | None = None
+    delivery: bool = False         # the window carries the delivery probe's reading
+    reply_loss: float = 0.0        # share of replies that wait for an RTO (0.2-0.45 s) to reach the client
 
 
 def window(i: int, load: Load = Load(), seed: int = 0, interval: float = 5.0, target: str = "t") -> Window:
@@ -83,14 +86,25 @@ def window(i: int, load: Load = Load(), seed: int = 0, interval: float = 5.0, ta
     active = {APP + ";Model.forward (app/model.py:9)": int(ticks * 0.5 * jitter), APP + ";sample (app/model.py:30)": 20}
     if load.hot_function:
         active[APP + f";{load.hot_function} (app/hot.py:1)"] = ticks
+    delivery = None
+    if load.delivery or load.reply_loss:
+        lost = sum(1 for _ in range(n) if rng.random() < load.reply_loss)
+        times = [rng.uniform(0.0002, 0.002) for _ in range(n - lost)] + [rng.uniform(0.2, 0.45) for _ in range(lost)]
+        dbuckets = dict.fromkeys(buckets, 0.0)
+        for x in times:
+            b = next(b for b in BOUNDS if x <= b)
+            dbuckets["+Inf" if math.isinf(b) else repr(b)] += 1
+        delivery = DeliveryReading(replies=n, retransmitted=lost, rto_replies=lost, buckets=dbuckets,
+                                   delivery_seconds=sum(times), srtt_mean_seconds=0.0005, retransmits=lost,
+                                   rto_stall_seconds=0.2 * lost)
     return Window(
-        target=target, pid=4242, start=start, end=start + interval,
+        target=target, pid=4242, start=start, end=start + interval, delivery=delivery,
         syscalls=SyscallReading(counts={"futex": int(n * load.syscalls_per_request * 0.8),
                                         "sendto": int(n * load.syscalls_per_request * 0.2)}),
         offcpu=OffCpuReading(seconds=sum(stacks.values()) / 1e6, stacks=stacks),
         gc=GcReading(collections=5, pause_seconds=load.gc_pause * interval * jitter,
                      max_pause_seconds=load.gc_pause * interval / 3),
-        tcp=TcpReading(retransmits=int(load.retransmits)),
+        tcp=TcpReading(retransmits=int(load.retransmits) + (delivery.retransmits if delivery else 0)),
         runqueue=RunQueueReading(total_seconds=load.runq_per_cpu * cpu * jitter),
         process=ProcessReading(cpu_seconds=cpu, rss_bytes=300 << 20, threads=35, voluntary_ctx_switches=100,
                                involuntary_ctx_switches=10, stopped_threads=load.stuck_threads, disk_wait_threads=0),

@@ -101,3 +101,26 @@ def test_a_host_without_a_gpu_has_no_source_up_series_for_it(state, client):
     # No series, so no InferenceSourceDown alert for a host that simply has no GPU; a broken one is down.
     assert not any(name == "infersight_source_up" and ("source", "gpu:server") in labels for name, labels in s)
     assert s[("infersight_source_up", (("source", "gpu:other"),))] == 0
+
+
+def test_client_latency_is_exported_only_when_server_latency_and_delivery_were_both_measured(client):
+    from agent.metrics import build_registry
+    from agent.state import AgentState
+    from analysis.window import DeliveryReading, LatencyReading
+    from dashboards.app import create_app
+    from tests.dashboards.conftest import make_window
+
+    # make_window's server has no delivery reading: no client series, never a zero.
+    assert not [k for k in _samples(client) if k[0] == "infersight_client_latency_seconds"]
+    state = AgentState()
+    w = make_window()
+    w.latency = LatencyReading(p50_seconds=0.05, p99_seconds=0.1, requests=100,
+                               buckets={"0.05": 50.0, "0.1": 50.0, "0.5": 0.0, "+Inf": 0.0})
+    # A fifth of the replies reached their clients after an RTO (0.2-0.5 s).
+    w.delivery = DeliveryReading(replies=100, retransmitted=20,
+                                 buckets={"0.05": 80.0, "0.1": 0.0, "0.5": 20.0, "+Inf": 0.0})
+    state.record_window(w)
+    s = _samples(create_app({"STATE": state, "REGISTRY": build_registry(state), "TESTING": True}).test_client())
+    p99 = s[("infersight_client_latency_seconds", (("percentile", "p99"), ("target", "server")))]
+    p50 = s[("infersight_client_latency_seconds", (("percentile", "p50"), ("target", "server")))]
+    assert 0.4 < p99 <= 0.6 and p50 < 0.15

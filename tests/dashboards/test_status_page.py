@@ -98,3 +98,23 @@ def test_readings_a_window_lacks_say_not_measured_never_zero(bare_client):
         assert row and "not measured" in row.group(1) and not re.search(r"\b0\b", row.group(1)), (label, row)
     assert "7" in re.search(r"<dt>syscalls</dt><dd>(.*?)</dd>", native, re.S).group(1)
     assert "not a Python interpreter" in native, "the reason is shown beside it"
+
+
+def test_clients_latency_shows_beside_the_servers_and_is_not_measured_without_delivery(client):
+    from agent.state import AgentState
+    from analysis.window import DeliveryReading, LatencyReading
+    from tests.dashboards.conftest import make_window
+
+    assert "clients p50 / p99" in client.get("/").get_data(as_text=True)
+    assert client.get("/api/status").get_json()["latest"]["server"]["client_p99_ms"] is None
+    state = AgentState()
+    w = make_window()
+    w.latency = LatencyReading(p50_seconds=0.05, p99_seconds=0.1, requests=100, request_rate=20.0,
+                               buckets={"0.05": 50.0, "0.1": 50.0, "0.5": 0.0, "+Inf": 0.0})
+    w.delivery = DeliveryReading(replies=100, retransmitted=20,
+                                 buckets={"0.05": 80.0, "0.1": 0.0, "0.5": 20.0, "+Inf": 0.0})
+    state.record_window(w)
+    latest = create_app({"STATE": state}).test_client().get("/api/status").get_json()["latest"]["server"]
+    assert 400 < latest["client_p99_ms"] <= 600 and latest["replies_retransmitted_percent"] == 20.0
+    assert "20.0 % of replies retransmitted" in create_app({"STATE": state}).test_client().get("/").get_data(
+        as_text=True)

@@ -1,0 +1,98 @@
+"""What the clients wait, estimated per window: the server's latency plus the reply's delivery time.
+
+The server's latency histogram (its own /metrics: arrival to the reply written) and the delivery histogram
+(probes/delivery.py: reply written to the client's ACK) share bucket bounds. A request's client-side latency
+is the sum of its two parts; the two are not paired request by request, so the estimate takes them as
+independent: each histogram is read at 200 evenly spaced ranks (PromQL's linear interpolation within a
+bucket), every pair is summed, and the sums' quantiles are the estimate. Network delay does not depend on
+how long the model ran, which is what makes independence fair; a fault that slows both at once (a saturated
+host) makes the estimate a little narrower than the truth.
+
+What it cannot see (docs/detector.md): time before the request reached the server's kernel (connection
+setup, the request's own loss, a client's queue), stalls in the client after its kernel had the bytes,
+proxies or load balancers in between (the "client" is then the proxy), and TLS terminated elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from analysis.window import DeliveryReading, LatencyReading
+
+RANKS = 200
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+@dataclass(frozen=True)
+class ClientLatency:
+    p50_seconds: float
+    p95_seconds: float
+    p99_seconds: float
+    # Delivery's own quantiles and the share of replies retransmitted, for the evidence a cause names.
+    delivery_p99_seconds: float
+    retransmitted_share: float
+
+
+def _bound(key: str) -> float:
+    return math.inf if key == "+Inf" else float(key)
+
+
+def bucket_quantiles(buckets: dict[str, float], qs: np.ndarray) -> np.ndarray | None:
+    """Values at ranks `qs` of a histogram {upper bound: count} (not cumulative), interpolated linearly within a
+    bucket from its lower bound (0 for the first); ranks in +Inf take the last finite bound. None when empty."""
+    keys = sorted(buckets, key=_bound)
+    bounds = [_bound(k) for k in keys]
+    counts = np.array([max(0.0, buckets[k]) for k in keys], dtype=float)
+    total = counts.sum()
+    if total <= 0:
+        return None
+    finite = [b for b in bounds if b != math.inf]
+    cum = np.cumsum(counts)
+    out = np.empty(len(qs))
+    for i, q in enumerate(qs):
+        rank = q * total
+        b = int(np.searchsorted(cum, rank, side="left"))
+        b = min(b, len(bounds) - 1)
+        if bounds[b] == math.inf:
+            out[i] = finite[-1] if finite else 0.0
+            continue
+        lo = bounds[b - 1] if b else 0.0
+        below = cum[b - 1] if b else 0.0
+        inside = counts[b]
+        out[i] = lo + (bounds[b] - lo) * ((rank - below) / inside if inside > 0 else 1.0)
+    return out
+
+
+def client_buckets(server: dict[str, float], delivery: dict[str, float]) -> dict[str, float]:
+    """The clients' latency histogram on the server's bucket bounds: the server's count of requests spread as the
+    independent sums of both histograms' RANKS evenly spaced values fall. {} when either is empty."""
+    qs = (np.arange(RANKS) + 0.5) / RANKS
+    a, b = bucket_quantiles(server, qs), bucket_quantiles(delivery, qs)
+    if a is None or b is None:
+        return {}
+    keys = sorted(server, key=_bound)
+    bounds = np.array([_bound(k) for k in keys])
+    sums = np.add.outer(a, b).ravel()
+    idx = np.minimum(np.searchsorted(bounds, sums, side="left"), len(bounds) - 1)
+    n = sum(max(0.0, v) for v in server.values())
+    counts = np.bincount(idx, minlength=len(bounds)) * (n / len(sums))
+    return {k: float(c) for k, c in zip(keys, counts, strict=True)}
+
+
+def estimate(latency: LatencyReading | None, delivery: DeliveryReading | None) -> ClientLatency | None:
+    """The clients' p50/p95/p99 for a window; None unless both histograms have observations."""
+    if latency is None or delivery is None or not latency.buckets or not delivery.buckets or not delivery.replies:
+        return None
+    qs = (np.arange(RANKS) + 0.5) / RANKS
+    server = bucket_quantiles(latency.buckets, qs)
+    network = bucket_quantiles(delivery.buckets, qs)
+    if server is None or network is None:
+        return None
+    sums = np.add.outer(server, network).ravel()
+    p50, p95, p99 = (float(v) for v in np.quantile(sums, QUANTILES))
+    return ClientLatency(p50_seconds=p50, p95_seconds=p95, p99_seconds=p99,
+                         delivery_p99_seconds=float(np.quantile(network, 0.99)),
+                         retransmitted_share=delivery.retransmitted / delivery.replies)

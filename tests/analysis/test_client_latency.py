@@ -1,0 +1,51 @@
+"""The clients' latency estimate: server latency + delivery time, against sampled truths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis.client_latency import bucket_quantiles, estimate
+from analysis.window import DeliveryReading, LatencyReading
+
+BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0)
+
+
+def _hist(samples: np.ndarray) -> dict[str, float]:
+    keys = [repr(b).removesuffix(".0") for b in BOUNDS] + ["+Inf"]
+    idx = np.searchsorted(np.array(BOUNDS), samples, side="left")
+    return {k: float((idx == i).sum()) for i, k in enumerate(keys)}
+
+
+def test_quantiles_interpolate_inside_a_bucket_like_promql():
+    buckets = {"0.1": 0.0, "0.2": 10.0, "+Inf": 0.0}
+    assert bucket_quantiles(buckets, np.array([0.5]))[0] == pytest.approx(0.15)
+    assert bucket_quantiles({"0.1": 0.0, "+Inf": 0.0}, np.array([0.5])) is None
+    # Ranks in +Inf take the last finite bound, as histogram_quantile does.
+    assert bucket_quantiles({"0.1": 1.0, "+Inf": 9.0}, np.array([0.9]))[0] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_estimate_is_within_20_percent_of_the_sampled_sum_under_reply_loss(seed):
+    """Server latency ~ a model's (log-normal around 80 ms); delivery: most replies at once, 15 % after an RTO
+    of 200-400 ms (reply loss). The estimate from the two histograms against the true per-request sums."""
+    rng = np.random.default_rng(seed)
+    n = 2000
+    server = rng.lognormal(np.log(0.08), 0.3, n)
+    delivery = np.where(rng.random(n) < 0.15, rng.uniform(0.2, 0.4, n), rng.uniform(0.0, 0.002, n))
+    truth = server + delivery
+    est = estimate(LatencyReading(buckets=_hist(server), requests=n),
+                   DeliveryReading(replies=n, retransmitted=300, buckets=_hist(delivery)))
+    for got, q in ((est.p50_seconds, 0.5), (est.p95_seconds, 0.95), (est.p99_seconds, 0.99)):
+        want = float(np.quantile(truth, q))
+        assert abs(got - want) <= 0.2 * want, (q, got, want)
+    assert est.retransmitted_share == pytest.approx(0.15)
+    assert est.delivery_p99_seconds > 0.2
+
+
+def test_no_estimate_without_both_parts():
+    lat = LatencyReading(buckets={"0.1": 5.0, "+Inf": 0.0}, requests=5)
+    assert estimate(lat, None) is None
+    assert estimate(None, DeliveryReading(replies=1, buckets={"0.1": 1.0, "+Inf": 0.0})) is None
+    assert estimate(lat, DeliveryReading(replies=0, buckets={"0.1": 0.0, "+Inf": 0.0})) is None
+    assert estimate(LatencyReading(), DeliveryReading(replies=1, buckets={"0.1": 1.0, "+Inf": 0.0})) is None

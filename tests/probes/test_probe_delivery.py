@@ -1,0 +1,226 @@
+"""delivery probe: rendering, and real replies in namespaces against a client that timestamps each last byte."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from probes.delivery import DEFAULT_BOUNDS, DeliveryConfig, DeliveryProbe, bucket_key, render
+from tests.probes.netns_helper import NetnsPair, netns_pair_context
+from workload.metrics import E2E_BUCKETS
+
+# --- pure parts ------------------------------------------------------------------------------------
+
+
+def test_default_bounds_are_the_workloads_latency_buckets():
+    assert DEFAULT_BOUNDS == E2E_BUCKETS
+
+
+def test_bucket_keys_match_the_latency_source():
+    assert [bucket_key(b) for b in (0.01, 0.1, 1.0, 2.5, 10.0)] == ["0.01", "0.1", "1", "2.5", "10"]
+    assert bucket_key(float("inf")) == "+Inf"
+
+
+def test_render_places_each_bound_in_the_bucket_chain():
+    text = render(DeliveryConfig(bounds=(0.005, 0.5), max_targets=4, max_flows=64), err_field=False)
+    assert "if (ns <= 5000000ULL) return 0;" in text and "if (ns <= 500000000ULL) return 1;" in text
+    assert "return 2;\n}" in text
+    assert "#define N_FIELDS 11" in text and "#define HAVE_ERR_FIELD" not in text
+    assert "#define MAX_FLOWS 64" in text
+
+
+@pytest.mark.parametrize("bad", [(), (0.1, 0.1), (0.2, 0.1), (-1.0,), tuple(range(1, 50))])
+def test_config_rejects_bad_bounds(bad):
+    with pytest.raises(ValueError, match="bounds must be"):
+        DeliveryConfig(bounds=bad)
+
+
+def test_config_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="max_flows"):
+        DeliveryConfig(max_flows=1)
+    with pytest.raises(ValueError, match="max_targets"):
+        DeliveryConfig(max_targets=0)
+
+
+# --- real replies -----------------------------------------------------------------------------------
+
+PORT = 18432
+FINE_BOUNDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+@dataclass
+class Run:
+    truth: list[float]  # seconds from the server's write to the client holding the last byte, per reply
+    readings: list     # DeliveryReading of the server, per read
+    retrans_segs: int  # the server namespace's RetransSegs over the run, less SYN-ACKs (not a reply's)
+    # Runs the kernel skipped (a program already running on that CPU: other tools on a shared host), each
+    # of which may cost one reply or retransmit.
+    lost: int
+
+
+def _data_retransmits(pair: NetnsPair) -> int:
+    return pair.retrans_segs(pair.a) - pair.netstat(pair.a)["TcpExt"]["TCPSynRetrans"]
+
+
+def _run(pair: NetnsPair, reply_loss: bool, delayed_ack: bool = False, requests: int = 40, size: int = 20000) -> Run:
+    server = subprocess.Popen(pair.exec_argv(pair.a, [sys.executable, "-m", "tests.probes.delivery_peers",
+                                                      "server", str(PORT)]),
+                              stdout=subprocess.PIPE, text=True)
+    probe = DeliveryProbe(DeliveryConfig(bounds=FINE_BOUNDS, max_targets=4))
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        if reply_loss:
+            pair.add_input_rules(pair.b, [f"tcp sport {PORT} numgen random mod 10 < 2 drop"])
+        probe.start([server.pid])
+        probe.read()
+        before = _data_retransmits(pair)
+        argv = [sys.executable, "-m", "tests.probes.delivery_peers", "client", pair.addr_a, str(PORT), "4",
+                str(requests), str(size), "0.05"] + (["--delayed-ack"] if delayed_ack else [])
+        client = subprocess.run(pair.exec_argv(pair.b, argv), capture_output=True, text=True, timeout=300)
+        assert client.returncode == 0, client.stderr
+        readings = [probe.read()[server.pid]]
+        # The last reply of each connection is recorded when the client's FIN arrives: the client has
+        # closed by now, so one more read collects it.
+        time.sleep(0.5)
+        readings.append(probe.read()[server.pid])
+        retrans = _data_retransmits(pair) - before
+        lost = probe.health().lost_events
+    finally:
+        probe.stop()
+        server.kill()
+        server.wait()
+    writes = dict(line.split()[1:] for line in server.stdout.read().splitlines() if line.startswith("w "))
+    received = dict(line.split()[1:] for line in client.stdout.splitlines() if line.startswith("r "))
+    assert len(received) == 4 * requests
+    truth = [(int(received[i]) - int(writes[i])) / 1e9 for i in received]
+    return Run(truth=truth, readings=readings, retrans_segs=retrans, lost=lost)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The value of rank ceil(q * n), the rank _kernel_quantile's bucket holds: at a step of the distribution (one
+    RTO vs two) ranks one apart fall in different buckets."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+
+
+def _kernel_quantile(buckets: list[float], q: float) -> int:
+    total, rank = sum(buckets), 0.0
+    for i, n in enumerate(buckets):
+        rank += n
+        if rank >= q * total:
+            return i
+    return len(buckets) - 1
+
+
+def _merged(run: Run) -> tuple[int, list[float], float, int, int]:
+    keys = [bucket_key(b) for b in FINE_BOUNDS] + ["+Inf"]
+    buckets = [sum(r.buckets[k] for r in run.readings) for k in keys]
+    return (sum(r.replies for r in run.readings), buckets, sum(r.delivery_seconds for r in run.readings),
+            sum(r.retransmitted for r in run.readings), sum(r.retransmits for r in run.readings))
+
+
+# Agreement bound, per reply: the kernel's figure ends when the client's ACK reaches the server; the client's
+# own timestamp when its thread has read the last byte, after its kernel sent that ACK. So the kernel is ahead
+# of the client by the client's wake-up (scheduling on this loaded 2-core host: up to a few ms on average)
+# plus one veth hop. Both user-space timestamps also wait for their thread to run after the syscall returns,
+# so single replies differ by a few ms either way, and the client's by tens of ms when the host is loaded (load
+# average 15-20 on 2 cores here: one p99 of 160 replies came 10.5 ms after the kernel's bucket). Bounds: the
+# mean within [-1 ms, +10 ms]; each of p50/p95/p99 in the kernel's bucket widened by 5 ms below and 50 ms above.
+MEAN_BOUND_S = 0.010
+QUANTILE_SLACK_S = 0.005
+CLIENT_WAKEUP_SLACK_S = 0.050
+
+
+@pytest.mark.usefixtures("require_bpf")
+@pytest.mark.parametrize(("reply_loss", "size", "delayed_ack"),
+                         [(False, 20000, False), (True, 20000, False), (True, 300, True)],
+                         ids=["clean", "reply-loss", "small-replies-delayed-ack"])
+def test_delivery_matches_client_timestamps(reply_loss, size, delayed_ack):
+    with netns_pair_context(tag="isdlv") as pair:
+        run = _run(pair, reply_loss, delayed_ack=delayed_ack, size=size)
+    replies, buckets, total, retransmitted, retransmits = _merged(run)
+    assert len(run.truth) - run.lost <= replies <= len(run.truth)
+    gap = sum(run.truth) / len(run.truth) - total / replies
+    assert -0.001 <= gap <= MEAN_BOUND_S, (gap, total / replies, sum(run.truth) / len(run.truth))
+    for q in (0.5, 0.95, 0.99):
+        k = _kernel_quantile(buckets, q)
+        # Runs the kernel skipped can shift the kernel's ranks: then the neighbouring buckets count too.
+        spread = 1 if run.lost else 0
+        lo = FINE_BOUNDS[k - 1 - spread] if k - spread > 0 else 0.0
+        hi = FINE_BOUNDS[k + spread] if k + spread < len(FINE_BOUNDS) else float("inf")
+        assert lo - QUANTILE_SLACK_S <= _quantile(run.truth, q) <= hi + CLIENT_WAKEUP_SLACK_S, (q, k, buckets)
+    # The retransmit tracepoint misses a few in ten thousand under contention (docs/tcpretrans.md): 1 % + 2 slack.
+    assert run.retrans_segs - run.lost - 2 - run.retrans_segs // 100 <= retransmits <= run.retrans_segs
+    if reply_loss:
+        # 20 % of the reply packets dropped: 20 kB replies (14 segments) nearly all lose one, 300 B ones a fifth.
+        assert retransmitted >= replies // (2 if size > 1000 else 10)
+        assert _quantile(run.truth, 0.99) > 0.1
+    else:
+        # No loss made here; a loaded host still retransmits now and then (a timer firing before a delayed ACK was
+        # processed): each retransmitted reply had one, and the kernel counted them (checked above).
+        assert retransmitted <= retransmits <= 2 + run.retrans_segs // 100 + run.retrans_segs
+
+
+def _peer(pair: NetnsPair, *argv: str) -> subprocess.Popen:
+    return subprocess.Popen(pair.exec_argv(pair.b, [sys.executable, "-m", "tests.probes.delivery_peers", *argv]),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _flows(probe: DeliveryProbe) -> int:
+    return len(probe._bpf[b"flows"].items())
+
+
+def _wait(cond, deadline_s: float = 30.0) -> bool:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+@pytest.mark.usefixtures("require_bpf")
+def test_idle_keepalive_and_zero_window_clients_give_no_slow_delivery_and_leave_nothing():
+    """1,000 keep-alive connections that go idle after one reply, and a client that never reads a 4 MB reply
+    (its window closes): the map stays within max_flows, no reply is reported slow, and every entry goes when
+    the connections close."""
+    with netns_pair_context(tag="isdlv") as pair:
+        server = subprocess.Popen(pair.exec_argv(pair.a, [sys.executable, "-m", "tests.probes.delivery_peers",
+                                                          "server", str(PORT)]), stdout=subprocess.PIPE, text=True)
+        probe = DeliveryProbe(DeliveryConfig(bounds=FINE_BOUNDS, max_targets=4, max_flows=256))
+        try:
+            assert server.stdout.readline().strip() == "ready"
+            probe.start([server.pid])
+            stalled = _peer(pair, "stall", pair.addr_a, str(PORT), str(4 << 20))
+            assert stalled.stdout.readline().strip() == "stalled"
+            idle = _peer(pair, "idle", pair.addr_a, str(PORT), "1000")
+            assert idle.stdout.readline().strip() == "idle"
+            time.sleep(3)  # idle: nothing on the wire but the stalled flow's zero-window probes
+            idle_reading = probe.read()[server.pid]
+            assert _flows(probe) <= 256
+            idle.stdin.close()
+            idle.wait(timeout=60)
+            stalled.stdin.close()
+            stalled.wait(timeout=60)
+            assert _wait(lambda: _flows(probe) == 0), _flows(probe)
+            closed_reading = probe.read()[server.pid]
+        finally:
+            probe.stop()
+            server.kill()
+            server.wait()
+    keys = [bucket_key(b) for b in FINE_BOUNDS] + ["+Inf"]
+    for reading in (idle_reading, closed_reading):
+        slow = sum(reading.buckets[k] for k in keys[keys.index("0.05"):])
+        assert slow == 0, reading
+        # A flooded accept queue and the stalled flow may retransmit for real; a stall is never longer than the run.
+        assert reading.rto_stall_seconds < 60
+    # Idle flows hold their last reply until their next segment (here, the client's FIN): recorded then, at the
+    # ACK's time, for the flows the LRU kept (it evicts in per-CPU batches, so fewer than max_flows); never the
+    # stalled client's reply, which was not acknowledged.
+    assert idle_reading.replies + closed_reading.replies <= 1000
+    assert closed_reading.replies >= 50
