@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # The agent runs from the same source tree as this benchmark, not whatever `infersight` is installed.
 REPO = Path(__file__).resolve().parents[1]
-PROBES = ("syscalls", "offcpu", "gc", "tcp", "runqueue")
+PROBES = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "delivery")
 # What `--only` can name: each probe alone, stack sampling alone, the agent with neither (collection loop,
 # psutil, latency scrape, store, detector), that plus scrapes of its page, and the default agent.
 SOURCES = (*PROBES, "stacks", "store", "page", "all")

@@ -62,6 +62,7 @@ NAMES: Mapping[str, OtlpName] = {
     "infersight_requests": OtlpName("infersight.requests", "{request}"),
     "infersight_request_latency_seconds": OtlpName("infersight.request.latency", "s"),
     "infersight_request_rate_per_second": OtlpName("infersight.request.rate", "{request}/s"),
+    "infersight_client_latency_seconds": OtlpName("infersight.client.latency", "s"),
     "infersight_latency_expected_seconds": OtlpName("infersight.latency.expected", "s"),
     "infersight_regression_score": OtlpName("infersight.regression.score", "1"),
 }

@@ -40,6 +40,8 @@ def _without_fields_added_since(value: Any) -> Any:
     out = {k: _without_fields_added_since(v) for k, v in value.items()}
     if "start" in out and "end" in out and out.get("members") == []:
         del out["members"]
+    if "start" in out and "end" in out and "delivery" in out and out["delivery"] is None:
+        del out["delivery"]
     if "severity" in out and "opened_at" in out and out.get("change_id", 0) is None:
         del out["change_id"]
     if "label" in out and "evidence" in out:

@@ -73,7 +73,7 @@ def test_agent_config_loads_and_runs_only_its_source(source: str, tmp_path: Path
     config = config_from_dict(tomllib.loads(text))
     enabled = config.probes.enabled()
     if source == "all":
-        assert len(enabled) == 5 and config.stacks.enabled
+        assert len(enabled) == 6 and config.stacks.enabled
     elif source == "stacks":
         assert enabled == [] and config.stacks.enabled
     elif source in ("store", "page"):
