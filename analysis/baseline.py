@@ -62,6 +62,12 @@ def cpu_wait(f: Features) -> float | None:
     return f.runqueue_per_second / f.request_rate
 
 
+def stats_of(xs: list[float], high_quantile: float) -> SignalStats | None:
+    """A signal's baseline over the values that measured it: median, MAD-sigma, count, high quantile; None for
+    fewer than 3."""
+    return SignalStats(median(xs), mad_sigma(xs), len(xs), quantile(xs, high_quantile)) if len(xs) >= 3 else None
+
+
 class Baseline:
     """Rows of healthy windows, oldest dropped past max_rows; the profile is an exponentially decayed leaf count."""
 
@@ -113,8 +119,7 @@ class Baseline:
             out: dict[str, SignalStats | None] = {}
             for name in names:
                 xs = finite(r.jsd if name == "jsd" else r.signals.get(name) for r in self.rows)
-                out[name] = (SignalStats(median(xs), mad_sigma(xs), len(xs), quantile(xs, self.high_quantile))
-                             if len(xs) >= 3 else None)
+                out[name] = stats_of(xs, self.high_quantile)
             self._stats = out
         return self._stats
 

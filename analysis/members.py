@@ -15,10 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from analysis.attribution import Attributor, SignalStats
+from analysis.baseline import stats_of
 from analysis.cause_signals import BLOCKED_KINDS, read_all
 from analysis.features import Features
 from analysis.regression import Cause
-from analysis.robust import finite, mad_sigma, median, quantile
+from analysis.robust import finite, median
 from analysis.waits import WAIT_KINDS
 from analysis.window import MemberReading, Window
 
@@ -133,8 +134,7 @@ class MemberBaseline:
         out: dict[str, SignalStats | None] = {}
         for name in {k for r in rows for k in r}:
             xs = finite(r.get(name) for r in rows)
-            out[name] = (SignalStats(median(xs), mad_sigma(xs), len(xs), quantile(xs, self.high_quantile))
-                         if len(xs) >= 3 else None)
+            out[name] = stats_of(xs, self.high_quantile)
         return out
 
     def to_dict(self) -> dict:
