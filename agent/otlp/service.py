@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
 from agent.alerts.service import external_url
 from agent.config import Config, ConfigError
 from agent.otlp.config import OtlpFieldError, OtlpSettings, settings
-from agent.otlp.exemplars import ExemplarWatch
-from agent.otlp.exporter import OtlpExporter
 from agent.store import Store
 from agent.target_sources import scrape_deadline
+
+if TYPE_CHECKING:
+    from agent.otlp.exporter import OtlpExporter
 
 
 def otlp_settings(config: Config) -> OtlpSettings | None:
@@ -31,6 +33,11 @@ def make_otlp_exporter(config: Config, resolved: OtlpSettings | None, registry: 
                        started: float, on_error: Callable[[str], None] | None = None) -> OtlpExporter | None:
     if resolved is None:
         return None
+    # Imported here, not at the top: the OpenTelemetry SDK and protobuf cost the agent ~10 MiB of RSS, which an
+    # agent without [otlp] (the default) should not pay.
+    from agent.otlp.exemplars import ExemplarWatch
+    from agent.otlp.exporter import OtlpExporter
+
     # Histogram latency sources only: exemplars sit on bucket lines.
     watched = [(t.name, t.latency.url, t.latency.metric,
                 scrape_deadline(t.latency.timeout_seconds, resolved.export_interval_seconds))
