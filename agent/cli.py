@@ -143,6 +143,22 @@ def _cmd_regressions(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
 
+def _cmd_changes(args: argparse.Namespace) -> int:
+    config, code = _load_config(args.config)
+    if config is None:
+        return code
+    from agent import changes_cmd, regressions_cmd
+
+    try:
+        if args.report is not None:
+            return changes_cmd.report(config, args.store, args.report, args.html, args.json)
+        if args.html is not None:
+            return _fail("--html writes a report: give --report CHANGE_ID too")
+        return changes_cmd.list_changes(config, args.store, args.target, args.json, args.limit)
+    except regressions_cmd.UsageError as exc:
+        return _fail(str(exc))
+
+
 def _cmd_baseline_reset(args: argparse.Namespace) -> int:
     config, code = _load_config(args.config)
     if config is None:
@@ -151,6 +167,18 @@ def _cmd_baseline_reset(args: argparse.Namespace) -> int:
 
     try:
         return regressions_cmd.reset_baseline(config, args.store, args.target)
+    except regressions_cmd.UsageError as exc:
+        return _fail(str(exc))
+
+
+def _cmd_baseline_accept(args: argparse.Namespace) -> int:
+    config, code = _load_config(args.config)
+    if config is None:
+        return code
+    from agent import changes_cmd, regressions_cmd
+
+    try:
+        return changes_cmd.accept(config, args.store, args.target)
     except regressions_cmd.UsageError as exc:
         return _fail(str(exc))
 
@@ -255,6 +283,17 @@ def build_parser() -> argparse.ArgumentParser:
     regressions.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
     regressions.set_defaults(func=_cmd_regressions)
 
+    changes = sub.add_parser("changes", help="list changes to what a target runs (build, command line, allowlisted "
+                                              "environment, distributions, model files)")
+    changes.add_argument("--target", help="only this target")
+    changes.add_argument("--json", action="store_true", help="one JSON object per change, with both identities")
+    changes.add_argument("--limit", type=_ranged(int, 1, 10000), default=50, help="newest N (default 50)")
+    changes.add_argument("--report", metavar="CHANGE_ID", help="the change's before/after report (docs/changes.md)")
+    changes.add_argument("--html", type=Path, metavar="FILE", help="with --report: also write it as an HTML page")
+    changes.add_argument("--config", metavar="FILE", help="agent config (store location)")
+    changes.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
+    changes.set_defaults(func=_cmd_changes)
+
     baseline = sub.add_parser("baseline", help="manage the detector's learned baselines")
     baseline_sub = baseline.add_subparsers(dest="baseline_command", required=True, metavar="ACTION",
                                            parser_class=Parser)
@@ -263,6 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     reset.add_argument("--config", metavar="FILE", help="agent config (store location)")
     reset.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
     reset.set_defaults(func=_cmd_baseline_reset)
+    accept = baseline_sub.add_parser("accept", help="accept a target's change as its new normal: its open regression "
+                                                    "closes and the baseline is learned again from the new build")
+    accept.add_argument("target", help="target name")
+    accept.add_argument("--config", metavar="FILE", help="agent config (store location)")
+    accept.add_argument("--store", type=Path, help="store directory (default: the config's store_dir)")
+    accept.set_defaults(func=_cmd_baseline_accept)
 
     alerts = sub.add_parser("alerts", help="list alerts and their delivery state (from the store)")
     alerts.add_argument("--json", action="store_true", help="print them as JSON")

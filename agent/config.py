@@ -113,6 +113,32 @@ class DetectorConfig:
         _require_range("warmup_windows", self.warmup_windows, 8, 100_000)
 
 
+# Environment variables whose values a target's identity shows (docs/changes.md); every other value is never kept.
+DEFAULT_ENV_ALLOWLIST = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTHONHASHSEED", "VLLM_*")
+_ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
+
+
+@dataclass(frozen=True)
+class IdentityConfig:
+    """A target's identity (what it runs) and its changes (docs/changes.md)."""
+
+    enabled: bool = True
+    # Exact names, or a prefix ending in `*`.
+    env_allowlist: tuple[str, ...] = DEFAULT_ENV_ALLOWLIST
+    # Distributions and model files are read again every this many windows (the rest only when the process changes).
+    refresh_windows: int = 12
+    # A new process's identity is compared with the last one after this many windows: what it loads at start counts.
+    settle_windows: int = 3
+
+    def __post_init__(self) -> None:
+        for i, pattern in enumerate(self.env_allowlist):
+            if not _ENV_PATTERN.fullmatch(pattern):
+                raise FieldError(f"env_allowlist[{i}]",
+                                 f"must be a variable name or a NAME_* prefix, got {pattern[:64]!r}")
+        _require_range("refresh_windows", self.refresh_windows, 1, 10_000)
+        _require_range("settle_windows", self.settle_windows, 1, 1_000)
+
+
 @dataclass(frozen=True)
 class LatencySpec:
     """Where a target's request latency comes from: a Prometheus endpoint and one metric family."""
@@ -277,6 +303,7 @@ class Config:
     receivers: tuple[ReceiverConfig, ...] = field(default=(), metadata=SENSITIVE)
     # OTLP export (docs/otlp.md): off unless the table is there.
     otlp: OtlpConfig | None = None
+    identity: IdentityConfig = field(default_factory=IdentityConfig)
 
     def __post_init__(self) -> None:
         _require_range("interval_seconds", self.interval_seconds, 1, 60)

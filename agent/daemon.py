@@ -21,10 +21,12 @@ from waitress.server import BaseWSGIServer, create_server
 from agent import logs
 from agent.alerts.service import AlertService
 from agent.burst import BurstPolicy
+from agent.changes import ChangeCollector, ChangeTracker
 from agent.collectors import exits_probe
 from agent.config import Config, check_config_paths
 from agent.detection import Detection, DownState
 from agent.detection_metrics import DetectionCollector
+from agent.identity import IdentityReader
 from agent.loop import CollectionLoop
 from agent.metrics import build_registry
 from agent.otlp.service import make_otlp_exporter, otlp_settings
@@ -208,12 +210,23 @@ class Agent:
             self.state.count_error("otlp", 0)  # the series exists before the first failure
             self.registry.register(self.otlp.collector())
             listeners.append(self.otlp.events)  # after the alert service, which files each episode first
+        self.changes: ChangeTracker | None = None
+        if config.identity.enabled:
+            self.changes = ChangeTracker(self.store, IdentityReader(config.identity.env_allowlist,
+                                                                    config.identity.refresh_windows),
+                                         settle_windows=config.identity.settle_windows)
+            self.registry.register(ChangeCollector(self.changes.latest))
         self.detection: Detection | None = None
         self.burst: BurstPolicy | None = None
         if config.detector.enabled:
             warmup = config.detector.warmup_windows
+            # With changes tracked, a new build keeps the old baseline: it is judged against it, and a regression
+            # it brings is labelled `change` (docs/changes.md); without, a new command line means a new baseline.
             self.detection = Detection(self.store, make_detector=lambda: _latency_detector(warmup),
-                                       identity=self._identity, listeners=listeners)
+                                       identity=self._identity if self.changes is None else None,
+                                       listeners=listeners,
+                                       last_change=self.changes.last_change if self.changes is not None
+                                       else lambda target: None)
             for target, finding in self.detection.snapshot().findings.items():
                 if finding.state == "down" and finding.regression is not None:  # an outage the store held open
                     self.state.set_down(target, finding.regression.causes[0].evidence)
@@ -257,6 +270,7 @@ class Agent:
 
     def _sink(self, window: Window) -> None:
         self.store.add_window(window)
+        self._observe_identity(window)
         if self.detection is None:
             return
         try:
@@ -264,6 +278,20 @@ class Agent:
         except Exception:  # a detector fault must not cost the window, already stored; counted and shown
             self.state.count_error("detector")
             log.exception("detector failed on the window of %s", window.target)
+
+    def _observe_identity(self, window: Window) -> None:
+        if self.changes is None:
+            return
+        watched = self.loop.watched
+        target = next((t for t in watched if t.name == window.target and t.pid == window.pid), None)
+        if target is None:
+            return
+        try:
+            self.changes.observe(target, window)
+            self.changes.forget(watched)
+        except Exception:  # an identity the store cannot take must not cost the window, already stored
+            self.state.count_error("identity")
+            log.exception("identity of %s not recorded", window.target)
 
     def _down(self, target: str, pid: int, at: float, reason: str) -> None:
         if self.detection is None:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from analysis.change_cause import DEFAULT_ONSET_SECONDS, ChangeNote, attribute_change
 from analysis.regression import Cause, Regression
 from analysis.verdict import Detector, Verdict
 from analysis.window import Window
@@ -66,14 +67,20 @@ class Detection:
     """One detector per target name; its learned state is saved after every window so a restart resumes it.
 
     `identity(target)` names what the target serves (its command line): when it differs from the one the
-    saved baseline was learned on, the baseline is dropped, since a new model or binary has a new normal.
+    saved baseline was learned on, the baseline is dropped, since a new model or binary has a new normal. With
+    `identity=None` the baseline is kept across builds: a regression a new build brings is then labelled `change`
+    through `last_change` (docs/changes.md).
     """
 
     def __init__(self, store: FindingsStore, make_detector: Callable[[], Detector],
-                 identity: Callable[[str], str | None] = lambda target: None,
-                 listeners: Iterable[RegressionListener] = (), save_every: int = 12, closed_windows: int = 2) -> None:
+                 identity: Callable[[str], str | None] | None = lambda target: None,
+                 listeners: Iterable[RegressionListener] = (), save_every: int = 12, closed_windows: int = 2,
+                 last_change: Callable[[str], ChangeNote | None] = lambda target: None,
+                 change_onset_seconds: float = DEFAULT_ONSET_SECONDS) -> None:
         """`closed_windows`: consecutive windows in which a process that had answered finds its latency port closed
-        (no listening socket) before the target is down (docs/detector.md, "When the server is down")."""
+        (no listening socket) before the target is down (docs/detector.md, "When the server is down").
+        `last_change(target)`: the target's newest change; a regression that opens within `change_onset_seconds`
+        after it, with no outside cause, is labelled `change` (analysis.change_cause, docs/changes.md)."""
         if closed_windows < 1:
             raise ValueError(f"closed_windows must be at least 1, got {closed_windows!r}")
         self._store = store
@@ -82,6 +89,8 @@ class Detection:
         self._listeners = list(listeners)
         self._save_every = save_every
         self._closed_windows = closed_windows
+        self._last_change = last_change
+        self._change_onset = change_onset_seconds
         # Per target: the pid that last answered its latency endpoint, and how many windows in a row since its port
         # has been closed. A process that never answered is starting (loading its model), not down.
         self._serving: dict[str, int] = {}
@@ -113,6 +122,7 @@ class Detection:
             return None
         tracked = self._tracked_for(window.target)
         verdict = tracked.detector.update(window)
+        verdict = self._with_change(window.target, verdict)
         for regression in (verdict.opened, verdict.regression, verdict.closed):
             if regression is not None:
                 self._store.save_regression(regression)
@@ -129,6 +139,18 @@ class Detection:
                 regression=verdict.regression, window_end=window.end, armed=verdict.state != "warmup")
         self._notify(verdict)
         return verdict
+
+    def _with_change(self, target: str, verdict: Verdict) -> Verdict:
+        """The verdict's episodes with the `change` cause where it applies; applied to every window's re-ranking, since
+        the detector ranks measured signals only."""
+        change = self._last_change(target)
+        if change is None:
+            return verdict
+
+        def label(r: Regression | None) -> Regression | None:
+            return None if r is None else attribute_change(r, change, self._change_onset)
+        return dataclasses.replace(verdict, regression=label(verdict.regression), opened=label(verdict.opened),
+                                   closed=label(verdict.closed))
 
     def _save(self, target: str, tracked: _Tracked) -> None:
         self._store.save_detector_state(target, tracked.identity, tracked.detector.get_state())
@@ -151,13 +173,15 @@ class Detection:
                 listener.regression_updated(verdict.regression)
 
     def _tracked_for(self, target: str) -> _Tracked:
-        identity = self._identity(target) or ""
+        # No identity rule (`identity=None`: changes are tracked, agent.changes): the baseline stays whatever runs.
+        keep = self._identity is None
+        identity = "" if keep else self._identity(target) or ""
         tracked = self._tracked.get(target)
-        if tracked is not None and tracked.identity == identity:
+        if tracked is not None and (keep or tracked.identity == identity):
             return tracked
         detector = self._make()
         saved = self._store.detector_state(target) if tracked is None else None
-        if saved is not None and saved[0] == identity:
+        if saved is not None and (keep or saved[0] == identity):
             detector.set_state(saved[1])
             log.info("target %s: baseline restored from the store", target)
         elif saved is not None or tracked is not None:

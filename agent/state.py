@@ -11,7 +11,7 @@ from analysis.snapshot import Skipped, Snapshot, TargetStatus, TargetTotals, cop
 from analysis.window import READINGS, Window
 
 # The agent's own work that can fail (count_error's names); each starts at 0, so its series exists before it fails.
-AGENT_PARTS = ("alerts", "detector", "discovery", "loop", "otlp", "retention", "rollup", "store")
+AGENT_PARTS = ("alerts", "detector", "discovery", "identity", "loop", "otlp", "retention", "rollup", "store")
 
 
 class AgentState:

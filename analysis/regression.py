@@ -7,9 +7,10 @@ from dataclasses import asdict, dataclass, field
 import msgspec
 
 # Causes the detector ranks from signals (docs/detector.md says what signal each one reads), and the ones the agent
-# states as facts: `down`, the target's process ended or stopped answering (docs/detector.md, "When the server is down").
+# states as facts: `down`, the target's process ended or stopped answering (docs/detector.md, "When the server is down");
+# `change`, the regression began just after what the target runs changed (docs/changes.md).
 DETECTOR_CAUSES = ("gc", "lock", "blocked", "syscalls", "network", "cpu_contention", "compute", "unknown")
-AGENT_CAUSES = ("down",)
+AGENT_CAUSES = ("down", "change")
 CAUSE_LABELS = (*DETECTOR_CAUSES, *AGENT_CAUSES)
 SEVERITIES = ("warning", "critical")
 
@@ -61,6 +62,8 @@ class Regression:
     # The baseline the regression is measured against (unix seconds), for the differential flame graph.
     baseline_start: float | None = None
     baseline_end: float | None = None
+    # The change to the target (agent.store.changes) the regression followed, when its top cause is `change`.
+    change_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:

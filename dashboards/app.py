@@ -27,7 +27,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     if config:
         app.config.update(config)
 
-    from dashboards import api, findings, flame_api, page, pages, profiles_api, security, series_api
+    from dashboards import api, changes_api, findings, flame_api, page, pages, profiles_api, security, series_api
 
     # A missing figure reads as a dash, never as Python's "None".
     app.jinja_env.filters["dash"] = lambda v: "–" if v is None else v
@@ -40,6 +40,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(series_api.bp)
     app.register_blueprint(flame_api.bp)
     app.register_blueprint(pages.bp)
+    app.register_blueprint(changes_api.bp)
     security.init_app(app)
 
     registry: CollectorRegistry | None = app.config["REGISTRY"]

@@ -24,6 +24,11 @@ ENDPOINTS = {
     "/api/members?target=&minutes=": "a family target's processes by role, with their share of CPU, off-CPU and GC",
     "/api/regressions?target=&open=1&limit=": "regression episodes, newest first",
     "/api/regressions/<id>": "one episode",
+    "/api/changes?target=&since=&until=&limit=": "changes to what targets run (build, command line, allowlisted "
+                                                 "environment, distributions, model files), newest first",
+    "/api/changes/<id>": "one change with both identities",
+    "/api/changes/<id>/report": "the change's before/after report: latency at equal load, tokens/s, CPU per token, "
+                                "syscalls per request, GC pause per second, each with its interval and verdict",
     "/api/alerts": "alert receivers and their delivery state",
     "/api/flamegraph?target=&kind=&from=&to=&format=folded|svg|speedscope|pprof": "flame graph exports",
     "/api/flamegraph/diff?target=&kind=&baseline_from=&baseline_to=&from=&to=&format=svg|folded|json": "differential",

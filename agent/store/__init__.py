@@ -1,7 +1,7 @@
 """The on-disk history in SQLite (WAL): one module per table family, each owning its migrations, SQL and codec.
 
 `windows` (windows, profiles, aggregates, retention), `findings` (detector state, regressions, baseline
-resets), `alerts` (the alert outbox), `rollup` (the minute rollup); `db` opens the file, migrates it in
+resets), `alerts` (the alert outbox), `rollup` (the minute rollup), `changes` (target identities and their changes); `db` opens the file, migrates it in
 order and holds the one write path, `Store.transaction()`.
 """
 
@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from agent.config import DEFAULT_STORE_DIR
-from agent.store import alerts, findings, rollup, windows
+from agent.store import alerts, changes, findings, rollup, windows
+from agent.store.changes import ChangeTables, StoredChange
 from agent.store.db import DB_NAME, Database, Migration, ReadOnlyDatabase, StoreError, open_database, open_store_dir
 from agent.store.findings import FindingTables
 from agent.store.rollup import RollupTables
@@ -30,14 +31,15 @@ from agent.store.windows import (
 # Ordered by version across the families; never edit a released entry. A new table is one more
 # Migration(version=N+1, ...) in its family's module, appended here.
 MIGRATIONS: tuple[Migration, ...] = tuple(sorted(
-    windows.MIGRATIONS + findings.MIGRATIONS + alerts.MIGRATIONS + rollup.MIGRATIONS, key=lambda m: m.version))
+    windows.MIGRATIONS + findings.MIGRATIONS + alerts.MIGRATIONS + rollup.MIGRATIONS
+    + changes.MIGRATIONS, key=lambda m: m.version))
 
 __all__ = ["DB_NAME", "MIGRATIONS", "PROFILE_KINDS", "BucketAggregate", "Migration", "ProfileKind",
-           "ReadOnlyStore", "RetentionResult", "Store", "StoreError", "StoredTarget", "decode_folded", "encode_folded",
+           "ReadOnlyStore", "RetentionResult", "Store", "StoreError", "StoredChange", "StoredTarget", "decode_folded", "encode_folded",
            "open_store_dir"]
 
 
-class Store(WindowTables, FindingTables, RollupTables, Database):
+class Store(WindowTables, FindingTables, RollupTables, ChangeTables, Database):
     """The agent's store: every family's reads and writes over one writer connection and per-thread readers."""
 
     @classmethod
@@ -56,5 +58,5 @@ class Store(WindowTables, FindingTables, RollupTables, Database):
         return ReadOnlyStore(self.path, self._clock)
 
 
-class ReadOnlyStore(WindowTables, FindingTables, RollupTables, ReadOnlyDatabase):
+class ReadOnlyStore(WindowTables, FindingTables, RollupTables, ChangeTables, ReadOnlyDatabase):
     """The store's reads over read-only connections (dashboards.reader.StoreReader); any write fails."""

@@ -132,7 +132,7 @@ def test_example_config_in_docs_loads() -> None:
     ("interval_second = 3", "unknown key interval_second (did you mean 'interval_seconds'?)"),
     ("zzz = 3", ("unknown key zzz (known: interval_seconds, store_dir, retention_days, retention_bytes, "
                  "listen, log_level, allowed_users, max_targets, probes, stacks, detector, targets, alerts, "
-                 "receivers, otlp)")),
+                 "receivers, otlp, identity)")),
     ("[stacks]\nrate = 3", "unknown key stacks.rate (did you mean 'rate_hz'?)"),
     ("[probes]\nsyscall = true", "unknown key probes.syscall (did you mean 'syscalls'?)"),
     ('[[targets]]\nname = "a"\npid = 1\nlatncy = {preset = "vllm"}',

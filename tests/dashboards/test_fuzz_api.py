@@ -38,6 +38,9 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "/api/offcpu": ("target", "range", "from", "to", "points"),
     "/api/regressions": ("target", "open", "limit"),
     "/api/regressions/{}": (),
+    "/api/changes": ("target", "since", "until", "limit"),
+    "/api/changes/{}": (),
+    "/api/changes/{}/report": (),
     "/debug/pprof/profile": ("target", "kind", "seconds"),
     "/targets/{}": (),
     "/regressions": (),
@@ -132,7 +135,7 @@ def test_agent_api_never_answers_500(agent_url, case, method):
 def test_every_route_is_fuzzed():
     app = create_app({"TESTING": True})
     rules = {rule.rule for rule in app.url_map.iter_rules()}
-    fuzzed = {route.replace("{}", "<rid>" if "regressions/" in route else "<name>" if "targets/" in route
+    fuzzed = {route.replace("{}", "<rid>" if "regressions/" in route or "changes/" in route else "<name>" if "targets/" in route
                             else "<path:filename>") for route in ROUTES} - {"/metrics"}
     assert rules == fuzzed, f"routes not fuzzed: {sorted(rules - fuzzed)}; gone: {sorted(fuzzed - rules)}"
 

@@ -17,6 +17,9 @@
       el("time", {datetime: r.opened_at}, fmtTime(r.opened_at)), r.closed_at ? [" · closed ",
         el("time", {datetime: r.closed_at}, fmtTime(r.closed_at))] : " · still open", " · " + r.open_seconds + " s",
       " · score " + IS.num(r.score, 2), " · pid " + r.pid),
+    // It followed a change to what the target runs (docs/changes.md): the change's before/after on the target page.
+    r.change_id ? el("p", {class: "change"}, "After change ", el("code", {}, r.change_id), ": ",
+      el("a", {href: "/targets/" + encodeURIComponent(r.target)}, "its diff and before/after report")) : null,
     el("h3", {}, "Causes, most likely first"),
     el("ol", {class: "causes"}, (r.causes || []).map((c) => el("li", {}, el("b", {}, c.label), " (weight " + IS.num(c.score, 2) +
       "): ", c.evidence))),

@@ -24,6 +24,7 @@
   let range = new URLSearchParams(location.search).get("range") || root.dataset.range || "1h";
   let charts = [];
   let regressions = [];
+  let changes = [];
   let zoomed = false;
   let syncing = false;
 
@@ -36,6 +37,19 @@
       const x0 = Math.max(left, u.valToPos(r.opened_at, "x", true));
       const x1 = Math.min(left + width, u.valToPos(r.closed_at || Date.now() / 1000, "x", true));
       if (x1 > x0) ctx.fillRect(x0, top, x1 - x0, height);
+    }
+    // A change to what the target runs (docs/changes.md): a dashed line and a Δ; its diff is listed below the charts.
+    ctx.strokeStyle = "#444";
+    ctx.fillStyle = "#444";
+    ctx.setLineDash([3, 3]);
+    for (const c of changes) {
+      const x = u.valToPos(c.at, "x", true);
+      if (x < left || x > left + width) continue;
+      ctx.beginPath();
+      ctx.moveTo(x, top);
+      ctx.lineTo(x, top + height);
+      ctx.stroke();
+      ctx.fillText("Δ", x + 2, top + 10);
     }
     ctx.restore();
   }
@@ -143,10 +157,58 @@
       el("li", {class: "meta"}, "none"));
   }
 
+  // A change's before/after report (/api/changes/ID/report), shown under it on click.
+  async function showReport(id, box) {
+    replace(box, el("p", {class: "meta"}, "computing…"));
+    try {
+      const r = await IS.getJSON("/api/changes/" + encodeURIComponent(id) + "/report");
+      const fmt = (v, unit) => (v === null ? "–" : unit === "s" ? num(v * 1000, 2) + " ms" :
+        unit === "s/s" ? num(v * 1000, 2) + " ms/s" : num(v, 3) + " " + unit);
+      replace(box, el("p", {}, "verdict: ", el("b", {}, r.verdict), r.reason ? " · " + r.reason : ""),
+        el("table", {class: "change-report"}, el("tr", {}, ["figure", "before", "after", "after/before (95% CI)",
+          "verdict"].map((h) => el("th", {}, h))),
+          r.rows.map((x) => el("tr", {}, el("td", {}, x.figure), el("td", {}, fmt(x.before, x.unit)),
+            el("td", {}, fmt(x.after, x.unit)),
+            el("td", {}, x.ratio === null ? "–" : num(x.ratio, 3) + " (" + num(x.ratio_low, 3) + ".." +
+              num(x.ratio_high, 3) + ")"),
+            el("td", {}, x.verdict || "not judged: " + x.reason)))));
+    } catch (err) {
+      IS.showError(box, err);
+    }
+  }
+
+  let listed = null;
+
+  function listChanges() {
+    const list = document.getElementById("target-changes");
+    // Redrawn only when the changes in range differ: a refresh must not close a report someone opened.
+    const key = changes.map((c) => c.id).join("\n");
+    if (key === listed) return;
+    listed = key;
+    replace(list, changes.length ? changes.map((c) => {
+      const box = el("div", {class: "change-report-box"});
+      const button = el("button", {type: "button", class: "change-report-button"}, "before/after");
+      button.addEventListener("click", () => showReport(c.id, box));
+      return el("li", {"data-change": c.id, title: c.diff.map((d) => d.part + ": " + d.before + " → " +
+        d.after).join("\n")}, fmtTime(c.at) + " · pid " + c.pid + " · ", button,
+        el("ul", {}, c.diff.map((d) => el("li", {}, el("b", {}, d.part), ": " + d.before + " → " + d.after))), box);
+    }) : el("li", {class: "meta"}, "none"));
+  }
+
+  async function loadChanges(data) {
+    try {
+      changes = (await IS.getJSON("/api/changes", {target, since: data.from, until: data.to, limit: 100})).changes;
+    } catch (err) {
+      changes = [];
+    }
+    listChanges();
+  }
+
   async function load() {
     const started = performance.now();
     try {
       const data = await IS.getJSON("/api/series", {target, range, points: 600});
+      await loadChanges(data);
       update(data);
       listRegressions();
       await loadKinds();
