@@ -28,9 +28,11 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 INTERVAL = 2.0
 TOKEN = "s3cretTOKEN"
-# What the agent may hold, measured on this 2-core VM (docs/sources.md): ~120 MiB as shipped (the detector's
-# scikit-learn and scipy), +1 MiB with the hostile targets below; the bound leaves room for allocator noise and
-# nothing near one answer's size (16 MiB by default, 600 MB and 1 GiB here).
+# What the agent may hold, measured on this 2-core VM (docs/sources.md): ~140 MiB without BPF probes (the
+# detector's scikit-learn and scipy), growing to ~165 MiB over two minutes with the million-series target and then
+# flat; the bound leaves room for allocator noise and nothing near one answer's size (16 MiB by default, 600 MB and
+# 1 GiB here). Every probe is off, `delivery` and `exits` too: compiling BPF at start (LLVM) peaks the agent at
+# ~260 MiB for under a second, and whether the 0.1 s sampler below caught it decided this test (CI: 200.5 MiB).
 RSS_BOUND = 200 << 20
 
 
@@ -65,6 +67,8 @@ def agent_config(tmp_path: Path, agent_port: int, targets: str, interval: float 
         gc = false
         tcp = false
         runqueue = false
+        delivery = false
+        exits = false
         [stacks]
         enabled = false
     """, targets, interval=interval)
