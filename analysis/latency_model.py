@@ -9,8 +9,15 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import HuberRegressor
+from threadpoolctl import threadpool_limits
 
 from analysis.robust import mad_sigma, median
+
+# The model's fits are a few hundred rows by two columns: a second BLAS thread never pays for itself, and OpenBLAS's
+# idle threads spin on the other cores after every call. One BLAS thread, for every BLAS loaded by now (numpy's and
+# scipy's, with scikit-learn): the detector's CPU over the `recorded` replay 6.9 s -> 1.9 s on this 2-core host
+# (docs/BENCHMARKS.md, "One BLAS thread").
+threadpool_limits(limits=1, user_api="blas")
 
 # Load inputs of the model, as logs so the fit is a power law (latency ~ rate^a * tokens^b). Both are
 # offered load: queue length and running batch are left out on purpose, they grow *because* a server
