@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from analysis.own_syscalls import workload_counts
 from analysis.waits import by_kind
 from analysis.window import Window
 
@@ -101,11 +102,12 @@ def extract(window: Window) -> Features:
         f.update(waiting=la.waiting, running=la.running, ttft_seconds=la.ttft_mean_seconds,
                  tpot_seconds=la.tpot_mean_seconds)
     if window.syscalls is not None:
-        total = float(sum(window.syscalls.counts.values()))
+        counts = workload_counts(window.syscalls.counts)  # the agent's own trampolines are not the server's work
+        total = float(sum(counts.values()))
         f["syscalls_per_second"] = total / dur
         if requests:
             f["syscalls_per_request"] = total / requests
-        top = sorted(window.syscalls.counts.items(), key=lambda kv: -kv[1])[:5]
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
         f["top_syscalls"] = {name: count / dur for name, count in top}
     if window.offcpu is not None:
         f["offcpu"] = {kind: us / 1e6 / dur for kind, us in by_kind(window.offcpu.stacks).items()}

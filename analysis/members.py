@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from analysis.cause_signals import BLOCKED_KINDS
+from analysis.own_syscalls import workload_counts
 from analysis.robust import median
 from analysis.window import MemberReading, Window
 
@@ -37,7 +38,7 @@ def _measure(label: str, m: MemberReading, duration: float) -> float | None:
         kinds = ("futex",) if label == "lock" else BLOCKED_KINDS
         return _per_second(sum(m.offcpu_by_kind.get(k, 0.0) for k in kinds), duration)
     if label == "syscalls":
-        return _per_second(None if m.syscalls is None else float(sum(m.syscalls.values())), duration)
+        return _per_second(None if m.syscalls is None else float(sum(workload_counts(m.syscalls).values())), duration)
     if label == "network":
         return _per_second(None if m.retransmits is None else float(m.retransmits), duration)
     if label == "cpu_contention":
