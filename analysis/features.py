@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from analysis.culprits import own_seconds
 from analysis.own_syscalls import workload_counts
 from analysis.waits import by_kind
 from analysis.window import Window
@@ -117,7 +118,8 @@ def extract(window: Window) -> Features:
     if window.tcp is not None:
         f["retransmits_per_second"] = window.tcp.retransmits / dur
     if window.runqueue is not None:
-        f["runqueue_per_second"] = window.runqueue.total_seconds / dur
+        # Less what the agent's own CPU (py-spy, the daemon) kept the target waiting: the agent is never a cause.
+        f["runqueue_per_second"] = (window.runqueue.total_seconds - own_seconds(window.runqueue)) / dur
     if window.process is not None:
         p = window.process
         f.update(cpu_per_second=p.cpu_seconds / dur, rss_bytes=float(p.rss_bytes),

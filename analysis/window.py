@@ -92,9 +92,32 @@ class TcpReading:
 
 
 @dataclass
+class Culprit:
+    """A process that ran on a CPU while a target thread waited on that CPU's run queue (probes/runqlat.py)."""
+
+    pid: int
+    comm: str  # as the kernel named it while it ran (kept when the process has exited since)
+    seconds: float  # of the target's run-queue wait, this window
+    cmdline: str | None = None
+    user: str | None = None
+    cgroup: str | None = None
+    # None with a reason when the process could not be read at the window's end (it exited, or its pid now
+    # belongs to another program); its pid, comm and seconds are still the kernel's.
+    reason: str | None = None
+    # "idle" (no task ran: the wait was the wakeup's own latency), "self" (the target's own threads),
+    # "agent" (infersight itself or its py-spy), else "" (a neighbour).
+    kind: str = ""
+
+
+@dataclass
 class RunQueueReading:
     histogram: Log2Histogram = field(default_factory=lambda: Log2Histogram(unit="us"))
     total_seconds: float = 0.0
+    # Who ran while the target waited: the top culprits by seconds of its wait, largest first. Empty in windows
+    # recorded before they were kept; `charged_seconds` None there (not measured), else the part of
+    # total_seconds charged to any task (the rest spanned more switches than the probe keeps per CPU).
+    culprits: list[Culprit] = field(default_factory=list)
+    charged_seconds: float | None = None
 
 
 @dataclass
