@@ -60,6 +60,11 @@ class Features:
     # Threads stopped (a signal, a tracer) or in uninterruptible disk sleep at the window's end: a wait still in
     # progress, read from /proc, so it is there where the off-CPU probe cannot run.
     stuck_threads: float | None = None
+    # Pressure stall information per second of window (agent/sources/pressure.py): "cpu_some", "cpu_full",
+    # "memory_some", ... "io_full" -> stalled seconds per second, of the target's cgroup and of the host.
+    pressure: dict[str, float] | None = None
+    host_pressure: dict[str, float] | None = None
+    major_faults_per_second: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,6 +78,12 @@ def _buckets(raw: dict[str, float]) -> tuple[tuple[float, float], ...]:
         except ValueError:
             continue  # a malformed bound cannot be placed; the others still describe the window
     return tuple(sorted(pairs))
+
+
+def _pressure(psi: dict[str, dict[str, float]] | None, dur: float) -> dict[str, float] | None:
+    if psi is None:
+        return None
+    return {f"{resource}_{kind}": seconds / dur for resource, kinds in psi.items() for kind, seconds in kinds.items()}
 
 
 def is_idle_loop(leaf: str) -> bool:
@@ -135,6 +146,12 @@ def extract(window: Window) -> Features:
         if ticks > 0:
             waits = sum(n for stack, n in window.stacks.idle.items() if not is_idle_loop(stack.rsplit(";", 1)[-1]))
             f["app_wait_threads"] = waits / ticks
+    if window.pressure is not None:
+        pr = window.pressure
+        f["pressure"] = _pressure(pr.cgroup, dur)
+        f["host_pressure"] = _pressure(pr.host, dur)
+        if pr.major_faults is not None:
+            f["major_faults_per_second"] = pr.major_faults / dur
     # A family's threads waiting in their own code: each member's own average, summed (analysis.family._app_wait).
     if (waiting := [m.app_wait_threads for m in window.members if m.app_wait_threads is not None]):
         f["app_wait_threads"] = sum(waiting)

@@ -179,6 +179,22 @@ class GpuReading:
 
 
 @dataclass
+class PressureReading:
+    """Pressure stall information over the window (agent/sources/pressure.py): seconds in which some (or all,
+    `full`) of the tasks stalled on a resource, as deltas of the kernel's totals, host-wide and for the target's
+    cgroup; and the target's own major page faults and the host's page reclaim. None where not measured, with the
+    reason in `reasons` (a kernel without PSI, a cgroup v1-only host), never zero."""
+
+    # resource ("cpu", "memory", "io") -> {"some": seconds, "full": seconds} (cpu's `full` is 0 at the host level)
+    host: dict[str, dict[str, float]] | None = None
+    cgroup: dict[str, dict[str, float]] | None = None
+    cgroup_path: str | None = None
+    major_faults: int | None = None  # of the target's processes (a family's members summed)
+    reclaimed_pages: int | None = None  # host-wide, kswapd and direct reclaim (/proc/vmstat pgsteal_*)
+    reasons: dict[str, str] = field(default_factory=dict)  # "host", "cgroup", "major_faults", "reclaimed_pages"
+
+
+@dataclass
 class MemberReading:
     """One process of a family target in one window (analysis.family): its own share of the family's readings.
     None is "not measured" (the reason is in `errors`), never zero."""
@@ -230,6 +246,8 @@ class Window:
     # A family target's processes, each with its own figures (the reading fields above are the family's totals);
     # empty for a single-process target and in windows recorded before families.
     members: list[MemberReading] = field(default_factory=list)
+    # Pressure stall information and memory faults (PressureReading); null in windows recorded before it was kept.
+    pressure: PressureReading | None = None
 
     @property
     def duration(self) -> float:
@@ -261,4 +279,5 @@ class Window:
 # The fields a collector fills, each named after its collector (the config key and the metric label too). Written
 # out, not derived: `unanswered` and `unreachable` are lists about a reading, not readings (a test checks that
 # every Optional reading field of Window is here).
-READINGS: tuple[str, ...] = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks", "latency", "gpu")
+READINGS: tuple[str, ...] = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks", "latency", "gpu",
+                             "pressure")
