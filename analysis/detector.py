@@ -6,6 +6,7 @@ import dataclasses
 import math
 from collections import deque
 
+from analysis import culprits
 from analysis.attribution import Attributor
 from analysis.baseline import Baseline, BaselineRow, cpu_wait
 from analysis.cause_signals import SIGNALS, read_all
@@ -234,6 +235,8 @@ class LatencyDetector:
         values = {**read_all(f), "jsd": self.baseline_.jsd(leaves)}
         if window.members:
             values["members"] = member_measures(window)  # where a family's causes live (analysis.members)
+        if (kept := culprits.sample(window)) is not None:
+            values["culprits"] = kept  # who held the CPU while the target waited (analysis.culprits)
         score = self._score(f, expected_all, values) if usable else None
         strength = self._corroboration(values)
         explained = strength > 0
@@ -407,7 +410,7 @@ class LatencyDetector:
                           max_causes=self.max_causes)
 
     def _causes(self, samples: list[dict], window: Window) -> list[Cause]:
-        return [self._placed(c, samples) for c in self._ranked_causes(samples, window)]
+        return [culprits.named(self._placed(c, samples), samples) for c in self._ranked_causes(samples, window)]
 
     def _placed(self, cause: Cause, samples: list[dict]) -> Cause:
         """A family's cause with the member its evidence is in (analysis.members); others as they are."""

@@ -15,6 +15,19 @@ SEVERITIES = ("warning", "critical")
 
 
 @dataclass(frozen=True)
+class Neighbour:
+    """A process that ran on the target's CPUs while its threads waited (analysis.culprits), over the regression's
+    windows: `seconds` of the target's run-queue wait, `share` of that wait (0..1)."""
+
+    pid: int
+    comm: str
+    seconds: float
+    share: float
+    cmdline: str | None = None
+    user: str | None = None
+
+
+@dataclass(frozen=True)
 class Cause:
     """One candidate explanation, with the evidence a person reads ("GC pause 41 ms/s vs 0.8 ms/s (x51)")."""
 
@@ -26,10 +39,16 @@ class Cause:
     # For a family target: the process the evidence is in (analysis.members), its pid and role; None otherwise.
     pid: int | None = None
     process: str | None = None
+    # For cpu_contention: the neighbours that held the CPU while the target waited, most first; empty otherwise.
+    neighbours: tuple[Neighbour, ...] = ()
 
     def __post_init__(self) -> None:
         if self.label not in CAUSE_LABELS:
             raise ValueError(f"cause label must be one of {', '.join(CAUSE_LABELS)}, got {self.label!r}")
+        if not isinstance(self.neighbours, tuple) or not all(isinstance(n, Neighbour) for n in self.neighbours):
+            # Rebuilt from JSON (the detector's saved state): the neighbours come back as plain objects.
+            object.__setattr__(self, "neighbours", tuple(n if isinstance(n, Neighbour) else Neighbour(**n)
+                                                         for n in self.neighbours))
 
 
 @dataclass(frozen=True)
