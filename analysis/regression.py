@@ -8,7 +8,7 @@ import msgspec
 
 # Causes the detector ranks from signals (docs/detector.md says what signal each one reads), and the ones the agent
 # states as facts: `down`, the target's process ended or stopped answering (docs/detector.md, "When the server is down").
-DETECTOR_CAUSES = ("gc", "lock", "blocked", "syscalls", "network", "cpu_contention", "compute", "unknown")
+DETECTOR_CAUSES = ("gc", "lock", "blocked", "syscalls", "network", "cpu_contention", "compute", "memory", "unknown")
 AGENT_CAUSES = ("down",)
 CAUSE_LABELS = (*DETECTOR_CAUSES, *AGENT_CAUSES)
 SEVERITIES = ("warning", "critical")
