@@ -1,6 +1,6 @@
 """CPU time of the pressure source's read (agent/sources/pressure.py), as a share of a core at one read per window.
 
-Run: .venv/bin/python -m benchmarks.pressure_cost [--reads N] [--interval SECONDS]
+Run: .venv/bin/python -m tests.agent.bench_pressure [--reads N] [--interval SECONDS]
 """
 
 from __future__ import annotations
