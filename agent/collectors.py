@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.sources.protocol import Begins, Source
 from agent.targets import Member, Target, read_member
+from analysis import culprits
 from analysis.errors import AccessDenied, NoAnswer, ProbeError, TargetGone, Unsupported
 from analysis.family import PER_MEMBER, family_total, member_summary
 from analysis.health import Health
@@ -272,6 +273,8 @@ class Collectors:
                 out.readings[name] = family_total(name, parts[name])
             elif name in reasons:
                 out.missing[name] = reasons[name]
+        if (runqueue := out.readings.get("runqueue")) is not None:
+            runqueue.culprits = culprits.merge([runqueue.culprits], {m.pid for m in out.members})
         for name, why in reasons.items():
             if name not in PER_MEMBER:
                 out.missing.setdefault(name, why)  # a probe error that is not a reading (host-wide failures)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.sources.gpu import NO_GPU, GpuSource, gpu_device_nodes
+from agent.sources.pressure import NO_PSI
 from probes import delivery, offcpu, runqlat, syscalls, tcpretrans
 
 PASS, FAIL, WARN, INFO = "ok", "FAIL", "warn", "info"
@@ -69,6 +70,7 @@ class Host:
     pyspy: str | None = field(default_factory=lambda: _find_pyspy())
     python: str = sys.executable
     dev: Path = Path("/dev")
+    cgroup: Path = Path("/sys/fs/cgroup")
 
 
 def _find_pyspy() -> str | None:
@@ -259,6 +261,22 @@ def check_gpu(host: Host) -> CheckResult:
                        required=False)
 
 
+def check_psi(host: Host) -> CheckResult:
+    """Never a failure: without PSI the pressure figures are null with the reason (agent/sources/pressure.py)."""
+    try:
+        (host.proc / "pressure" / "cpu").read_text()
+    except FileNotFoundError:
+        return CheckResult("psi", WARN, NO_PSI + "; pressure figures will be null",
+                           "boot a kernel built with CONFIG_PSI=y, without psi=0 (or with psi=1)", required=False)
+    except OSError as exc:
+        return CheckResult("psi", WARN, f"/proc/pressure unreadable ({exc}): PSI is switched off; pressure figures "
+                                        "will be null", "boot with psi=1", required=False)
+    unified = [m for m in (host.cgroup, host.cgroup / "unified") if (m / "cgroup.controllers").exists()]
+    where = (f"host-wide and per cgroup (cgroup v2 at {unified[0]})" if unified
+             else "host-wide only (no cgroup v2 mount: no per-target pressure)")
+    return CheckResult("psi", PASS, f"pressure stall information {where}", required=False)
+
+
 def run_checks(host: Host | None = None) -> list[CheckResult]:
     host = host or Host()
     results = [check_root(host), check_kernel(host), check_tracefs(host), check_btf(host)]
@@ -268,7 +286,7 @@ def run_checks(host: Host | None = None) -> list[CheckResult]:
     # Loading the probes only makes sense once a trivial program does.
     if not results[-1].failed:
         results += check_probes(host)
-    results += [check_pyspy(host), check_torch(host), check_gpu(host)]
+    results += [check_pyspy(host), check_torch(host), check_gpu(host), check_psi(host)]
     return results
 
 

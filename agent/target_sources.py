@@ -9,6 +9,7 @@ from agent.config import Config, LatencySpec
 from agent.presets import PRESETS
 from agent.sources.gpu import GpuSource
 from agent.sources.latency import LatencySource
+from agent.sources.pressure import PressureSource
 from agent.sources.process import ProcessSource
 from agent.sources.pyspy import PySpySampler
 from agent.targets import Member, Target, read_uids
@@ -23,6 +24,8 @@ def source_factories(target: Target, config: Config, wants_burst: Callable[[str]
     burst rate (the daemon's BurstPolicy). A family target gets its process and stacks sources per member
     (member_source_factories); `family_pids()` is its current members, whose sockets may answer the scrape."""
     factories: SourceFactories = {"gpu": lambda: GpuSource(target.pid)}
+    # PSI of the leader's cgroup (a family's members share it) and the major faults of every current member.
+    factories["pressure"] = lambda: PressureSource(target.pid, pids=family_pids)
     if not target.members:
         factories.update(member_source_factories(target, None, config, wants_burst))
     latency = target.spec.latency

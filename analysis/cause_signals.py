@@ -52,6 +52,11 @@ def _involuntary_per_cpu(f: Features) -> float | None:
     return f.involuntary_switches_per_second / max(f.cpu_per_second, 0.05)
 
 
+def _pressure(key: str) -> Callable[[Features], float | None]:
+    # The server's own cgroup's stall (PSI), seconds per second; None where the kernel has none or before it was kept.
+    return lambda f: None if f.pressure is None else f.pressure.get(key)
+
+
 SIGNALS: tuple[Signal, ...] = (
     Signal("gc_pause", "gc", "GC pause", lambda f: f.gc_pause_per_second, 0.001, 0.005, "ms/s", 1000, "gc"),
     Signal("app_wait", "lock", "threads waiting inside their own code", lambda f: f.app_wait_threads,
@@ -88,6 +93,15 @@ SIGNALS: tuple[Signal, ...] = (
            10.0, 100.0, "/CPU s", 1, "process"),
     Signal("cpu_per_token", "compute", "CPU per token", lambda f: f.cpu_per_token, 1e-4, 0.0005, "ms/token", 1000,
            "process"),
+    # Memory: the server's cgroup stalled on memory (reclaim, refaults, swap-in), and its own pages read back from
+    # disk. Floors: 1 % of the time stalled, 1 fault/s; a rise counts from 5 % of the time and 20 faults/s.
+    Signal("memory_pressure", "memory", "memory stall of the server's cgroup (PSI some)", _pressure("memory_some"),
+           0.01, 0.05, "s/s", 1, "pressure"),
+    Signal("major_faults", "memory", "major page faults of the server", lambda f: f.major_faults_per_second, 1.0,
+           20.0, "/s", 1, "pressure"),
+    # A third witness of disk waits: the cgroup stalled on I/O even where the off-CPU probe cannot run.
+    Signal("io_pressure", "blocked", "I/O stall of the server's cgroup (PSI some)", _pressure("io_some"), 0.01,
+           0.1, "s/s", 1, "pressure"),
 )
 
 BY_NAME = {s.name: s for s in SIGNALS}

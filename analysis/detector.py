@@ -6,6 +6,7 @@ import dataclasses
 import math
 from collections import deque
 
+from analysis import culprits
 from analysis.attribution import Attributor
 from analysis.baseline import Baseline, BaselineRow, cpu_wait
 from analysis.cause_signals import SIGNALS, read_all
@@ -237,6 +238,8 @@ class LatencyDetector:
         values = {**read_all(f), "jsd": self.baseline_.jsd(leaves)}
         if window.members:
             values["members"] = member_measures(window, f)  # where a family's causes live (analysis.members)
+        if (kept := culprits.sample(window)) is not None:
+            values["culprits"] = kept  # who held the CPU while the target waited (analysis.culprits)
         score = self._score(f, expected_all, values) if usable else None
         strength = self._corroboration(values)
         explained = strength > 0
@@ -425,7 +428,7 @@ class LatencyDetector:
                           max_causes=self.max_causes)
 
     def _causes(self, samples: list[dict], window: Window) -> list[Cause]:
-        family = [self._placed(c, samples) for c in self._ranked_causes(samples, window)]
+        family = [culprits.named(self._placed(c, samples), samples) for c in self._ranked_causes(samples, window)]
         return self._with_members(family, samples)
 
     def _with_members(self, family: list[Cause], samples: list[dict]) -> list[Cause]:

@@ -12,6 +12,7 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from analysis import culprits
 from analysis.features import is_idle_loop
 from analysis.waits import by_kind
 from analysis.window import (
@@ -80,8 +81,12 @@ def _tcp(parts: Sequence[tuple[str, TcpReading]]) -> TcpReading:
 
 
 def _runqueue(parts: Sequence[tuple[str, RunQueueReading]]) -> RunQueueReading:
+    charged = [r.charged_seconds for _, r in parts]
+    # The members' own processes are re-marked "self" by the collector, which knows their pids (culprits.merge).
     return RunQueueReading(histogram=_hist_sum([r.histogram for _, r in parts], "us"),
-                           total_seconds=sum(r.total_seconds for _, r in parts))
+                           total_seconds=sum(r.total_seconds for _, r in parts),
+                           culprits=culprits.merge([r.culprits for _, r in parts], ()),
+                           charged_seconds=None if None in charged else sum(c for c in charged if c is not None))
 
 
 def _optional_sum(values: Sequence[int | None]) -> int | None:
@@ -172,7 +177,7 @@ def member_summary(pid: int, role: str, readings: Mapping[str, Any], errors: Map
         offcpu_by_kind={k: v / 1e6 for k, v in by_kind(offcpu.stacks).items() if v} if offcpu else None,
         gc_collections=gc.collections if gc else None,
         gc_pause_seconds=gc.pause_seconds if gc else None,
-        runqueue_seconds=runqueue.total_seconds if runqueue else None,
+        runqueue_seconds=runqueue.total_seconds - culprits.own_seconds(runqueue) if runqueue else None,
         retransmits=tcp.retransmits if tcp else None,
         stack_samples=(sum(stacks.active.values()) + sum(stacks.idle.values())) if stacks else None,
         app_wait_threads=_app_wait(stacks),

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from analysis.client_latency import bucket_quantiles, client_buckets
+from analysis.culprits import own_seconds
+from analysis.own_syscalls import workload_counts
 from analysis.waits import by_kind
 from analysis.window import DeliveryReading, Window
 
@@ -70,6 +72,11 @@ class Features:
     # The clients' latency histogram (server latency + delivery, analysis/client_latency.py) on `buckets`' bounds;
     # () where either is missing.
     client_buckets: tuple[tuple[float, float], ...] = ()
+    # Pressure stall information per second of window (agent/sources/pressure.py): "cpu_some", "cpu_full",
+    # "memory_some", ... "io_full" -> stalled seconds per second, of the target's cgroup and of the host.
+    pressure: dict[str, float] | None = None
+    host_pressure: dict[str, float] | None = None
+    major_faults_per_second: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,6 +100,12 @@ def _delivery(d: DeliveryReading, dur: float) -> dict[str, float]:
         if p99 is not None:
             out["delivery_p99_seconds"] = float(p99[0])
     return out
+
+
+def _pressure(psi: dict[str, dict[str, float]] | None, dur: float) -> dict[str, float] | None:
+    if psi is None:
+        return None
+    return {f"{resource}_{kind}": seconds / dur for resource, kinds in psi.items() for kind, seconds in kinds.items()}
 
 
 def is_idle_loop(leaf: str) -> bool:
@@ -123,11 +136,12 @@ def extract(window: Window) -> Features:
         f.update(waiting=la.waiting, running=la.running, ttft_seconds=la.ttft_mean_seconds,
                  tpot_seconds=la.tpot_mean_seconds)
     if window.syscalls is not None:
-        total = float(sum(window.syscalls.counts.values()))
+        counts = workload_counts(window.syscalls.counts)  # the agent's own trampolines are not the server's work
+        total = float(sum(counts.values()))
         f["syscalls_per_second"] = total / dur
         if requests:
             f["syscalls_per_request"] = total / requests
-        top = sorted(window.syscalls.counts.items(), key=lambda kv: -kv[1])[:5]
+        top = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
         f["top_syscalls"] = {name: count / dur for name, count in top}
     if window.offcpu is not None:
         f["offcpu"] = {kind: us / 1e6 / dur for kind, us in by_kind(window.offcpu.stacks).items()}
@@ -141,7 +155,8 @@ def extract(window: Window) -> Features:
         if la is not None and la.requests > 0 and la.buckets and window.delivery.replies > 0:
             f["client_buckets"] = _buckets(client_buckets(la.buckets, window.delivery.buckets))
     if window.runqueue is not None:
-        f["runqueue_per_second"] = window.runqueue.total_seconds / dur
+        # Less what the agent's own CPU (py-spy, the daemon) kept the target waiting: the agent is never a cause.
+        f["runqueue_per_second"] = (window.runqueue.total_seconds - own_seconds(window.runqueue)) / dur
     if window.process is not None:
         p = window.process
         f.update(cpu_per_second=p.cpu_seconds / dur, rss_bytes=float(p.rss_bytes),
@@ -157,6 +172,12 @@ def extract(window: Window) -> Features:
         if ticks > 0:
             waits = sum(n for stack, n in window.stacks.idle.items() if not is_idle_loop(stack.rsplit(";", 1)[-1]))
             f["app_wait_threads"] = waits / ticks
+    if window.pressure is not None:
+        pr = window.pressure
+        f["pressure"] = _pressure(pr.cgroup, dur)
+        f["host_pressure"] = _pressure(pr.host, dur)
+        if pr.major_faults is not None:
+            f["major_faults_per_second"] = pr.major_faults / dur
     # A family's threads waiting in their own code: each member's own average, summed (analysis.family._app_wait).
     if (waiting := [m.app_wait_threads for m in window.members if m.app_wait_threads is not None]):
         f["app_wait_threads"] = sum(waiting)

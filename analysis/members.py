@@ -18,6 +18,7 @@ from analysis.attribution import Attributor, SignalStats
 from analysis.baseline import stats_of
 from analysis.cause_signals import BLOCKED_KINDS, read_all
 from analysis.features import Features
+from analysis.own_syscalls import workload_counts
 from analysis.regression import Cause
 from analysis.robust import finite, median
 from analysis.waits import WAIT_KINDS
@@ -43,7 +44,7 @@ def _measure(label: str, m: MemberReading, duration: float) -> float | None:
         kinds = ("futex",) if label == "lock" else BLOCKED_KINDS
         return _per_second(sum(m.offcpu_by_kind.get(k, 0.0) for k in kinds), duration)
     if label == "syscalls":
-        return _per_second(None if m.syscalls is None else float(sum(m.syscalls.values())), duration)
+        return _per_second(None if m.syscalls is None else float(sum(workload_counts(m.syscalls).values())), duration)
     if label == "network":
         return _per_second(None if m.retransmits is None else float(m.retransmits), duration)
     if label == "cpu_contention":
@@ -66,7 +67,7 @@ def member_features(family: Features, m: MemberReading) -> Features:
     measures (threads stuck at the window's end, preemptions, reachability) stays None: not measured per member."""
     dur = family.duration
     tokens = family.tokens_per_second * dur if family.tokens_per_second else None
-    calls = None if m.syscalls is None else float(sum(m.syscalls.values()))
+    calls = None if m.syscalls is None else float(sum(workload_counts(m.syscalls).values()))
     offcpu = (None if m.offcpu_by_kind is None
               else {kind: m.offcpu_by_kind.get(kind, 0.0) / dur for kind in WAIT_KINDS})
     return Features(

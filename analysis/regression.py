@@ -9,10 +9,23 @@ import msgspec
 # Causes the detector ranks from signals (docs/detector.md says what signal each one reads), and the ones the agent
 # states as facts: `down`, the target's process ended or stopped answering (docs/detector.md, "When the server is down");
 # `change`, the regression began just after what the target runs changed (docs/changes.md).
-DETECTOR_CAUSES = ("gc", "lock", "blocked", "syscalls", "network", "cpu_contention", "compute", "unknown")
+DETECTOR_CAUSES = ("gc", "lock", "blocked", "syscalls", "network", "cpu_contention", "compute", "memory", "unknown")
 AGENT_CAUSES = ("down", "change")
 CAUSE_LABELS = (*DETECTOR_CAUSES, *AGENT_CAUSES)
 SEVERITIES = ("warning", "critical")
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A process that ran on the target's CPUs while its threads waited (analysis.culprits), over the regression's
+    windows: `seconds` of the target's run-queue wait, `share` of that wait (0..1)."""
+
+    pid: int
+    comm: str
+    seconds: float
+    share: float
+    cmdline: str | None = None
+    user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -27,10 +40,16 @@ class Cause:
     # For a family target: the process the evidence is in (analysis.members), its pid and role; None otherwise.
     pid: int | None = None
     process: str | None = None
+    # For cpu_contention: the neighbours that held the CPU while the target waited, most first; empty otherwise.
+    neighbours: tuple[Neighbour, ...] = ()
 
     def __post_init__(self) -> None:
         if self.label not in CAUSE_LABELS:
             raise ValueError(f"cause label must be one of {', '.join(CAUSE_LABELS)}, got {self.label!r}")
+        if not isinstance(self.neighbours, tuple) or not all(isinstance(n, Neighbour) for n in self.neighbours):
+            # Rebuilt from JSON (the detector's saved state): the neighbours come back as plain objects.
+            object.__setattr__(self, "neighbours", tuple(n if isinstance(n, Neighbour) else Neighbour(**n)
+                                                         for n in self.neighbours))
 
 
 @dataclass(frozen=True)

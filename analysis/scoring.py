@@ -33,6 +33,10 @@ class Outcome:
     expected_p99: float | None = None
     # The server's latency endpoint did not answer in this window (Window.unanswered).
     unanswered: bool = False
+    # The culprit pid the scenario recorded for this window's phase, and the neighbour pid the regression's top
+    # cause named first (analysis.culprits); None where there is none.
+    culprit: int | None = None
+    top_neighbour: int | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class PhaseResult:
     delay_windows: int | None = None
     delay_seconds: float | None = None
     top_cause: str | None = None
+    culprit: int | None = None  # recorded by the scenario for this phase
+    named: int | None = None  # the neighbour the detector named first at the phase's end
 
     @property
     def is_fault(self) -> bool:
@@ -117,8 +123,12 @@ def score_run(name: str, outcomes: list[Outcome]) -> RunScore:
             continue
         e = mine[0]
         cause = _cause_at_phase_end(outcomes, e, last)
+        culprit = next((o.culprit for o in outcomes[first:last + 1] if o.culprit is not None), None)
+        named = next((outcomes[j].top_neighbour for j in range(max(e.window, last), e.window - 1, -1)
+                      if outcomes[j].regression == e.id), None)
         run.phases.append(PhaseResult(index, label, first, last, scored, detected=True, delay_windows=e.window - first,
-                                      delay_seconds=outcomes[e.window].end - outcomes[first].start, top_cause=cause))
+                                      delay_seconds=outcomes[e.window].end - outcomes[first].start, top_cause=cause,
+                                      culprit=culprit, named=named))
     return run
 
 
@@ -177,6 +187,10 @@ def summarize(runs: list[RunScore]) -> dict[str, Any]:
         "recall": _ratio(len(detected), len(faults)),
         # Over detected phases: a missed phase counts against recall, not twice.
         "attribution_top1": _ratio(sum(p.attributed for p in detected), len(detected)),
+        # Over detected phases whose scenario recorded a culprit pid: the neighbour named first is that process.
+        # None (not measured) where no phase records one (every recording before issue 34).
+        "culprit_top1": _ratio(sum(p.named == p.culprit for p in detected if p.culprit is not None),
+                               sum(p.culprit is not None for p in detected)),
         "median_delay_windows": _median([float(p.delay_windows) for p in detected if p.delay_windows is not None]),
         "median_delay_seconds": _median([p.delay_seconds for p in detected if p.delay_seconds is not None]),
         "false_alarms": false_alarms,

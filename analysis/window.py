@@ -92,9 +92,32 @@ class TcpReading:
 
 
 @dataclass
+class Culprit:
+    """A process that ran on a CPU while a target thread waited on that CPU's run queue (probes/runqlat.py)."""
+
+    pid: int
+    comm: str  # as the kernel named it while it ran (kept when the process has exited since)
+    seconds: float  # of the target's run-queue wait, this window
+    cmdline: str | None = None
+    user: str | None = None
+    cgroup: str | None = None
+    # None with a reason when the process could not be read at the window's end (it exited, or its pid now
+    # belongs to another program); its pid, comm and seconds are still the kernel's.
+    reason: str | None = None
+    # "idle" (no task ran: the wait was the wakeup's own latency), "self" (the target's own threads),
+    # "agent" (infersight itself or its py-spy), else "" (a neighbour).
+    kind: str = ""
+
+
+@dataclass
 class RunQueueReading:
     histogram: Log2Histogram = field(default_factory=lambda: Log2Histogram(unit="us"))
     total_seconds: float = 0.0
+    # Who ran while the target waited: the top culprits by seconds of its wait, largest first. Empty in windows
+    # recorded before they were kept; `charged_seconds` None there (not measured), else the part of
+    # total_seconds charged to any task (the rest spanned more switches than the probe keeps per CPU).
+    culprits: list[Culprit] = field(default_factory=list)
+    charged_seconds: float | None = None
 
 
 @dataclass
@@ -173,6 +196,22 @@ class GpuReading:
 
 
 @dataclass
+class PressureReading:
+    """Pressure stall information over the window (agent/sources/pressure.py): seconds in which some (or all,
+    `full`) of the tasks stalled on a resource, as deltas of the kernel's totals, host-wide and for the target's
+    cgroup; and the target's own major page faults and the host's page reclaim. None where not measured, with the
+    reason in `reasons` (a kernel without PSI, a cgroup v1-only host), never zero."""
+
+    # resource ("cpu", "memory", "io") -> {"some": seconds, "full": seconds} (cpu's `full` is 0 at the host level)
+    host: dict[str, dict[str, float]] | None = None
+    cgroup: dict[str, dict[str, float]] | None = None
+    cgroup_path: str | None = None
+    major_faults: int | None = None  # of the target's processes (a family's members summed)
+    reclaimed_pages: int | None = None  # host-wide, kswapd and direct reclaim (/proc/vmstat pgsteal_*)
+    reasons: dict[str, str] = field(default_factory=dict)  # "host", "cgroup", "major_faults", "reclaimed_pages"
+
+
+@dataclass
 class MemberReading:
     """One process of a family target in one window (analysis.family): its own share of the family's readings.
     None is "not measured" (the reason is in `errors`), never zero."""
@@ -227,6 +266,8 @@ class Window:
     # Replies of its server sockets as the clients' acknowledgements tell (probes/delivery.py); null in windows
     # recorded before it was kept or with the probe off.
     delivery: DeliveryReading | None = None
+    # Pressure stall information and memory faults (PressureReading); null in windows recorded before it was kept.
+    pressure: PressureReading | None = None
 
     @property
     def duration(self) -> float:
@@ -259,4 +300,4 @@ class Window:
 # out, not derived: `unanswered` and `unreachable` are lists about a reading, not readings (a test checks that
 # every Optional reading field of Window is here).
 READINGS: tuple[str, ...] = ("syscalls", "offcpu", "gc", "tcp", "runqueue", "process", "stacks", "latency", "gpu",
-                             "delivery")
+                             "delivery", "pressure")

@@ -123,6 +123,12 @@ def alert_annotations(reg: Regression, external_url: str, now: float) -> dict[st
     # A family's top cause names the process its evidence is in (its role is the process title: the target's own).
     where = (f" in pid {top.pid} ({shorten(printable(top.process), MAX_EVIDENCE_CHARS)})"
              if top is not None and top.pid is not None and top.process is not None else "")
+    # CPU contention names the neighbour that held the CPU while the server waited (analysis.culprits).
+    if top is not None and top.neighbours:
+        n = top.neighbours[0]
+        user = f", user {shorten(printable(n.user), 64)}" if n.user else ""
+        where += (f" beside pid {n.pid} (`{shorten(printable(n.cmdline or n.comm), 80)}`{user}, "
+                  f"{100 * n.share:.0f} % of the run-queue wait)")
     summary = (f"Latency regression on {reg.target} (pid {reg.pid}), {reg.severity}, {state}: "
                f"top cause {reg.top_cause}{where}, score {reg.score:.2f}")
     lines = [cause_line(i, c) for i, c in enumerate(reg.causes[:MAX_CAUSES], 1)]

@@ -42,7 +42,8 @@ class Tracker:
                        score=_number(verdict.score), p50=p50, p99=p99,
                        expected_p50=_number((verdict.expected or {}).get("p50")),
                        expected_p99=_number((verdict.expected or {}).get("p99")),
-                       unanswered="latency" in w.unanswered)
+                       unanswered="latency" in w.unanswered, culprit=item.culprit,
+                       top_neighbour=_top_neighbour(current))
 
 
 def detect(factory: DetectorFactory, windows: Iterable[LabelledWindow]) -> list[Outcome]:
@@ -53,3 +54,10 @@ def detect(factory: DetectorFactory, windows: Iterable[LabelledWindow]) -> list[
 
 def _number(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _top_neighbour(regression: Any) -> int | None:
+    """The pid the regression's top cause names first as the neighbour that held the CPU (analysis.culprits)."""
+    if regression is None or not regression.causes or not regression.causes[0].neighbours:
+        return None
+    return regression.causes[0].neighbours[0].pid

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 PHASE_COLOURS = {"gc": "#e6a23c", "lock": "#c45656", "blocked": "#8e6cbf", "syscalls": "#4c9f70",
-                 "network": "#3d8bd9", "cpu_contention": "#d96b3d", "compute": "#a0a03c", "unknown": "#999999"}
+                 "network": "#3d8bd9", "cpu_contention": "#d96b3d", "compute": "#a0a03c", "memory": "#8c5ad9", "unknown": "#999999"}
 
 
 class PlotUnavailable(RuntimeError):

@@ -28,6 +28,9 @@ class LabelledWindow:
     window: Window
     label: str
     phase: int | None
+    # The pid of the process the scenario ran as the fault's culprit (a neighbour hog), beside the window like the
+    # label, never in it; None where the phase has none or the recording predates it.
+    culprit: int | None = None
 
 
 @dataclass
@@ -63,7 +66,7 @@ class RecordingWriter:
         # The host's 1-minute load average when the window closed: which stretches other work disturbed.
         # Beside the window, never in it: the detector sees only what the agent collects.
         self._line({"label": item.label, "phase": item.phase, "host_load1": round(os.getloadavg()[0], 2),
-                    "window": item.window.to_dict()})
+                    "window": item.window.to_dict(), **({"culprit": item.culprit} if item.culprit is not None else {})})
 
     def _line(self, obj: dict[str, Any]) -> None:
         assert self._file is not None
@@ -99,7 +102,10 @@ def read_recording(path: Path) -> Recording:
     for n, line in enumerate(lines, start=2):
         try:
             row = json.loads(line)
-            windows.append(LabelledWindow(Window.from_dict(row["window"]), row["label"], row["phase"]))
+            culprit = row.get("culprit")
+            if culprit is not None and (not isinstance(culprit, int) or isinstance(culprit, bool)):
+                raise ValueError(f"culprit must be a pid, got {culprit!r}")
+            windows.append(LabelledWindow(Window.from_dict(row["window"]), row["label"], row["phase"], culprit))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise RecordingError(f"{path}:{n}: not a labelled window ({exc})") from None
     return Recording(scenario=scenario, interval_seconds=interval, started_at=float(header.get("started_at", 0.0)),

@@ -177,3 +177,17 @@ def test_gpu_is_never_a_failure_and_a_cpu_only_host_is_information(tmp_path):
     broken = doctor.check_gpu(Host(dev=tmp_path))
     assert (broken.status, broken.failed) == (doctor.WARN, False)
     assert "/nvidia0" in broken.detail and broken.fix
+
+
+def test_psi_present_missing_or_switched_off_is_said_never_a_failure(tmp_path):
+    real = doctor.check_psi(Host())  # this kernel: PSI on, cgroup v2 mounted at /sys/fs/cgroup/unified
+    assert real.status == PASS and "per cgroup" in real.detail
+    missing = doctor.check_psi(Host(proc=tmp_path / "proc", cgroup=tmp_path / "cg"))
+    assert missing.status == WARN and not missing.failed and "no pressure stall information" in missing.detail
+    (tmp_path / "off" / "pressure" / "cpu").mkdir(parents=True)  # unreadable, as with psi=0
+    off = doctor.check_psi(Host(proc=tmp_path / "off", cgroup=tmp_path / "cg"))
+    assert off.status == WARN and "switched off" in off.detail and off.fix == "boot with psi=1"
+    (tmp_path / "v1" / "pressure").mkdir(parents=True)
+    (tmp_path / "v1" / "pressure" / "cpu").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=1\n")
+    host_only = doctor.check_psi(Host(proc=tmp_path / "v1", cgroup=tmp_path / "cg"))
+    assert host_only.status == PASS and "host-wide only" in host_only.detail

@@ -163,3 +163,28 @@ def test_the_cli_parses_eval_bursts() -> None:
     from agent.cli import build_parser
 
     assert build_parser().parse_args(["eval", "--replay", "a.jsonl.gz", "--bursts"]).bursts is True
+
+
+def test_a_recorded_culprit_pid_survives_the_recording_and_reaches_the_outcome(tmp_path: Path) -> None:
+    writer = RecordingWriter(tmp_path / "c.jsonl.gz", SCENARIO, 5.0, 1000.0)
+    for i in range(20):
+        phase = SCENARIO.phase_at(5 * i + 2.5)
+        label = SCENARIO.phases[phase].label
+        writer.add(LabelledWindow(window(i, False), label, phase, culprit=4242 if label != "normal" else None))
+    path = writer.close(complete=True)
+    rec = read_recording(path)
+    assert {w.culprit for w in rec.windows if w.label != "normal"} == {4242}
+    assert {w.culprit for w in rec.windows if w.label == "normal"} == {None}
+    (run_,) = command.replay([path], ThresholdDetector)
+    assert {o.culprit for o in run_.outcomes if o.label != "normal"} == {4242}
+
+
+def test_a_culprit_that_is_not_a_pid_is_a_bad_recording(tmp_path: Path) -> None:
+    good = write(tmp_path / "g.jsonl.gz", set())
+    lines = gzip.decompress(good.read_bytes()).decode().splitlines()
+    row = json.loads(lines[1])
+    row["culprit"] = "pid 9911"
+    bad = tmp_path / "b.jsonl.gz"
+    bad.write_bytes(gzip.compress(("\n".join([lines[0], json.dumps(row), *lines[2:]]) + "\n").encode()))
+    with pytest.raises(RecordingError, match="culprit must be a pid"):
+        read_recording(bad)

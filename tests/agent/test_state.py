@@ -16,7 +16,7 @@ def test_a_missing_reading_is_counted_by_field_not_as_an_agent_error():
     snap = state.snapshot()
     # Stated by hand, not derived from READINGS / AGENT_PARTS: a reading or part dropped from either is caught.
     assert snap.missing_readings == {"syscalls": 1, "offcpu": 0, "gc": 0, "tcp": 0, "runqueue": 0, "process": 0,
-                                     "stacks": 1, "latency": 0, "gpu": 0, "delivery": 0}
+                                     "stacks": 1, "latency": 0, "gpu": 0, "delivery": 0, "pressure": 0}
     assert snap.agent_errors == {"alerts": 0, "detector": 0, "discovery": 0, "identity": 0, "loop": 0, "otlp": 0,
                                  "retention": 0, "rollup": 0, "store": 0}
     state.count_error("store")

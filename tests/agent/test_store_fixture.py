@@ -25,7 +25,9 @@ def test_the_fixture_is_the_old_schema() -> None:
 def _without_fields_added_since(value: Any) -> Any:
     """An answer less the record fields added after the fixture's release, where they hold their default: a
     Window's `members` ([] for a single process, issue 31) and a cause's `pid` and `process` (None outside a
-    family), a regression's `change_id` (None unless it followed a change, issue 35). Anything else must still be
+    family), a regression's `change_id` (None unless it followed a change, issue 35), a Window's `delivery` (issue 32)
+    and `pressure` (issue 34) where null, a cause's `neighbours` (empty but for cpu_contention, issue 34), a run-queue
+    reading's `culprits` and `charged_seconds` where not measured (issue 34). Anything else must still be
     byte-for-byte what that release answered; JSON inside a page's body too."""
     if isinstance(value, list):
         return [_without_fields_added_since(v) for v in value]
@@ -40,14 +42,20 @@ def _without_fields_added_since(value: Any) -> Any:
     out = {k: _without_fields_added_since(v) for k, v in value.items()}
     if "start" in out and "end" in out and out.get("members") == []:
         del out["members"]
-    if "start" in out and "end" in out and "delivery" in out and out["delivery"] is None:
-        del out["delivery"]
+    for key in ("delivery", "pressure"):
+        if "start" in out and "end" in out and key in out and out[key] is None:
+            del out[key]
+    if "histogram" in out and "total_seconds" in out and out.get("culprits") == [] and "charged_seconds" in out \
+            and out["charged_seconds"] is None:
+        del out["culprits"], out["charged_seconds"]
     if "severity" in out and "opened_at" in out and out.get("change_id", 0) is None:
         del out["change_id"]
     if "label" in out and "evidence" in out:
         for key in ("pid", "process"):
             if out.get(key, 0) is None:
                 del out[key]
+        if out.get("neighbours") == []:
+            del out["neighbours"]
     return out
 
 

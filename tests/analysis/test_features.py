@@ -111,3 +111,15 @@ def test_a_signal_that_is_not_a_finite_number_is_unmeasured():
     from analysis.cause_signals import read_all
     f = extract(replace(synth.window(0), gc=replace(synth.window(0).gc, pause_seconds=float("nan"))))
     assert read_all(f)["gc_pause"] is None and read_all(f)["syscalls"] is not None
+
+
+def test_pressure_is_per_second_and_none_where_the_kernel_has_none():
+    from analysis.window import PressureReading
+
+    w = synth.window(3)
+    assert extract(w).pressure is None and extract(w).major_faults_per_second is None  # an older recording
+    w.pressure = PressureReading(host={"io": {"some": 2.5, "full": 1.0}}, cgroup=None, major_faults=10,
+                                 reasons={"cgroup": "no cgroup pressure"})
+    f = extract(w)
+    assert f.host_pressure == {"io_some": 2.5 / w.duration, "io_full": 1.0 / w.duration}
+    assert f.pressure is None and f.major_faults_per_second == pytest.approx(10 / w.duration)

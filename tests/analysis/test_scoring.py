@@ -125,3 +125,20 @@ def test_the_json_keys_the_issue_asks_for() -> None:
     for key in ("precision", "recall", "attribution_top1", "median_delay_windows", "median_delay_seconds",
                 "false_alarms_per_hour", "per_label", "scenarios", "windows_scored"):
         assert key in s
+
+
+def test_culprit_top1_counts_phases_whose_named_neighbour_is_the_recorded_culprit() -> None:
+    from dataclasses import replace
+
+    out = timeline([("normal", 10), ("cpu_contention", 4), ("normal", 4), ("cpu_contention", 4), ("normal", 4)],
+                   [Ep(11, 15, {11: "cpu_contention"}), Ep(19, 23, {19: "cpu_contention"})], warmup=4)
+    # Phase 1's hog was pid 900 and is named; phase 3's was pid 901, but pid 77 is named at the phase's end.
+    out = [replace(o, culprit=900 if o.phase == 1 else 901 if o.phase == 3 else None,
+                   top_neighbour=900 if 10 <= i <= 15 else (77 if 19 <= i <= 23 else None)) for i, o in enumerate(out)]
+    s = summarize([score_run("s", out)])
+    assert s["culprit_top1"] == 0.5 and s["attribution_top1"] == 1.0
+
+
+def test_culprit_top1_is_not_measured_where_no_phase_recorded_a_culprit() -> None:
+    run = score_run("s", timeline([("normal", 10), ("gc", 4), ("normal", 6)], [Ep(11, 15, {11: "gc"})], warmup=4))
+    assert summarize([run])["culprit_top1"] is None

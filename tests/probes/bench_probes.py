@@ -46,7 +46,7 @@ from pathlib import Path
 
 from probes.gcpause import GcPauseProbe
 from probes.offcpu import OffCpuProbe
-from probes.runqlat import RunqlatProbe
+from probes.runqlat import RunqlatConfig, RunqlatProbe
 from probes.syscalls import SyscallsConfig, SyscallsProbe
 from probes.tcpretrans import TcpRetransProbe
 
@@ -452,6 +452,8 @@ def toggle_switches(pids: Pids) -> tuple[dict[str, Switch | TargetSwitch | Follo
             ("ours syscalls count, a child waiting", "syscall", lambda: _ChildWaitingSyscalls()),
             ("ours syscalls +latency", "syscall", lambda: SyscallsProbe(SyscallsConfig(latency=True))),
             ("ours runqlat", "sched", lambda: RunqlatProbe()),
+            # The probe as it was before it named culprits (issue 34): histogram and total only.
+            ("ours runqlat, no culprits", "sched", lambda: RunqlatProbe(RunqlatConfig(culprits=False))),
             ("ours offcpu", "sched", lambda: OffCpuProbe())]
     for name, kind, factory in ours:
         for target in (True, False):

@@ -177,7 +177,8 @@ def test_histogram_slots_come_from_the_shared_log2_helper():
     assert "log2_slot(delta / 1000)" in BPF_TEXT and "bpf_log2l" not in BPF_TEXT
 
 
-@pytest.mark.parametrize("field,value", [("max_targets", 0), ("max_targets", 5000), ("thread_entries", -1)])
+@pytest.mark.parametrize("field,value", [("max_targets", 0), ("max_targets", 5000), ("thread_entries", -1),
+                                         ("culprit_entries", 0), ("top_culprits", 101)])
 def test_config_rejects_bad_values_quoting_them(field, value):
     with pytest.raises(ValueError, match=f"{field}.*{value}"):
         RunqlatConfig(**{field: value})

@@ -83,3 +83,14 @@ def test_a_family_regression_names_the_process_of_its_top_cause_in_the_summary(m
     summary = payloads.alert_annotations(reg, "http://x", now=0)["summary"]
     assert "top cause gc in pid 4243 (VLLM::EngineCore), score" in summary
     assert payloads.alert_labels(reg, "h") == payloads.alert_labels(make_reg("f"), "h")  # labels keep the alert's identity
+
+
+def test_a_cpu_contention_alert_names_the_neighbour_that_held_the_cpu(make_reg) -> None:
+    from analysis.regression import Neighbour
+
+    reg = make_reg("n")
+    hog = Neighbour(pid=9911, comm="python3", seconds=14.2, share=0.71, cmdline="python3 hog.py\x1b[2J", user="bob")
+    reg.causes[0] = Cause("cpu_contention", 1.0, "run-queue wait per CPU second 2.1 vs 0.3", neighbours=(hog,))
+    summary = payloads.alert_annotations(reg, "http://x", now=0)["summary"]
+    assert "top cause cpu_contention beside pid 9911 (`python3 hog.py" in summary
+    assert "user bob, 71 % of the run-queue wait)" in summary and "\x1b" not in summary  # the hog's own text, escaped

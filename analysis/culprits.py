@@ -1,0 +1,89 @@
+"""The run-queue probe's culprits as the detector and its readers use them: merged over a family, the agent's own
+share taken out, and the neighbours named in a sentence."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
+
+from analysis.regression import Cause, Neighbour
+from analysis.window import Culprit, RunQueueReading, Window
+
+# Neighbours kept per family window, as per process (probes/runqlat.py RunqlatConfig.top_culprits).
+TOP = 5
+# Neighbours a cpu_contention cause names in its evidence (all TOP are in its `neighbours`).
+NAMED = 3
+
+
+def merge(lists: Iterable[list[Culprit]], members: Collection[int], top: int = TOP) -> list[Culprit]:
+    """A family's culprits from its members' lists: one row per process, seconds summed; a member that delayed
+    another is the family's own work ("self"), not a neighbour. The top neighbours, then every other kind."""
+    rows: dict[int, Culprit] = {}
+    for culprits in lists:
+        for c in culprits:
+            if c.pid in rows:
+                rows[c.pid].seconds += c.seconds
+            else:
+                rows[c.pid] = Culprit(**{**c.__dict__})
+            if c.pid in members:
+                rows[c.pid].kind = "self"
+    ranked = sorted(rows.values(), key=lambda c: -c.seconds)
+    neighbours = [c for c in ranked if not c.kind][:top]
+    return sorted(neighbours + [c for c in ranked if c.kind], key=lambda c: -c.seconds)
+
+
+def own_seconds(reading: RunQueueReading) -> float:
+    """The target's wait the agent itself caused (its own CPU and py-spy's on the target's CPUs)."""
+    return sum(c.seconds for c in reading.culprits if c.kind == "agent")
+
+
+def neighbours(reading: RunQueueReading) -> list[Culprit]:
+    """Other processes that ran while the target waited, largest first: not idle, not the target, not the agent."""
+    return [c for c in reading.culprits if not c.kind]
+
+
+def describe(c: Culprit, wait_seconds: float, duration: float) -> str:
+    """'pid 9911 `python3 hog.py` (user bob) ran during 71 % of the server's run-queue wait, 1.9 s/s'."""
+    what = c.cmdline or c.comm
+    user = f" (user {c.user})" if c.user else ""
+    gone = f" [{c.reason}]" if c.reason else ""
+    share = 100 * c.seconds / wait_seconds if wait_seconds > 0 else 0.0
+    rate = c.seconds / duration if duration > 0 else 0.0
+    return (f"pid {c.pid} `{what[:80]}`{user}{gone} ran during {share:.0f} % of the server's run-queue wait "
+            f"({rate:.2f} s of waiting per second)")
+
+
+def sample(window: Window) -> dict[str, Any] | None:
+    """What the detector keeps of a window's culprits among its per-window values (JSON: they travel in its saved
+    state): the target's wait less the agent's share, the window's length, and its neighbours."""
+    rq = window.runqueue
+    if rq is None or rq.charged_seconds is None:
+        return None  # not measured (an older recording, culprits off): nothing to name
+    return {"wait": max(rq.total_seconds - own_seconds(rq), 0.0), "duration": window.duration,
+            "top": [{"pid": c.pid, "comm": c.comm, "cmdline": c.cmdline, "user": c.user, "seconds": c.seconds}
+                    for c in neighbours(rq)]}
+
+
+def named(cause: Cause, samples: Sequence[dict[str, Any]]) -> Cause:
+    """A cpu_contention cause with the neighbours that held the CPU over the episode's windows, in its evidence
+    and its `neighbours`; any other cause, or one with no culprit measured, as it is."""
+    kept = [s["culprits"] for s in samples if isinstance(s.get("culprits"), dict)]
+    if cause.label != "cpu_contention" or not kept:
+        return cause
+    wait = sum(k["wait"] for k in kept)
+    duration = sum(k["duration"] for k in kept)
+    rows: dict[int, dict[str, Any]] = {}
+    for k in kept:
+        for c in k["top"]:
+            row = rows.setdefault(c["pid"], {**c, "seconds": 0.0})
+            row["seconds"] += c["seconds"]
+    ranked = sorted(rows.values(), key=lambda r: -r["seconds"])[:TOP]
+    if not ranked or wait <= 0:
+        return cause
+    found = tuple(Neighbour(pid=r["pid"], comm=r["comm"], seconds=round(r["seconds"], 4),
+                            share=round(min(r["seconds"] / wait, 1.0), 4), cmdline=r["cmdline"], user=r["user"])
+                  for r in ranked)
+    words = "; ".join(describe(Culprit(pid=n.pid, comm=n.comm, seconds=n.seconds, cmdline=n.cmdline, user=n.user),
+                               wait, duration) for n in found[:NAMED])
+    return dataclasses.replace(cause, evidence=f"{cause.evidence}; {words}", neighbours=found)

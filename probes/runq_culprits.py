@@ -1,0 +1,111 @@
+"""Who the run-queue probe charged a target's wait to: the kernel's (tgid, comm, ns) made into named Culprits."""
+
+from __future__ import annotations
+
+import pwd
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from analysis.window import Culprit
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except PermissionError:
+        return None
+
+
+def _user(status: str) -> str | None:
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            uid = int(line.split()[1])
+            try:
+                return pwd.getpwuid(uid).pw_name
+            except KeyError:
+                return str(uid)  # a uid without a passwd entry (a container's user): the number is the name
+    return None
+
+
+def _cgroup(text: str) -> str | None:
+    """The unified (v2) path, else systemd's named v1 hierarchy: where a unit or a container puts a process."""
+    lines = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
+    for hid, controllers, path in lines:
+        if hid == "0" and controllers == "":
+            return path
+    for _, controllers, path in lines:
+        if controllers == "name=systemd":
+            return path
+    return None
+
+
+def kind_of(tgid: int, target: int, agent_pids: Iterable[int]) -> str:
+    if tgid == 0:
+        return "idle"
+    if tgid == target:
+        return "self"
+    if tgid in set(agent_pids):
+        return "agent"
+    return ""
+
+
+# The programs the agent runs as its children (agent/sources/pyspy.py): their CPU is the agent's own.
+AGENT_CHILDREN = ("py-spy",)
+
+
+def agent_pids(proc_root: Path, agent: int) -> set[int]:
+    """The agent and the samplers it started (children named in AGENT_CHILDREN)."""
+    pids = {agent}
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _read(entry / "stat")
+        if stat is None:
+            continue
+        comm = stat[stat.find("(") + 1:stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and fields[1] == str(agent) and comm in AGENT_CHILDREN:
+            pids.add(int(entry.name))
+    return pids
+
+
+def resolve(tgid: int, comm: str, seconds: float, kind: str, proc_root: Path) -> Culprit:
+    """The culprit as /proc shows it now; its user, cgroup and command line None with a reason when the pid is
+    gone or belongs to another program (comm differs: the kernel's comm is the one that ran)."""
+    culprit = Culprit(pid=tgid, comm=comm, seconds=seconds, kind=kind)
+    if tgid == 0:
+        return culprit
+    base = proc_root / str(tgid)
+    now_comm = _read(base / "comm")
+    if now_comm is None:
+        culprit.reason = "exited before the window's end"
+        return culprit
+    if now_comm.rstrip("\n") != comm:
+        culprit.reason = f"its pid now runs {now_comm.strip()!r}: it exited and the pid was reused"
+        return culprit
+    status, cgroup, cmdline = _read(base / "status"), _read(base / "cgroup"), _read(base / "cmdline")
+    culprit.user = _user(status) if status is not None else None
+    culprit.cgroup = _cgroup(cgroup) if cgroup is not None else None
+    culprit.cmdline = " ".join(a for a in cmdline.split("\0") if a) if cmdline else None
+    if culprit.user is None or culprit.cgroup is None:
+        culprit.reason = "exited while it was read"
+    return culprit
+
+
+def top(charges: Mapping[int, tuple[str, int]], target: int, agent: set[int], n: int,
+        proc_root: Path) -> list[Culprit]:
+    """The n neighbours with the most of the target's wait (tgid -> (comm, ns)), plus every idle, self and agent
+    charge (so that the agent's own share can be taken out), largest first."""
+    ranked = sorted(charges.items(), key=lambda kv: -kv[1][1])
+    kept: list[Culprit] = []
+    neighbours = 0
+    for tgid, (comm, ns) in ranked:
+        kind = kind_of(tgid, target, agent)
+        if not kind:
+            if neighbours >= n:
+                continue
+            neighbours += 1
+        kept.append(resolve(tgid, comm, ns / 1e9, kind, proc_root))
+    return kept
