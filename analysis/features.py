@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from analysis.client_latency import bucket_quantiles, client_buckets
+from analysis.client_latency import bucket_quantiles, client_buckets, connect_wait
 from analysis.waits import by_kind
 from analysis.window import DeliveryReading, Window
 
@@ -70,6 +70,9 @@ class Features:
     # The clients' latency histogram (server latency + delivery, analysis/client_latency.py) on `buckets`' bounds;
     # () where either is missing.
     client_buckets: tuple[tuple[float, float], ...] = ()
+    # Seconds per request the clients waited for SYN-ACK retransmits while connecting (DeliveryReading's
+    # connect_wait_seconds over the window's requests); None without delivery or requests.
+    connect_wait_per_request: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -139,7 +142,10 @@ def extract(window: Window) -> Features:
     if window.delivery is not None:
         f.update(_delivery(window.delivery, dur))
         if la is not None and la.requests > 0 and la.buckets and window.delivery.replies > 0:
-            f["client_buckets"] = _buckets(client_buckets(la.buckets, window.delivery.buckets))
+            slow = connect_wait(window.delivery, la.requests)
+            f["client_buckets"] = _buckets(client_buckets(la.buckets, window.delivery.buckets, slow))
+        if la is not None and la.requests > 0:
+            f["connect_wait_per_request"] = window.delivery.connect_wait_seconds / la.requests
     if window.runqueue is not None:
         f["runqueue_per_second"] = window.runqueue.total_seconds / dur
     if window.process is not None:
