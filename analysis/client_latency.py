@@ -6,10 +6,12 @@ is the sum of its two parts; the two are not paired request by request, so the e
 independent: each histogram is read at 200 evenly spaced ranks (PromQL's linear interpolation within a
 bucket), every pair is summed, and the sums' quantiles are the estimate. Network delay does not depend on
 how long the model ran, which is what makes independence fair; a fault that slows both at once (a saturated
-host) makes the estimate a little narrower than the truth.
+host) makes the estimate a little narrower than the truth. A connection whose SYN-ACK was retransmitted delayed
+the first request sent on it: the share of requests equal to the window's slow connections per request get their
+mean wait added (docs/delivery.md "Connection setup").
 
 What it cannot see (docs/detector.md): time before the request reached the server's kernel (connection
-setup, the request's own loss, a client's queue), stalls in the client after its kernel had the bytes,
+setup beyond resent SYN-ACKs, the request's own loss, a client's queue), stalls in the client after its kernel had the bytes,
 proxies or load balancers in between (the "client" is then the proxy), and TLS terminated elsewhere.
 """
 
