@@ -15,8 +15,8 @@ from analysis.detector import LatencyDetector
 HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "recorded-network"
 
-# Recording -> windows from onset to the regression opening, as recorded. The issue asks for at most 2.
-DELAYS = {
+# Recording -> windows from onset to the regression opening, as recorded (None: not found). The issue asks for 2.
+DELAYS: dict[str, int | None] = {
     # 15 % loss on the replies, a connection per request: nearly all of it hits the handshakes' SYN-ACKs (the
     # connection setup wait, docs/delivery.md "Connection setup", 0 before onset, >0 in 17 of 18 fault windows), and
     # each slow client waits 1 s. The server's own latency on the shared host was as noisy (baseline p99 0.3-1.4 s)
@@ -24,6 +24,11 @@ DELAYS = {
     # rule named `network` on the connect-wait signal after its 4 windows. (Before the connection setup wait was
     # measured: 8 windows.)
     "reply_loss": 4,
+    # 15 % loss on what the clients send: NOT found (recorded 2026-12-04 06:26-06:33 UTC). A lost SYN never reaches
+    # the server (no SYN-ACK resent: 0 in the phase), a lost request segment is the client's retransmit, and a lost
+    # handshake ACK is covered by the request that follows; what the server sees is its replies' ACKs lost: 81
+    # retransmits in the 18 fault windows against 88 in the 48 before, too few to pass the noise. Pinned as missed.
+    "request_loss": None,
 }
 
 
@@ -45,8 +50,11 @@ def test_every_window_carries_the_delivery_reading(name: str) -> None:
 def test_network_fault_is_found_and_named_network_without_a_false_alarm(name: str) -> None:
     [run] = command.replay([_path(name)], LatencyDetector)
     [phase] = run.score.fault_phases
-    assert phase.detected and phase.top_cause == "network"
     assert [e for e in run.score.episodes if e.phase is None] == []
+    if DELAYS[name] is None:
+        assert not phase.detected
+        return
+    assert phase.detected and phase.top_cause == "network"
     assert phase.delay_windows == DELAYS[name]
 
 
