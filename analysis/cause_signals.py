@@ -82,6 +82,10 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("retransmitted_replies", "network", "share of replies retransmitted", lambda f: f.retransmitted_share,
            0.02, 0.05, "%", 100, "delivery"),
     Signal("rto_stall", "network", "RTO stalls", lambda f: f.rto_stall_per_second, 0.01, 0.1, "s/s", 1, "delivery"),
+    # Connections whose SYN-ACK had to be resent: each waited a SYN-ACK timeout (1 s, then 2 s...) before its
+    # request could leave. Floor 10 ms per request; a rise of 50 ms per request is one such wait in 20 requests.
+    Signal("connect_wait", "network", "connection setup waiting for SYN-ACK retransmits",
+           lambda f: f.connect_wait_per_request, 0.01, 0.05, "s/req", 1, "delivery"),
     # The agent's own scrape as a probe of the path: a connection refused or timed out while the process lives
     # means nothing reaches its port (a partition drops every SYN, and with no connection open the server has
     # nothing to retransmit: a live 100 % drop read 0 retransmits and no other signal moved). A window is 1 or 0.

@@ -6,10 +6,12 @@ is the sum of its two parts; the two are not paired request by request, so the e
 independent: each histogram is read at 200 evenly spaced ranks (PromQL's linear interpolation within a
 bucket), every pair is summed, and the sums' quantiles are the estimate. Network delay does not depend on
 how long the model ran, which is what makes independence fair; a fault that slows both at once (a saturated
-host) makes the estimate a little narrower than the truth.
+host) makes the estimate a little narrower than the truth. A connection whose SYN-ACK was retransmitted delayed
+the first request sent on it: the share of requests equal to the window's slow connections per request get their
+mean wait added (docs/delivery.md "Connection setup").
 
 What it cannot see (docs/detector.md): time before the request reached the server's kernel (connection
-setup, the request's own loss, a client's queue), stalls in the client after its kernel had the bytes,
+setup beyond resent SYN-ACKs, the request's own loss, a client's queue), stalls in the client after its kernel had the bytes,
 proxies or load balancers in between (the "client" is then the proxy), and TLS terminated elsewhere.
 """
 
@@ -66,19 +68,47 @@ def bucket_quantiles(buckets: dict[str, float], qs: np.ndarray) -> np.ndarray | 
     return out
 
 
-def client_buckets(server: dict[str, float], delivery: dict[str, float]) -> dict[str, float]:
+def connect_wait(delivery: DeliveryReading | None, requests: float) -> tuple[float, float]:
+    """(share of requests whose connection waited for a SYN-ACK retransmit, their mean wait in seconds): each slow
+    connection delays the first request sent on it, so the share is slow connections per request (at most 1).
+    (0, 0) when none was slow or nothing was served."""
+    if delivery is None or delivery.slow_connects <= 0 or requests <= 0:
+        return 0.0, 0.0
+    return min(1.0, delivery.slow_connects / requests), delivery.connect_wait_seconds / delivery.slow_connects
+
+
+def _samples(server: np.ndarray, network: np.ndarray, slow: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """The clients' waits as weighted samples: every pair's sum, and the same sums plus the mean connect wait for
+    the share of requests that had to wait for one (weights sum to 1)."""
+    sums = np.add.outer(server, network).ravel()
+    share, wait = slow
+    w = np.full(len(sums), 1.0 / len(sums))
+    if share <= 0:
+        return sums, w
+    return np.concatenate([sums, sums + wait]), np.concatenate([w * (1 - share), w * share])
+
+
+def _weighted_quantiles(values: np.ndarray, weights: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    order = np.argsort(values, kind="stable")
+    v, cum = values[order], np.cumsum(weights[order])
+    return [float(v[min(int(np.searchsorted(cum, q * cum[-1], side="left")), len(v) - 1)]) for q in qs]
+
+
+def client_buckets(server: dict[str, float], delivery: dict[str, float],
+                   slow: tuple[float, float] = (0.0, 0.0)) -> dict[str, float]:
     """The clients' latency histogram on the server's bucket bounds: the server's count of requests spread as the
-    independent sums of both histograms' RANKS evenly spaced values fall. {} when either is empty."""
+    independent sums of both histograms' RANKS evenly spaced values fall, `slow` (connect_wait) added to its share.
+    {} when either is empty."""
     qs = (np.arange(RANKS) + 0.5) / RANKS
     a, b = bucket_quantiles(server, qs), bucket_quantiles(delivery, qs)
     if a is None or b is None:
         return {}
     keys = sorted(server, key=_bound)
     bounds = np.array([_bound(k) for k in keys])
-    sums = np.add.outer(a, b).ravel()
+    sums, weights = _samples(a, b, slow)
     idx = np.minimum(np.searchsorted(bounds, sums, side="left"), len(bounds) - 1)
     n = sum(max(0.0, v) for v in server.values())
-    counts = np.bincount(idx, minlength=len(bounds)) * (n / len(sums))
+    counts = np.bincount(idx, weights=weights, minlength=len(bounds)) * n
     return {k: float(c) for k, c in zip(keys, counts, strict=True)}
 
 
@@ -91,8 +121,9 @@ def estimate(latency: LatencyReading | None, delivery: DeliveryReading | None) -
     network = bucket_quantiles(delivery.buckets, qs)
     if server is None or network is None:
         return None
-    sums = np.add.outer(server, network).ravel()
-    p50, p95, p99 = (float(v) for v in np.quantile(sums, QUANTILES))
+    requests = sum(max(0.0, v) for v in latency.buckets.values())
+    sums, weights = _samples(server, network, connect_wait(delivery, requests))
+    p50, p95, p99 = _weighted_quantiles(sums, weights, QUANTILES)
     return ClientLatency(p50_seconds=p50, p95_seconds=p95, p99_seconds=p99,
                          delivery_p99_seconds=float(np.quantile(network, 0.99)),
                          retransmitted_share=delivery.retransmitted / delivery.replies)

@@ -366,10 +366,12 @@ class LatencyDetector:
         """Seconds per request the clients waited for their replies beyond the baseline's usual delivery, measured
         (probes/delivery.py): the clients' latency is the server's plus this, so a regression opens on either with
         the same expectation and false-alarm rules. 0 where delivery is not measured (older recordings)."""
-        now, stats = values.get("delivery_mean"), self.baseline_.stats().get("delivery_mean")
-        if now is None or stats is None:
-            return 0.0
-        return max(0.0, now - stats.median)
+        cost = 0.0
+        for name in ("delivery_mean", "connect_wait"):  # a reply's delivery; the SYN-ACK waits before a request
+            now, stats = values.get(name), self.baseline_.stats().get(name)
+            if now is not None and stats is not None:
+                cost += max(0.0, now - stats.median)
+        return cost
 
     def _stalled(self, f: Features) -> bool:
         """Far fewer requests finished than the baseline's usual count, or the server did not answer the scrape that

@@ -130,7 +130,11 @@ def _delivery(parts: Sequence[tuple[str, DeliveryReading]]) -> DeliveryReading:
                            srtt_mean_seconds=sum(s * n for s, n in srtt) / replies if replies else None,
                            retransmits=sum(r.retransmits for r in readings),
                            rto_stall_seconds=sum(r.rto_stall_seconds for r in readings),
-                           not_server=sum(r.not_server for r in readings))
+                           not_server=sum(r.not_server for r in readings),
+                           synack_retransmits=sum(r.synack_retransmits for r in readings),
+                           connects=sum(r.connects for r in readings),
+                           slow_connects=sum(r.slow_connects for r in readings),
+                           connect_wait_seconds=sum(r.connect_wait_seconds for r in readings))
 
 
 _MERGE: dict[str, Callable[[Sequence[tuple[str, Any]]], Any]] = {

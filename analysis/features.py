@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from analysis.client_latency import bucket_quantiles, client_buckets
+from analysis.client_latency import bucket_quantiles, client_buckets, connect_wait
 from analysis.culprits import own_seconds
 from analysis.own_syscalls import workload_counts
 from analysis.waits import by_kind
@@ -77,6 +77,9 @@ class Features:
     pressure: dict[str, float] | None = None
     host_pressure: dict[str, float] | None = None
     major_faults_per_second: float | None = None
+    # Seconds per request the clients waited for SYN-ACK retransmits while connecting (DeliveryReading's
+    # connect_wait_seconds over the window's requests); None without delivery or requests.
+    connect_wait_per_request: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -153,7 +156,10 @@ def extract(window: Window) -> Features:
     if window.delivery is not None:
         f.update(_delivery(window.delivery, dur))
         if la is not None and la.requests > 0 and la.buckets and window.delivery.replies > 0:
-            f["client_buckets"] = _buckets(client_buckets(la.buckets, window.delivery.buckets))
+            slow = connect_wait(window.delivery, la.requests)
+            f["client_buckets"] = _buckets(client_buckets(la.buckets, window.delivery.buckets, slow))
+        if la is not None and la.requests > 0:
+            f["connect_wait_per_request"] = window.delivery.connect_wait_seconds / la.requests
     if window.runqueue is not None:
         # Less what the agent's own CPU (py-spy, the daemon) kept the target waiting: the agent is never a cause.
         f["runqueue_per_second"] = (window.runqueue.total_seconds - own_seconds(window.runqueue)) / dur

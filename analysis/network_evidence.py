@@ -23,4 +23,6 @@ def delivery_words(values: Mapping[str, float | None], stats: Mapping[str, Signa
         parts.append(f"{100 * share:.0f} % of replies retransmitted")
     if (stall := values.get("rto_stall")) is not None and stall > 0:
         parts.append(f"RTO stalls {stall:.2g} s/s")
+    if (wait := values.get("connect_wait")) is not None and wait > 0:
+        parts.append(f"connections waited {wait:.2g} s per request for SYN-ACK retransmits")
     return ", ".join(parts)

@@ -184,6 +184,12 @@ class DeliveryReading:
     retransmits: int = 0  # packets of its server sockets
     rto_stall_seconds: float = 0.0  # time its flows waited for an RTO to fire
     not_server: int = 0  # acknowledged writes on sockets that are not server sockets (not in the figures)
+    # Connection setup on its listening ports: SYN-ACKs resent, handshakes completed, those of them that needed a
+    # SYN-ACK retransmit, and the time those waited from the first SYN-ACK (docs/delivery.md "Connection setup").
+    synack_retransmits: int = 0
+    connects: int = 0
+    slow_connects: int = 0
+    connect_wait_seconds: float = 0.0
 
 
 @dataclass

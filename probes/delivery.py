@@ -47,7 +47,14 @@ from probes.slotted import SlottedProbe
 from probes.sockets import ProcSockets
 
 TRACEPOINTS = ("sock:sock_send_length", "sock:sock_recv_length", "tcp:tcp_probe", "sock:inet_sock_set_state", "tcp:tcp_retransmit_skb",
-               "tcp:tcp_cong_state_set", "tcp:tcp_destroy_sock", "task:task_newtask")
+               "tcp:tcp_cong_state_set", "tcp:tcp_destroy_sock", "task:task_newtask", "tcp:tcp_retransmit_synack")
+
+# The SYN-ACK's first retransmission timeout (Linux TCP_TIMEOUT_INIT): a connection whose SYN-ACK was retransmitted
+# is taken to have waited this long before the first retransmit (docs/delivery.md "Connection setup").
+SYNACK_RTO_INIT_S = 1.0
+# Longer than a handshake can last (Linux's default 5 SYN-ACK retries back off to 63 s): an entry this old is of a
+# handshake the client abandoned, not the one completing on the same addresses and ports now.
+HANDSHAKE_MAX_S = 120.0
 
 # The bundled workload's end-to-end latency buckets (workload/metrics.py E2E_BUCKETS): the agent passes the
 # latency source's own bounds when it has them.
@@ -57,12 +64,13 @@ MAX_BOUNDS = 40
 
 # Counters after the histogram's len(bounds) + 1 buckets, per target slot; the C text uses the same order.
 COUNTERS = ("replies", "retransmitted", "rto", "delivery_ns", "srtt_us", "retransmits", "stall_ns",
-            "unserved")
+            "unserved", "synack_retransmits", "connects", "slow_connects", "connect_wait_ns")
 
 BPF_TEXT = r"""
 #define IPPROTO_TCP_ 6
 #define TCP_CA_LOSS_ 4
 #define TCP_ESTABLISHED_ 1
+#define TCP_SYN_RECV_ 3
 #define TCP_FIN_WAIT1_ 4
 #define TCP_FIN_WAIT2_ 5
 #define TCP_TIME_WAIT_ 6
@@ -80,8 +88,20 @@ struct flow_t {
     u8 rto;        /* an RTO fired while it was pending */
 };
 
+/* A handshake whose SYN-ACK was retransmitted, by the client's address and port and our port (the request
+   socket is not the child socket the handshake ends in, so the 4-tuple joins them). */
+struct hs_key_t {
+    u8 daddr[16];
+    u16 sport;
+    u16 dport;
+};
+struct hs_t {
+    u64 t_first;   /* the first SYN-ACK retransmit */
+};
+
 BPF_TABLE("lru_hash", u64, struct flow_t, flows, MAX_FLOWS);
-BPF_HASH(server_ports, u16, u8, 1024);
+BPF_TABLE("lru_hash", struct hs_key_t, struct hs_t, handshakes, MAX_HANDSHAKES);
+BPF_HASH(server_ports, u16, u32, 1024);  /* a target's listening port -> its slot */
 BPF_PERCPU_ARRAY(counts, u64, MAX_TARGETS * N_FIELDS);
 
 static inline void add(u32 slot, u32 field, u64 n)
@@ -188,6 +208,28 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     int fin_acked = (from == TCP_FIN_WAIT1_ && (to == TCP_FIN_WAIT2_ || to == TCP_TIME_WAIT_))
                     || (from == TCP_CLOSING_ && to == TCP_TIME_WAIT_);
     int peer_fin = from == TCP_ESTABLISHED_ && to == TCP_CLOSE_WAIT_;
+    if (from == TCP_SYN_RECV_ && to == TCP_ESTABLISHED_) {
+        /* A handshake on a target's listening port completed (the client's ACK, or its first data, arrived). */
+        u16 port = args->sport;
+        u32 *slot = server_ports.lookup(&port);
+        if (!slot)
+            return 0;
+        add(*slot, F_CONNECTS, 1);
+        struct hs_key_t key = {};
+        __builtin_memcpy(key.daddr, args->daddr_v6, 16);
+        key.sport = args->sport;
+        key.dport = args->dport;
+        struct hs_t *h = handshakes.lookup(&key);
+        if (h) {
+            u64 waited = bpf_ktime_get_ns() - h->t_first;
+            if (waited < HANDSHAKE_MAX_NS) {  /* older: a handshake the client gave up, its port used again */
+                add(*slot, F_SLOW_CONNECTS, 1);
+                add(*slot, F_CONNECT_WAIT_NS, waited + SYNACK_RTO_INIT_NS);
+            }
+            handshakes.delete(&key);
+        }
+        return 0;
+    }
     if (!fin_acked && !peer_fin)
         return 0;
     u64 sk = (u64)args->skaddr;
@@ -238,6 +280,29 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
     return 0;
 }
 
+/* The kernel resent a SYN-ACK (its timer, or the client's SYN came again): the client is still connecting. */
+TRACEPOINT_PROBE(tcp, tcp_retransmit_synack)
+{
+    u16 port = args->sport;
+    u32 *slot = server_ports.lookup(&port);
+    if (!slot)
+        return 0;
+    add(*slot, F_SYNACK_RETRANSMITS, 1);
+    struct hs_key_t key = {};
+    __builtin_memcpy(key.daddr, args->daddr_v6, 16);
+    key.sport = args->sport;
+    key.dport = args->dport;
+    u64 now = bpf_ktime_get_ns();
+    struct hs_t *h = handshakes.lookup(&key);
+    if (h && now - h->t_first < HANDSHAKE_MAX_NS)
+        return 0;  /* a later retransmit of the same handshake */
+    struct hs_t fresh = {};
+    fresh.t_first = now;
+    if (handshakes.update(&key, &fresh))
+        count_lost();
+    return 0;
+}
+
 TRACEPOINT_PROBE(tcp, tcp_destroy_sock)
 {
     u64 sk = (u64)args->skaddr;
@@ -251,6 +316,7 @@ TRACEPOINT_PROBE(tcp, tcp_destroy_sock)
 class DeliveryConfig:
     max_targets: int = 64  # processes: each member of a family target takes a slot
     max_flows: int = 16384  # sockets a target wrote to, LRU: the least recently used goes first when full
+    max_handshakes: int = 4096  # handshakes whose SYN-ACK was retransmitted and not yet completed, LRU
     bounds: tuple[float, ...] = field(default=DEFAULT_BOUNDS)  # histogram upper bounds, seconds
     # None: look at tcp_retransmit_skb's format in tracefs at start() (its `err` field is 6.13+).
     err_field: bool | None = None
@@ -260,6 +326,8 @@ class DeliveryConfig:
             raise ValueError(f"max_targets must be within [1, 1024], got {self.max_targets!r}")
         if not 16 <= self.max_flows <= 1 << 20:
             raise ValueError(f"max_flows must be within [16, 1048576], got {self.max_flows!r}")
+        if not 16 <= self.max_handshakes <= 1 << 20:
+            raise ValueError(f"max_handshakes must be within [16, 1048576], got {self.max_handshakes!r}")
         bounds = tuple(self.bounds)
         if not 1 <= len(bounds) <= MAX_BOUNDS or any(b <= 0 for b in bounds) or list(bounds) != sorted(set(bounds)):
             raise ValueError(f"bounds must be 1 to {MAX_BOUNDS} increasing positive seconds, got {self.bounds!r}")
@@ -281,6 +349,9 @@ def render(config: DeliveryConfig, err_field: bool = True) -> str:
     chain = "".join(f"    if (ns <= {round(b * 1e9)}ULL) return {i};\n" for i, b in enumerate(bounds))
     bucket_fn = f"static inline u32 bucket_of(u64 ns)\n{{\n{chain}    return {nb};\n}}\n"
     defines = [f"#define MAX_TARGETS {config.max_targets}", f"#define MAX_FLOWS {config.max_flows}",
+               f"#define MAX_HANDSHAKES {config.max_handshakes}",
+               f"#define SYNACK_RTO_INIT_NS {round(SYNACK_RTO_INIT_S * 1e9)}ULL",
+               f"#define HANDSHAKE_MAX_NS {round(HANDSHAKE_MAX_S * 1e9)}ULL",
                f"#define N_FIELDS {n_fields(bounds)}"]
     defines += [f"#define F_{name.upper()} {nb + 1 + i}" for i, name in enumerate(COUNTERS)]
     if err_field:
@@ -306,6 +377,7 @@ class DeliveryProbe(SlottedProbe):
         self._seen = [0] * (self.config.max_targets * self._fields)
         self._sockets = sockets or ProcSockets(proc_root)
         self._ports: set[int] = set()
+        self._port_slots: dict[int, int] = {}
 
     def _render(self) -> str:
         from probes.tcpretrans import tracepoint_has_field  # noqa: PLC0415 - shares tracefs parsing
@@ -341,28 +413,33 @@ class DeliveryProbe(SlottedProbe):
                 delivery_seconds=c["delivery_ns"] / 1e9,
                 srtt_mean_seconds=(c["srtt_us"] / 1e6 / c["replies"]) if c["replies"] else None,
                 retransmits=c["retransmits"], rto_stall_seconds=c["stall_ns"] / 1e9,
-                not_server=c["unserved"])
+                not_server=c["unserved"], synack_retransmits=c["synack_retransmits"], connects=c["connects"],
+                slow_connects=c["slow_connects"], connect_wait_seconds=c["connect_wait_ns"] / 1e9)
         self._seen = counts
         self._health.detail["server_ports"] = sorted(self._ports)
         return readings
 
     def _sync_ports(self) -> None:
-        """The listening ports of the targets into `server_ports`: their sockets there are server sockets."""
-        ports: set[int] = set()
-        for tgid, _ in self._slots.items():
+        """The listening ports of the targets into `server_ports`, each with the slot of the first target (in slot
+        order) that listens on it: their sockets there are server sockets, and its handshakes that target's."""
+        ports: dict[int, int] = {}
+        for tgid, slot in sorted(self._slots.items(), key=lambda kv: kv[1]):
             try:
-                ports |= listening_ports(self._sockets.endpoints(tgid))
+                for port in listening_ports(self._sockets.endpoints(tgid)):
+                    ports.setdefault(port, slot)
             except (TargetGone, AccessDenied):
                 continue  # gone: dropped at read; unreadable: its replies count as not served
         table = self._bpf[b"server_ports"]
-        for port in self._ports - ports:
+        for port in set(self._port_slots) - set(ports):
             try:
                 del table[table.Key(port)]
             except KeyError:
                 pass
-        for port in ports - self._ports:
-            table[table.Key(port)] = table.Leaf(1)
-        self._ports = ports
+        for port, slot in ports.items():
+            if self._port_slots.get(port) != slot:
+                table[table.Key(port)] = table.Leaf(slot)
+        self._port_slots = ports
+        self._ports = set(ports)
 
     def _read_counts(self) -> list[int]:
         counts = [0] * (self.config.max_targets * self._fields)

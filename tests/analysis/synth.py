@@ -55,6 +55,7 @@ class Load:
     hot_function: str | None = None
     delivery: bool = False         # the window carries the delivery probe's reading
     reply_loss: float = 0.0        # share of replies that wait for an RTO (0.2-0.45 s) to reach the client
+    synack_loss: float = 0.0       # share of connections (one per request) whose SYN-ACK is resent: 1-1.1 s wait
 
 
 def window(i: int, load: Load = Load(), seed: int = 0, interval: float = 5.0, target: str = "t") -> Window:
@@ -87,7 +88,7 @@ def window(i: int, load: Load = Load(), seed: int = 0, interval: float = 5.0, ta
     if load.hot_function:
         active[APP + f";{load.hot_function} (app/hot.py:1)"] = ticks
     delivery = None
-    if load.delivery or load.reply_loss:
+    if load.delivery or load.reply_loss or load.synack_loss:
         lost = sum(1 for _ in range(n) if rng.random() < load.reply_loss)
         times = [rng.uniform(0.0002, 0.002) for _ in range(n - lost)] + [rng.uniform(0.2, 0.45) for _ in range(lost)]
         dbuckets = dict.fromkeys(buckets, 0.0)
@@ -97,6 +98,9 @@ def window(i: int, load: Load = Load(), seed: int = 0, interval: float = 5.0, ta
         delivery = DeliveryReading(replies=n, retransmitted=lost, rto_replies=lost, buckets=dbuckets,
                                    delivery_seconds=sum(times), srtt_mean_seconds=0.0005, retransmits=lost,
                                    rto_stall_seconds=0.2 * lost)
+        waits = [rng.uniform(1.0, 1.1) for _ in range(n) if rng.random() < load.synack_loss]
+        delivery.synack_retransmits, delivery.connects = len(waits), n
+        delivery.slow_connects, delivery.connect_wait_seconds = len(waits), sum(waits)
     return Window(
         target=target, pid=4242, start=start, end=start + interval, delivery=delivery,
         syscalls=SyscallReading(counts={"futex": int(n * load.syscalls_per_request * 0.8),

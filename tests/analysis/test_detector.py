@@ -723,6 +723,21 @@ def test_loss_on_replies_alone_opens_network_on_the_clients_latency_within_two_w
                     r"RTO stalls [\d.]+ s/s; ", cause.evidence), cause.evidence
 
 
+@pytest.mark.parametrize(("loss", "by"), [(0.1, 2), (0.2, 1)])
+def test_lost_syn_acks_alone_open_network_within_two_windows(loss, by):
+    """A client per connection, 10-20 % of SYN-ACKs lost: those clients wait 1 s to connect, before any reply exists,
+    so neither the server's latency nor the replies' delivery moves. The connection setup wait the delivery probe
+    measures does: a regression named network within 2 windows, the wait in its evidence."""
+    det = LatencyDetector()
+    det.set_state(json.loads(_armed_with_delivery()))
+    vs = feed(det, synth.windows(60, 4, Load(delivery=True, synack_loss=loss)))
+    first = opened(vs)
+    assert first and first[0] <= by, [v.state for v in vs]
+    cause = vs[first[0]].opened.causes[0]
+    assert cause.label == "network", cause
+    assert re.search(r"connections waited [\d.]+ s per request for SYN-ACK retransmits", cause.evidence), cause.evidence
+
+
 def test_healthy_delivery_opens_nothing_and_older_windows_without_it_score_as_before():
     det = LatencyDetector()
     det.set_state(json.loads(_armed_with_delivery()))

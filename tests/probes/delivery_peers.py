@@ -7,7 +7,7 @@
 
 Request: "ID SIZE\\n". Reply: SIZE bytes, the last one "\\n". The server prints "w ID T" after each reply is
 written (T: CLOCK_MONOTONIC ns, the clock of bpf_ktime_get_ns); the client prints "r ID T" when it holds a
-reply's last byte. Unless --delayed-ack, the client asks for an immediate ACK (TCP_QUICKACK) before each read,
+reply's last byte, and "c FIRST NS" after each connect (its duration). Unless --delayed-ack, the client asks for an immediate ACK (TCP_QUICKACK) before each read,
 so that its kernel's ACK goes out when the bytes arrive, not on its delayed-ACK timer.
 """
 
@@ -47,7 +47,10 @@ def server(port: int) -> None:
 
 def _client_conn(host: str, port: int, first: int, requests: int, size: int, interval: float, quickack: bool,
                  lock: threading.Lock) -> None:
+    t0 = time.monotonic_ns()
     with socket.create_connection((host, port), timeout=120) as conn:
+        with lock:
+            print(f"c {first} {time.monotonic_ns() - t0}", flush=True)  # connect's duration, ns
         for ident in range(first, first + requests):
             conn.sendall(f"{ident} {size}\n".encode())
             got = 0

@@ -30,7 +30,7 @@ def test_render_places_each_bound_in_the_bucket_chain():
     text = render(DeliveryConfig(bounds=(0.005, 0.5), max_targets=4, max_flows=64), err_field=False)
     assert "if (ns <= 5000000ULL) return 0;" in text and "if (ns <= 500000000ULL) return 1;" in text
     assert "return 2;\n}" in text
-    assert "#define N_FIELDS 11" in text and "#define HAVE_ERR_FIELD" not in text
+    assert "#define N_FIELDS 15" in text and "#define HAVE_ERR_FIELD" not in text
     assert "#define MAX_FLOWS 64" in text
 
 
@@ -224,3 +224,61 @@ def test_idle_keepalive_and_zero_window_clients_give_no_slow_delivery_and_leave_
     # stalled client's reply, which was not acknowledged.
     assert idle_reading.replies + closed_reading.replies <= 1000
     assert closed_reading.replies >= 50
+
+
+# --- connection setup --------------------------------------------------------------------------------
+
+SYNACK = "tcp flags & (syn|ack) == syn|ack"
+
+
+@pytest.mark.usefixtures("require_bpf")
+@pytest.mark.parametrize("drop_first_synack", [False, True])
+def test_synack_retransmits_and_connect_wait_match_the_kernel_and_the_clients(drop_first_synack):
+    """The client's namespace drops the first SYN-ACK of every connection (a dynamic nft set remembers the client
+    ports already hit): each of the 6 connections waits for a retransmitted SYN-ACK. The probe's SYN-ACK retransmits
+    equal the server namespace's TCPSynRetrans exactly; every connection is counted, each as slow; and the time the
+    probe says they waited is within [-50 ms, +250 ms] of the connect time each client measured (the first SYN-ACK's
+    timeout is assumed to be Linux's 1 s; the probe's end is the client's ACK, one RTT after the client's)."""
+    conns = 6
+    with netns_pair_context(tag="issyn") as pair:
+        server = subprocess.Popen(pair.exec_argv(pair.a, [sys.executable, "-m", "tests.probes.delivery_peers",
+                                                          "server", str(PORT)]), stdout=subprocess.PIPE, text=True)
+        probe = DeliveryProbe(DeliveryConfig(bounds=FINE_BOUNDS, max_targets=4))
+        try:
+            assert server.stdout.readline().strip() == "ready"
+            if drop_first_synack:
+                script = (f"table inet issyn {{\n  set hit {{ type inet_service; flags dynamic; }}\n"
+                          f"  chain input {{ type filter hook input priority 0; policy accept;\n"
+                          f"    tcp sport {PORT} {SYNACK} tcp dport @hit accept\n"
+                          f"    tcp sport {PORT} {SYNACK} add @hit {{ tcp dport }} drop\n  }}\n}}\n")
+                proc = subprocess.run(pair.exec_argv(pair.b, ["nft", "-f", "-"]), input=script, text=True,
+                                      capture_output=True)
+                assert proc.returncode == 0, proc.stderr
+            probe.start([server.pid])
+            probe.read()
+            before = pair.netstat(pair.a)["TcpExt"]["TCPSynRetrans"]
+            argv = [sys.executable, "-m", "tests.probes.delivery_peers", "client", pair.addr_a, str(PORT), str(conns),
+                    "3", "300", "0.05"]
+            client = subprocess.run(pair.exec_argv(pair.b, argv), capture_output=True, text=True, timeout=300)
+            assert client.returncode == 0, client.stderr
+            time.sleep(0.5)
+            reading = probe.read()[server.pid]
+            synretrans = pair.netstat(pair.a)["TcpExt"]["TCPSynRetrans"] - before
+            lost = probe.health().lost_events
+        finally:
+            probe.stop()
+            server.kill()
+            server.wait()
+    waits = [int(line.split()[2]) / 1e9 for line in client.stdout.splitlines() if line.startswith("c ")]
+    assert len(waits) == conns
+    assert reading.connects == conns - lost or reading.connects == conns, reading
+    assert abs(reading.synack_retransmits - synretrans) <= lost, (reading, synretrans)
+    if not drop_first_synack:
+        assert synretrans == 0 and reading.slow_connects == 0 and reading.connect_wait_seconds == 0, reading
+        assert max(waits) < 0.5, waits
+        return
+    assert synretrans >= conns
+    assert all(w >= 0.9 for w in waits), waits
+    assert reading.slow_connects == conns - lost or reading.slow_connects == conns, reading
+    truth = sum(waits)
+    assert truth - 0.05 * conns <= reading.connect_wait_seconds <= truth + 0.25 * conns, (reading, waits)

@@ -1,30 +1,70 @@
-"""CI replay of the clients'-latency set (tests/scenarios/network, docs/delivery.md) as far as it is recorded: one live
-run of 15 % loss on the server's replies (2026-12-04 03:00-03:07 UTC, host load average 10 falling to 1). What it
-shows is pinned here, the shortfall included: see docs/BENCHMARKS.md, "Reply loss, recorded live"."""
+"""CI replay of the clients'-latency set (tests/scenarios/network, docs/delivery.md) as far as it is recorded, one live
+run each (docs/BENCHMARKS.md, "Network scenarios, recorded live"). What each shows is pinned here, the shortfall
+included, with the reason: a change in either direction shows."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from agent.evaluation import command
 from agent.evaluation.recording import read_recording
 from analysis.detector import LatencyDetector
 
 HERE = Path(__file__).resolve().parent
-REPLY_LOSS = HERE / "recorded-network" / "reply_loss.jsonl.gz"
+RECORDED = HERE / "recorded-network"
+
+# Recording -> windows from onset to the regression opening, as recorded (None: not found). The issue asks for 2.
+DELAYS: dict[str, int | None] = {
+    # 15 % loss on the replies, a connection per request: nearly all of it hits the handshakes' SYN-ACKs (the
+    # connection setup wait, docs/delivery.md "Connection setup", 0 before onset, >0 in 17 of 18 fault windows), and
+    # each slow client waits 1 s. The server's own latency on the shared host was as noisy (baseline p99 0.3-1.4 s)
+    # as the 1 s waits of 10-15 % of the requests, so no window's score passed the open threshold: the sustained
+    # rule named `network` on the connect-wait signal after its 4 windows. (Before the connection setup wait was
+    # measured: 8 windows.)
+    "reply_loss": 4,
+    # 15 % loss on what the clients send: NOT found (recorded 2026-12-04 06:26-06:33 UTC). A lost SYN never reaches
+    # the server (no SYN-ACK resent: 0 in the phase), a lost request segment is the client's retransmit, and a lost
+    # handshake ACK is covered by the request that follows; what the server sees is its replies' ACKs lost: 81
+    # retransmits in the 18 fault windows against 88 in the 48 before, too few to pass the noise. Pinned as missed.
+    "request_loss": None,
+}
 
 
-def test_every_window_carries_the_delivery_reading() -> None:
-    windows = [item.window for item in read_recording(REPLY_LOSS).windows]
+def _path(name: str) -> Path:
+    return RECORDED / f"{name}.jsonl.gz"
+
+
+def test_every_recording_is_pinned() -> None:
+    assert sorted(p.name.removesuffix(".jsonl.gz") for p in RECORDED.glob("*.jsonl.gz")) == sorted(DELAYS)
+
+
+@pytest.mark.parametrize("name", sorted(DELAYS))
+def test_every_window_carries_the_delivery_reading(name: str) -> None:
+    windows = [item.window for item in read_recording(_path(name)).windows]
     assert all(w.delivery is not None and w.delivery.replies > 0 for w in windows[2:])
 
 
-def test_reply_loss_is_found_and_named_network_without_a_false_alarm() -> None:
-    [run] = command.replay([REPLY_LOSS], LatencyDetector)
+@pytest.mark.parametrize("name", sorted(DELAYS))
+def test_network_fault_is_found_and_named_network_without_a_false_alarm(name: str) -> None:
+    [run] = command.replay([_path(name)], LatencyDetector)
     [phase] = run.score.fault_phases
-    assert phase.detected and phase.top_cause == "network"
     assert [e for e in run.score.episodes if e.phase is None] == []
-    # Found late (8 windows after onset, not 2): the loss hurt the clients through the connections' SYN-ACKs (every
-    # retransmit of the phase was one; the load generator opens a connection per request), which is before any
-    # reply exists; the replies' own delivery moved in one window of 18 (p99 0.29 s). Pinned so a change shows.
-    assert phase.delay_windows == 8
+    if DELAYS[name] is None:
+        assert not phase.detected
+        return
+    assert phase.detected and phase.top_cause == "network"
+    assert phase.delay_windows == DELAYS[name]
+
+
+def test_reply_loss_shows_in_connection_setup_only_while_the_fault_lasts() -> None:
+    """The signal the SYN-ACK tracepoint adds: no connection waited for a resent SYN-ACK before the fault, nearly every
+    fault window had some."""
+    windows = read_recording(_path("reply_loss")).windows
+    before = [w.window.delivery for w in windows if w.phase == 0]
+    during = [w.window.delivery for w in windows if w.phase == 1]
+    assert sum(d.slow_connects for d in before) == 0 and sum(d.synack_retransmits for d in before) == 0
+    assert sum(d.slow_connects > 0 for d in during) >= 0.8 * len(during)
+    waits = [d.connect_wait_seconds / d.slow_connects for d in during if d.slow_connects]
+    assert all(1.0 <= w < 1.5 for w in waits), waits  # one SYN-ACK timeout (1 s) each, plus the RTT
