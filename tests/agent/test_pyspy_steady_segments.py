@@ -3,6 +3,7 @@ samples (none lost at a boundary, idle stacks kept) and a burst trigger that cut
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.config import StacksConfig
+from agent.config import Config, StacksConfig, TargetSpec
 from agent.sources.pyspy import DEFAULT_STEADY_SEGMENT_SECONDS, PySpySampler
+from agent.target_sources import source_factories
+from agent.targets import Target, read_proc
 from analysis.errors import ReadingError
 from tests.agent.test_source_pyspy import TARGET, samples_with, wait_for
 
@@ -117,3 +120,19 @@ def test_a_burst_trigger_cuts_the_steady_recording_short_and_keeps_its_samples(r
 def test_a_steady_segment_shorter_than_a_burst_one_or_out_of_range_is_refused(kw) -> None:
     with pytest.raises(ValueError, match="steady_segment_seconds"):
         PySpySampler(1, autostart=False, **kw)
+
+
+@pytest.mark.parametrize("interval, segment, steady, expected", [(5.0, 5, 15, (5, 15)), (3.0, 5, 4, (3, 4)),
+                                                                 (5.0, 5, 2, (5, 5)), (60.0, 10, 60, (10, 60))])
+def test_the_daemon_gives_each_sampler_a_steady_segment_no_shorter_than_its_burst_one(
+        interval: float, segment: int, steady: int, expected: tuple[int, int]) -> None:
+    spec = TargetSpec(name="me", pid=os.getpid())
+    config = Config(interval_seconds=interval, targets=(spec,),
+                    stacks=StacksConfig(segment_seconds=segment, steady_segment_seconds=steady))
+    target = Target(name="me", pid=os.getpid(), start_time=read_proc(os.getpid()).start_time, cmdline=("python",),
+                    spec=spec)
+    sampler = source_factories(target, config)["stacks"]()
+    try:
+        assert (sampler.segment_seconds, sampler.steady_segment_seconds) == expected
+    finally:
+        sampler.close()
