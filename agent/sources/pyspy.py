@@ -39,7 +39,7 @@ DEFAULT_RATE_HZ = 3
 DEFAULT_BURST_RATE_HZ = 49
 DEFAULT_SEGMENT_SECONDS = 5
 # Steady (non-burst) recordings run longer: each attach costs ~15 ms of CPU, a third of the steady cost at 5 s
-# (docs/BENCHMARKS.md "A cheaper steady sampler"). A burst trigger cuts a steady recording short.
+# (docs/BENCHMARKS.md "Steady segments of 15 s, bursts of 5 s"). A burst trigger cuts a steady recording short.
 DEFAULT_STEADY_SEGMENT_SECONDS = 15
 # How often a steady recording longer than a burst segment asks the burst trigger whether to end early.
 TRIGGER_POLL_SECONDS = 1.0
