@@ -25,7 +25,8 @@ def main(spec: TargetSpec, duration: float | None, interval: float, as_json: boo
     # One py-spy segment per window at the asked rate: `collect` is a short look, not the always-on agent.
     config = Config(interval_seconds=max(interval, 1.0), probes=probes_config(probes), targets=(spec,),
                     stacks=StacksConfig(enabled=stacks, rate_hz=stacks_rate_hz,
-                                        segment_seconds=max(1, min(60, int(interval)))))
+                                        segment_seconds=max(1, min(60, int(interval))),
+                                        steady_segment_seconds=max(1, min(60, int(interval)))))
 
     stop = threading.Event()
 

@@ -30,6 +30,7 @@ from agent.sources.pyspy import (
     DEFAULT_BURST_RATE_HZ,
     DEFAULT_RATE_HZ,
     DEFAULT_SEGMENT_SECONDS,
+    DEFAULT_STEADY_SEGMENT_SECONDS,
 )
 from agent.sources.scrape import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SERIES
 from agent.trust import StatFn, UntrustedPath, check_trusted_path, open_trusted
@@ -92,6 +93,8 @@ class StacksConfig:
     burst_rate_hz: int = DEFAULT_BURST_RATE_HZ
     burst_hold_segments: int = DEFAULT_BURST_HOLD_SEGMENTS
     segment_seconds: int = DEFAULT_SEGMENT_SECONDS
+    # Steady recordings span several windows: one attach per 15 s instead of per 5 s (docs/BENCHMARKS.md).
+    steady_segment_seconds: int = DEFAULT_STEADY_SEGMENT_SECONDS
     nonblocking: bool = True
 
     def __post_init__(self) -> None:
@@ -99,6 +102,7 @@ class StacksConfig:
         _require_range("burst_rate_hz", self.burst_rate_hz, 1, 1000)
         _require_range("burst_hold_segments", self.burst_hold_segments, 0, 1000)
         _require_range("segment_seconds", self.segment_seconds, 1, 60)
+        _require_range("steady_segment_seconds", self.steady_segment_seconds, 1, 60)
 
 
 @dataclass(frozen=True)

@@ -46,14 +46,16 @@ def member_source_factories(target: Target, member: Member | None, config: Confi
     if stacks.enabled:
         share = max(1, len(target.members))
         trigger = (lambda: wants_burst(target.name)) if wants_burst is not None else None
-        # A segment longer than a window would leave whole windows without stacks.
+        # A burst segment longer than a window would leave a regression's windows without stacks; steady ones may
+        # span windows (fewer attaches), their stacks coming with the window each ends in.
         segment = min(stacks.segment_seconds, max(1, int(config.interval_seconds)))
+        steady = max(segment, stacks.steady_segment_seconds)
         # py-spy runs as root by pid: only on the process discovery chose, while it runs as the users it ran as
         # when chosen or as allowed users (the daemon's discovery chose only those; `collect --pid N` is root
         # naming that one process), so a target that switches to another user gets no further recorder.
         factories["stacks"] = lambda: PySpySampler(
             pid, rate_hz=max(1, stacks.rate_hz // share), nonblocking=stacks.nonblocking,
-            segment_seconds=segment, burst_rate_hz=max(1, stacks.burst_rate_hz // share),
+            segment_seconds=segment, steady_segment_seconds=steady, burst_rate_hz=max(1, stacks.burst_rate_hz // share),
             burst_hold_segments=stacks.burst_hold_segments, wants_burst=trigger,
             start_time=start_time, allowed_uids=config.allowed_uids | set(read_uids(pid)))
     return factories

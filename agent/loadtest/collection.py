@@ -35,7 +35,8 @@ def open_collection(pid: int, probes: list[str], pyspy: bool, pyspy_rate: int, s
     # 1 s py-spy segments: a step's stacks must be cut at its end, and a step may be shorter than the daemon's
     # 5 s segment.
     watch = watch_one(Config(interval_seconds=5.0, probes=probes_config(probes), targets=(spec,),
-                             stacks=StacksConfig(enabled=pyspy, rate_hz=pyspy_rate, segment_seconds=1)))
+                             stacks=StacksConfig(enabled=pyspy, rate_hz=pyspy_rate, segment_seconds=1,
+                                                 steady_segment_seconds=1)))
 
     def cut() -> Window | None:
         report = watch.tick()

@@ -38,6 +38,11 @@ WantsBurst = Callable[[], bool]
 DEFAULT_RATE_HZ = 3
 DEFAULT_BURST_RATE_HZ = 49
 DEFAULT_SEGMENT_SECONDS = 5
+# Steady (non-burst) recordings run longer: each attach costs ~15 ms of CPU, a third of the steady cost at 5 s
+# (docs/BENCHMARKS.md "Steady segments of 15 s, bursts of 5 s"). A burst trigger cuts a steady recording short.
+DEFAULT_STEADY_SEGMENT_SECONDS = 15
+# How often a steady recording longer than a burst segment asks the burst trigger whether to end early.
+TRIGGER_POLL_SECONDS = 1.0
 DEFAULT_BURST_HOLD_SEGMENTS = 3
 
 _BANNER = b"Sampling process"
@@ -95,8 +100,11 @@ class _Segment:
     burst: bool
     proc: subprocess.Popen
     output: Path
+    duration: int
     stdout: bytes = b""
     attached_at: float | None = None
+    # When a burst trigger interrupted it (SIGINT: py-spy writes what it recorded so far); None if it ran its length.
+    cut_at: float | None = None
     # Each thread's runnable nanoseconds (on CPU + in the run queue) when the recording began.
     runnable_before: dict[int, int] = field(default_factory=dict)
 
@@ -117,7 +125,10 @@ class PySpySampler:
     time over the segment (`/proc/PID/task/TID/schedstat`) says how many of its samples were
     active, its leaf frames say which (`thread_split`). The steady rate is low; while
     `wants_burst()` says so (a regression opening, the detector's score rising) segments run at
-    `burst_rate_hz`, and `burst_hold_segments` more after it stops saying so.
+    `burst_rate_hz`, and `burst_hold_segments` more after it stops saying so. Steady segments last
+    `steady_segment_seconds` (at least `segment_seconds`): fewer attaches, stacks that come with the
+    window the recording ends in. While one records, the trigger is asked every second; when it fires,
+    the steady recorder is interrupted (py-spy writes what it recorded) and the burst starts at once.
     The next segment is launched one attach-time before the current one stops sampling, so
     windows see no gap beyond what `health().detail['gap_seconds']` reports.
 
@@ -139,7 +150,8 @@ class PySpySampler:
                  backoff_initial: float = 0.5, backoff_max: float = 30.0, by_function: bool = True,
                  autostart: bool = True, start_time: int | None = None,
                  allowed_uids: frozenset[int] | None = None,
-                 stack_limits: StackLimits = DEFAULT_STACK_LIMITS) -> None:
+                 stack_limits: StackLimits = DEFAULT_STACK_LIMITS,
+                 steady_segment_seconds: int | None = None) -> None:
         if pid <= 0:
             raise ValueError(f"pid must be positive, got {pid!r}")
         for key, value in (("rate_hz", rate_hz), ("burst_rate_hz", burst_rate_hz)):
@@ -148,6 +160,10 @@ class PySpySampler:
         if not isinstance(segment_seconds, int) or not 1 <= segment_seconds <= 60:
             # py-spy's --duration accepts whole seconds only.
             raise ValueError(f"segment_seconds must be a whole number within 1..60, got {segment_seconds!r}")
+        steady = segment_seconds if steady_segment_seconds is None else steady_segment_seconds
+        if not isinstance(steady, int) or not segment_seconds <= steady <= 60:
+            raise ValueError(f"steady_segment_seconds must be a whole number within segment_seconds "
+                             f"({segment_seconds})..60, got {steady!r}")
         if not isinstance(burst_hold_segments, int) or not 0 <= burst_hold_segments <= 1000:
             raise ValueError(f"burst_hold_segments must be a whole number within 0..1000, got {burst_hold_segments!r}")
         self.pid = pid
@@ -155,6 +171,7 @@ class PySpySampler:
         self.burst_rate_hz = burst_rate_hz
         self.nonblocking = nonblocking
         self.segment_seconds = segment_seconds
+        self.steady_segment_seconds = steady
         self.burst_hold_segments = burst_hold_segments
         self.by_function = by_function
         self._wants_burst = wants_burst
@@ -187,17 +204,19 @@ class PySpySampler:
         self._terminal: ProbeError | None = None
         self._counter = 0
         self._hold = 0
+        self._triggered = False  # the trigger fired during a steady recording: the next segment bursts
         self._last_rate: int | None = None
         # Recent attach times: the next segment starts the slowest of them early, since a
         # gap loses samples for good while an overlap is only counted (both are in health).
         self._attach_recent: deque[float] = deque([0.05], maxlen=5)
         self._last_end: float | None = None
+        self._recording_steady = False
         self._stats: dict[str, Any] = {"segments": 0, "burst_segments": 0, "restarts": 0, "gap_seconds": 0.0,
                                        "overlap_seconds": 0.0, "lost_seconds": 0, "pyspy_sample_errors": 0,
                                        "backoff_seconds": 0.0, "last_attach_seconds": None,
                                        "threads_split_by_leaf": 0, "rate_hz_now": None,
                                        "last_effective_rate_hz": None, "capabilities": None,
-                                       "dropped_after_exit": 0}
+                                       "dropped_after_exit": 0, "steady_cut_for_burst": 0}
         self._errors = 0
         self._last_error: str | None = None
         self._error_since_read: str | None = None
@@ -250,10 +269,15 @@ class PySpySampler:
             ticks, self._ticks, self._last_read_at = self._ticks, 0, now
             failure, self._error_since_read = self._error_since_read, None
             rate = self._last_rate if self._last_rate is not None else self.rate_hz
+            recording = self._recording_steady
         if ticks == 0:
             # Nothing sampled is not "no stacks": the window has no reading, with the reason.
-            raise ReadingError(f"py-spy sampled nothing since the last read: {failure}" if failure
-                               else "py-spy finished no recording since the last read")
+            if failure:
+                raise ReadingError(f"py-spy sampled nothing since the last read: {failure}")
+            if recording:
+                raise ReadingError(f"py-spy's steady recording ({self.steady_segment_seconds} s) is still running: "
+                                   "its stacks come with the window it ends in")
+            raise ReadingError("py-spy finished no recording since the last read")
         return StackReading(active=dict(active), idle=dict(idle), rate_hz=float(rate), samples=ticks)
 
     def close(self) -> None:
@@ -261,7 +285,7 @@ class PySpySampler:
         if self._wake >= 0:
             os.eventfd_write(self._wake, 1)
         if self._thread is not None:
-            self._thread.join(timeout=self.segment_seconds + 15)
+            self._thread.join(timeout=self.steady_segment_seconds + 15)
         self._kill_live()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
@@ -339,15 +363,27 @@ class PySpySampler:
                     continue
                 self._account_gap(current)
                 pending.append(current)
-                wake = current.attached_at + self.segment_seconds - max(self._attach_recent)  # type: ignore[operator]
+                watch = not current.burst and current.duration > self.segment_seconds and self._wants_burst is not None
+                with self._lock:
+                    self._recording_steady = not current.burst
+                wake = current.attached_at + current.duration - max(self._attach_recent)  # type: ignore[operator]
+                ask = self._clock() + TRIGGER_POLL_SECONDS
                 while not self._stop.is_set() and self._terminal is None and self._clock() < wake:
                     # Sleep until the oldest recording is due to end, then poll it every 0.1 s: a
                     # fixed 0.1 s poll woke this thread 50 times per segment for nothing.
                     now = self._clock()
-                    due = pending[0].attached_at + self.segment_seconds if pending else wake  # type: ignore[operator]
-                    self._sleep(max(0.0, min(wake - now, max(0.1, due - now))))
+                    due = pending[0].attached_at + pending[0].duration if pending else wake  # type: ignore[operator]
+                    until = min(wake - now, max(0.1, due - now))
+                    if watch:
+                        until = min(until, max(0.0, ask - now))
+                    self._sleep(max(0.0, until))
                     if self._terminal is None:
                         settle(block=False)
+                    if watch and self._clock() >= ask:
+                        ask = self._clock() + TRIGGER_POLL_SECONDS
+                        if self._trigger_fired():
+                            self._cut(current)
+                            break
             # Stopping, or the target is gone: the recordings still running are cut short and dropped.
             for segment in pending:
                 self._abandon(segment)
@@ -369,14 +405,31 @@ class PySpySampler:
         self._kill_live()
         self._set_terminal(TargetGone(f"target pid {self.pid} exited"))
 
+    def _trigger_fired(self) -> bool:
+        if self._wants_burst is None:
+            return False
+        try:
+            return bool(self._wants_burst())
+        except Exception as exc:  # the trigger is the daemon's code: a fault there costs the burst, not sampling
+            self._record_error(f"burst trigger failed: {exc!r}", restart=False)
+            return False
+
+    def _cut(self, segment: _Segment) -> None:
+        """End a steady recording early for a burst: on SIGINT py-spy stops sampling and writes what it
+        recorded, so its samples reach the next read and the burst starts now, not at the segment's end."""
+        if segment.proc.poll() is not None:
+            return
+        segment.cut_at = self._clock()
+        segment.proc.send_signal(signal.SIGINT)
+        self._triggered = True
+        with self._lock:
+            self._stats["steady_cut_for_burst"] += 1
+            # The next segment is launched at once: the cut one ends here, not at its planned end.
+            self._last_end = segment.cut_at
+
     def _burst_now(self) -> bool:
         """Decided once per segment: the trigger, or the hold left over from its last firing."""
-        wanted = False
-        if self._wants_burst is not None:
-            try:
-                wanted = bool(self._wants_burst())
-            except Exception as exc:  # the trigger is the daemon's code: a fault there costs the burst, not sampling
-                self._record_error(f"burst trigger failed: {exc!r}", restart=False)
+        wanted, self._triggered = self._triggered or self._trigger_fired(), False
         if wanted:
             self._hold = self.burst_hold_segments
             return True
@@ -392,10 +445,11 @@ class PySpySampler:
         self._counter += 1
         burst = self._burst_now()
         rate = self.burst_rate_hz if burst else self.rate_hz
+        duration = self.segment_seconds if burst else self.steady_segment_seconds
         assert self._workdir is not None
         output = self._workdir / f"seg{self._counter}.txt"
         argv = [self._pyspy, "record", "--pid", str(self.pid), "--rate", str(rate),
-                "--duration", str(self.segment_seconds), "--format", "raw", "--threads", "--idle",
+                "--duration", str(duration), "--format", "raw", "--threads", "--idle",
                 "--output", str(output)]
         if self.nonblocking:
             argv.append("--nonblocking")
@@ -407,7 +461,7 @@ class PySpySampler:
         # forces a full fork that copies the agent's page tables (7.2 -> 2.1 ms of CPU per launch, measured).
         assert self._caps is not None
         launch = confined(argv, setpriv=self._setpriv, prlimit=self._prlimit, caps=self._caps,
-                          segment_seconds=self.segment_seconds)
+                          segment_seconds=duration)
         try:
             proc = self._runner(launch, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, bufsize=0)
@@ -416,7 +470,8 @@ class PySpySampler:
         with self._lock:
             self._live.append(proc)
             self._stats["rate_hz_now"] = rate
-        return _Segment(launched_at=self._clock(), rate_hz=rate, burst=burst, proc=proc, output=output)
+        return _Segment(launched_at=self._clock(), rate_hz=rate, burst=burst, proc=proc, output=output,
+                        duration=duration)
 
     def _read_cap_needed(self) -> bool:
         """Whether py-spy, confined to CAP_SYS_PTRACE, would be refused the target's interpreter files: tried
@@ -513,7 +568,7 @@ class PySpySampler:
         assert self._handle is not None
         cuts = StackCuts()
         try:
-            out, err = self._wait(segment, timeout=self.segment_seconds + HANG_SECONDS)
+            out, err = self._wait(segment, timeout=segment.duration + HANG_SECONDS)
             segment.stdout += out
             if not self._handle.alive():
                 # py-spy reads by pid on every tick: once the target is reaped another process may hold it.
@@ -529,7 +584,7 @@ class PySpySampler:
         except (SegmentFailed, ValueError, OSError) as exc:
             self._abandon(segment)
             with self._lock:
-                self._stats["lost_seconds"] += self.segment_seconds
+                self._stats["lost_seconds"] += segment.duration
             if not self._target_state(str(exc)):
                 self._record_error(f"py-spy segment lost: {exc}", restart=True)
             return False
@@ -548,8 +603,12 @@ class PySpySampler:
             self._stats["segments"] += 1
             self._stats["burst_segments"] += int(segment.burst)
             self._stats["threads_split_by_leaf"] += sum(1 for tid in threads if tid not in busy)
-            # py-spy takes rate*duration - 1 ticks per recording (observed with 0.4.3).
-            self._ticks += segment.rate_hz * self.segment_seconds - 1
+            # py-spy takes rate*duration - 1 ticks per recording (observed with 0.4.3); one cut short, a tick per
+            # 1/rate seconds it sampled.
+            if segment.cut_at is not None and segment.attached_at is not None:
+                self._ticks += max(1, round((segment.cut_at - segment.attached_at) * segment.rate_hz))
+            else:
+                self._ticks += segment.rate_hz * segment.duration - 1
             self._last_rate = segment.rate_hz
             self._stats["pyspy_sample_errors"] += summary[1] if summary else 0
         return True
@@ -623,7 +682,7 @@ class PySpySampler:
                 delta = start - self._last_end
                 key = "gap_seconds" if delta >= 0 else "overlap_seconds"
                 self._stats[key] = round(self._stats[key] + abs(delta), 4)
-            self._last_end = start + self.segment_seconds
+            self._last_end = start + segment.duration
 
     def _target_state(self, failure: str) -> bool:
         """Make the failure terminal when the target is gone or refuses us; True if it did."""

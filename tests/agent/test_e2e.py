@@ -63,6 +63,7 @@ def test_workload_load_agent_restart_and_crash(require_bpf, tmp_path):
         [stacks]
         rate_hz = 29
         segment_seconds = 1
+        steady_segment_seconds = 1
     """, workload_target(tag, port, timeout_seconds=10), interval=INTERVAL)
     os.chmod(tmp_path, 0o700)
     logs = open(tmp_path / "processes.log", "w")

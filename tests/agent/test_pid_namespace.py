@@ -67,7 +67,7 @@ def test_probes_gc_uprobes_and_pyspy_work_across_a_pid_namespace(require_bpf, tm
         pid = _host_pid_of_python(outer.pid)
         assert os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid"), "a PID namespace of its own"
         spec = TargetSpec(name="contained", pid=pid)
-        config = Config(interval_seconds=1.0, targets=(spec,), stacks=StacksConfig(rate_hz=97),
+        config = Config(interval_seconds=1.0, targets=(spec,), stacks=StacksConfig(rate_hz=97, steady_segment_seconds=1),
                         probes=ProbesConfig(tcp=False, runqueue=False, exits=False))
         windows = []
         loop = CollectionLoop(specs=[spec], collectors=build_collectors(config), state=AgentState(),
