@@ -40,7 +40,9 @@ DEFAULT_BURST_RATE_HZ = 49
 DEFAULT_SEGMENT_SECONDS = 5
 # Steady (non-burst) recordings run longer: each attach costs ~15 ms of CPU, a third of the steady cost at 5 s
 # (docs/BENCHMARKS.md "Steady segments of 15 s, bursts of 5 s"). A burst trigger cuts a steady recording short.
-DEFAULT_STEADY_SEGMENT_SECONDS = 15
+# One window, as before 2026-12-04: 15 s costs a third of the attaches (docs/BENCHMARKS.md) but leaves two of three
+# windows without stacks, and what that does to detection live (the lock signal reads idle stacks) is not measured.
+DEFAULT_STEADY_SEGMENT_SECONDS = 5
 # How often a steady recording longer than a burst segment asks the burst trigger whether to end early.
 TRIGGER_POLL_SECONDS = 1.0
 DEFAULT_BURST_HOLD_SEGMENTS = 3

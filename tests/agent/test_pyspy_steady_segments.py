@@ -57,8 +57,8 @@ def _durations(sampler: PySpySampler) -> set[int]:
     return out
 
 
-def test_the_default_steady_segment_spans_three_windows() -> None:
-    assert StacksConfig().steady_segment_seconds == DEFAULT_STEADY_SEGMENT_SECONDS == 15
+def test_the_default_steady_segment_is_one_window() -> None:
+    assert StacksConfig().steady_segment_seconds == DEFAULT_STEADY_SEGMENT_SECONDS == 5
     assert StacksConfig().segment_seconds == 5
 
 
