@@ -430,8 +430,9 @@ class LatencyDetector:
                           max_causes=self.max_causes)
 
     def _causes(self, samples: list[dict], window: Window) -> list[Cause]:
-        family = [culprits.named(self._placed(c, samples), samples) for c in self._ranked_causes(samples, window)]
-        return self._with_members(family, samples)
+        family = [self._placed(c, samples) for c in self._ranked_causes(samples, window)]
+        # Neighbours are named last: a member's own cpu_contention may replace the family's, and it needs them too.
+        return [culprits.named(c, samples) for c in self._with_members(family, samples)]
 
     def _with_members(self, family: list[Cause], samples: list[dict]) -> list[Cause]:
         """The family's causes, each label replaced by the one a member's own signals show when that scores higher

@@ -186,3 +186,38 @@ def test_a_healthy_family_opens_nothing_with_members_signals_ranked():
     det = LatencyDetector()
     verdicts = [det.update(_futex_split(w, 0.0)) for w in synth.windows(0, 200, seed=5)]
     assert not [v for v in verdicts if v.opened is not None]
+
+
+# The API's own run-queue wait in every window, seconds: large and steady, so the family's total dilutes the engine's.
+API_RUNQ = 6.0
+
+
+def _runq_split(w: Window) -> Window:
+    """`w` as a two-process family whose run-queue wait is mostly the API's steady API_RUNQ; the engine has the
+    window's own wait (a hog's on top when there is one), charged 70 % to a neighbour, the rest to a cron job."""
+    from analysis.window import Culprit
+    engine = w.runqueue.total_seconds
+    w.runqueue.total_seconds = API_RUNQ + engine
+    w.runqueue.charged_seconds = w.runqueue.total_seconds
+    w.runqueue.culprits = [Culprit(pid=9911, comm="python3", seconds=0.7 * w.runqueue.total_seconds,
+                                   cmdline="python3 hog.py", user="bob"),
+                           Culprit(pid=77, comm="cron", seconds=0.3 * w.runqueue.total_seconds, user="root")]
+    w.members = [MemberReading(pid=API[0], role=API[1], cpu_seconds=0.1, runqueue_seconds=API_RUNQ),
+                 MemberReading(pid=ENGINE[0], role=ENGINE[1], cpu_seconds=w.process.cpu_seconds - 0.1,
+                               runqueue_seconds=engine)]
+    return w
+
+
+def test_a_cpu_contention_named_from_one_member_still_names_the_neighbours():
+    """The hog delays the engine; the family's total wait moves less than the engine's own, so the member's
+    cpu_contention replaces the family's. It must still carry the neighbours that held the CPU."""
+    det = LatencyDetector()
+    for w in synth.windows(0, 60, seed=3):
+        det.update(_runq_split(w))
+    fault = Load(slowdown=2.0, runq_per_cpu=3.0)
+    reg = [det.update(_runq_split(w)) for w in synth.windows(60, 10, fault, seed=3)][-1].regression
+    assert reg is not None
+    cause = next(c for c in reg.causes if c.label == "cpu_contention")
+    assert (cause.pid, cause.process) == ENGINE, reg.causes
+    assert [n.pid for n in cause.neighbours] == [9911, 77]
+    assert "pid 9911 `python3 hog.py` (user bob)" in cause.evidence
