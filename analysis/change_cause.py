@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from analysis.regression import Cause, Regression
 
 # Causes from outside the target: a neighbour taking the CPUs, packet loss, the server gone. A change does not
-# explain them, whatever its timing.
+# explain them, whatever its timing. Not `memory`: it is measured in the server, and a build that holds more memory
+# stalls it as a neighbour's allocation does (docs/changes.md).
 OUTSIDE_CAUSES = ("cpu_contention", "network", "down")
 # How long after a change a regression's opening is still put down to it (docs/changes.md): the new process loads,
 # serves, and the detector needs k of m windows; at 5 s windows, one minute.

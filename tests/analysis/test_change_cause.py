@@ -62,3 +62,12 @@ def test_the_onset_counts_from_when_the_change_was_seen():
     assert attribute_change(_regression(1200.0, COMPUTE), slow_loader).top_cause == "change"
     assert attribute_change(_regression(1200.0, COMPUTE), CHANGE).top_cause == "compute"
     assert attribute_change(_regression(1241.0, COMPUTE), slow_loader).top_cause == "compute"
+
+
+def test_memory_right_after_a_change_is_the_change_with_memory_as_its_mechanism():
+    # Measured in the server: a build that holds more memory stalls it as a neighbour's allocation does; the
+    # operator sees the diff first and the memory stall beside it (docs/changes.md).
+    memory = Cause("memory", 4.0, "memory stall of the server's cgroup (PSI some) x6")
+    r = attribute_change(_regression(1010.0, memory), CHANGE)
+    assert [c.label for c in r.causes] == ["change", "memory"]
+    assert "mechanism: memory: memory stall" in r.causes[0].evidence
