@@ -26,6 +26,7 @@ from analysis.window import (
     StackReading,
     SyscallReading,
     TcpReading,
+    measured_sum,
 )
 
 # Readings measured per process, summed over a family's members. Latency and GPU are the family's own (read
@@ -89,12 +90,6 @@ def _runqueue(parts: Sequence[tuple[str, RunQueueReading]]) -> RunQueueReading:
                            charged_seconds=None if None in charged else sum(c for c in charged if c is not None))
 
 
-def _optional_sum(values: Sequence[int | None]) -> int | None:
-    """None only when no member measured it: a member that did counts, one that did not adds nothing."""
-    known = [v for v in values if v is not None]
-    return sum(known) if known else None
-
-
 def _process(parts: Sequence[tuple[str, ProcessReading]]) -> ProcessReading:
     readings = [r for _, r in parts]
     return ProcessReading(cpu_seconds=sum(r.cpu_seconds for r in readings),
@@ -103,8 +98,8 @@ def _process(parts: Sequence[tuple[str, ProcessReading]]) -> ProcessReading:
                           voluntary_ctx_switches=sum(r.voluntary_ctx_switches for r in readings),
                           involuntary_ctx_switches=sum(r.involuntary_ctx_switches for r in readings),
                           fds=sum(r.fds for r in readings),
-                          stopped_threads=_optional_sum([r.stopped_threads for r in readings]),
-                          disk_wait_threads=_optional_sum([r.disk_wait_threads for r in readings]))
+                          stopped_threads=measured_sum([r.stopped_threads for r in readings]),
+                          disk_wait_threads=measured_sum([r.disk_wait_threads for r in readings]))
 
 
 def _stacks(parts: Sequence[tuple[str, StackReading]]) -> StackReading:

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from analysis.health import Health
-from analysis.window import READINGS, Log2Histogram, MemberReading, Window
+from analysis.window import READINGS, Log2Histogram, MemberReading, Window, measured_sum
 
 # Process labels per target on /metrics: a family's roles beyond these are summed under OTHER_PROCESSES, so a
 # family that spawns processes with ever new titles cannot grow the series without bound.
@@ -26,17 +26,10 @@ class MemberTotals:
     rss_bytes: int | None = None  # latest window's, summed over the role's members
 
     def add(self, m: MemberReading) -> None:
-        self.cpu_seconds = _plus(self.cpu_seconds, m.cpu_seconds)
-        self.offcpu_seconds = _plus(self.offcpu_seconds, m.offcpu_seconds)
-        self.gc_collections = _plus(self.gc_collections, m.gc_collections)
-        self.gc_pause_seconds = _plus(self.gc_pause_seconds, m.gc_pause_seconds)
-
-
-def _plus(total, value):
-    """A total stays None (not measured) until a member measured it once."""
-    if value is None:
-        return total
-    return value if total is None else total + value
+        self.cpu_seconds = measured_sum((self.cpu_seconds, m.cpu_seconds))
+        self.offcpu_seconds = measured_sum((self.offcpu_seconds, m.offcpu_seconds))
+        self.gc_collections = measured_sum((self.gc_collections, m.gc_collections))
+        self.gc_pause_seconds = measured_sum((self.gc_pause_seconds, m.gc_pause_seconds))
 
 
 @dataclass
@@ -91,7 +84,7 @@ class TargetTotals:
             role = m.role if m.role in self.members or len(self.members) < MAX_PROCESS_LABELS else OTHER_PROCESSES
             t = self.members.setdefault(role, MemberTotals())
             t.processes += 1
-            t.rss_bytes = _plus(t.rss_bytes, m.rss_bytes)
+            t.rss_bytes = measured_sum((t.rss_bytes, m.rss_bytes))
             t.add(m)
 
 

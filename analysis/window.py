@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+
+N = TypeVar("N", int, float)
+
+
+def measured_sum(values: Iterable[N | None]) -> N | None:
+    """The sum of what was measured; None (not measured) only when nothing was. A reading that is None adds nothing,
+    never a zero."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 @dataclass
