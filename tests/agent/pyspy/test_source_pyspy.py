@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
@@ -17,65 +16,7 @@ import pytest
 
 from agent.sources.pyspy import PySpySampler, find_pyspy
 from analysis.errors import ReadingError, SourceUnavailable, TargetGone
-
-TARGET = textwrap.dedent("""
-    import sys, threading, time
-    lock = threading.Lock()
-    lock.acquire()
-
-    def burn_cpu_here():
-        x = 0
-        while True:
-            for i in range(10000):
-                x += i * i
-
-    def wait_on_lock_here():
-        lock.acquire()
-
-    threading.Thread(target=burn_cpu_here, name="burner", daemon=True).start()
-    threading.Thread(target=wait_on_lock_here, name="waiter", daemon=True).start()
-    print("ready", flush=True)
-    # The main thread blocks for good: a thread that wakes up would contend for the GIL and,
-    # on a loaded machine, make the burner genuinely wait off-CPU for it.
-    threading.Event().wait()
-""")
-
-
-@pytest.fixture
-def target(tmp_path: Path):
-    script = tmp_path / "target.py"
-    script.write_text(TARGET)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
-@pytest.fixture
-def sampler_factory():
-    made: list[PySpySampler] = []
-
-    def make(pid: int, **kw) -> PySpySampler:
-        s = PySpySampler(pid, **kw)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.close()
-
-
-def wait_for(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-
-
-def samples_with(stacks: dict[str, int], func: str) -> int:
-    return sum(n for stack, n in stacks.items() if func in stack)
+from tests.agent.pyspy.support import samples_with, wait_for
 
 
 def py_spy_children() -> list[psutil.Process]:

@@ -4,9 +4,6 @@ samples (none lost at a boundary, idle stacks kept) and a burst trigger that cut
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import psutil
 import pytest
@@ -16,32 +13,7 @@ from agent.sources.pyspy import DEFAULT_STEADY_SEGMENT_SECONDS, PySpySampler
 from agent.target_sources import source_factories
 from agent.targets import Target, read_proc
 from analysis.errors import ReadingError
-from tests.agent.test_source_pyspy import TARGET, samples_with, wait_for
-
-
-@pytest.fixture
-def target(tmp_path: Path):
-    script = tmp_path / "target.py"
-    script.write_text(TARGET)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
-@pytest.fixture
-def sampler_factory():
-    made: list[PySpySampler] = []
-
-    def make(pid: int, **kw) -> PySpySampler:
-        s = PySpySampler(pid, **kw)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.close()
+from tests.agent.pyspy.support import samples_with, wait_for
 
 
 def _durations(sampler: PySpySampler) -> set[int]:
