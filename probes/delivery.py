@@ -43,6 +43,7 @@ from pathlib import Path
 from analysis.errors import AccessDenied, TargetGone
 from analysis.window import DeliveryReading
 from probes import c_helpers, target_filter
+from probes.map_read import percpu_array_sums
 from probes.slotted import SlottedProbe
 from probes.sockets import ProcSockets
 
@@ -442,7 +443,4 @@ class DeliveryProbe(SlottedProbe):
         self._ports = set(ports)
 
     def _read_counts(self) -> list[int]:
-        counts = [0] * (self.config.max_targets * self._fields)
-        for key, values in self._bpf[b"counts"].items_lookup_batch():
-            counts[int(key)] = int(sum(values))
-        return counts
+        return percpu_array_sums(self._bpf[b"counts"])

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from analysis.window import Log2Histogram, RunQueueReading
 from probes import c_helpers, runq_culprits, target_filter
+from probes.map_read import percpu_array_sums
 from probes.slotted import SlottedProbe
 
 HIST_SLOTS = 32
@@ -341,10 +342,7 @@ class RunqlatProbe(SlottedProbe):
         return readings
 
     def _read_charged(self) -> list[int]:
-        charged = [0] * self.config.max_targets
-        for key, values in self._bpf[b"charged_ns"].items_lookup_batch():
-            charged[int(key)] = int(sum(values))
-        return charged
+        return percpu_array_sums(self._bpf[b"charged_ns"])
 
     def _drain_culprits(self) -> dict[int, dict[int, tuple[str, int]]]:
         """slot -> culprit tgid -> (comm, ns) charged since the last read; the table is emptied as it is read."""
@@ -372,10 +370,4 @@ class RunqlatProbe(SlottedProbe):
                     pass  # the kernel removed it first (the thread exited)
 
     def _read_arrays(self) -> tuple[list[int], list[int]]:
-        hist = [0] * (self.config.max_targets * HIST_SLOTS)
-        for key, values in self._bpf[b"hist"].items_lookup_batch():
-            hist[int(key)] = int(sum(values))
-        totals = [0] * self.config.max_targets
-        for key, values in self._bpf[b"total_ns"].items_lookup_batch():
-            totals[int(key)] = int(sum(values))
-        return hist, totals
+        return percpu_array_sums(self._bpf[b"hist"]), percpu_array_sums(self._bpf[b"total_ns"])
