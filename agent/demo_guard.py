@@ -15,9 +15,9 @@ from pathlib import Path
 
 import psutil
 
-from agent.loop import redact_cmdline
 from agent.targets import read_proc
 from analysis.errors import AccessDenied, TargetGone
+from analysis.redact import redact_cmdline
 
 PIDS_FILE = "demo.pids"
 LOCK_FILE = "demo.lock"

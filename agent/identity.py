@@ -4,7 +4,7 @@ allowlisted environment variables; read from /proc cheaply enough for every wind
 How each part is read, and what it cannot see:
 - executable: /proc/PID/exe (the kernel's link, valid after the file was deleted or replaced on disk); its GNU
   build id from the ELF notes, else its size and mtime.
-- command line: the target's, redacted as everywhere (agent.loop.redact_cmdline).
+- command line: the target's, redacted as everywhere (analysis.redact.redact_cmdline).
 - Python version: the libpythonX.Y mapped, else the executable's name (pythonX.Y).
 - distributions: every file a member maps (/proc/PID/maps: extension modules, bundled .so) or holds open
   (/proc/PID/fd) under a site-packages or dist-packages folder names a top-level package; its distribution is the
@@ -29,8 +29,8 @@ from pathlib import Path
 
 from agent.buildid import NoBuildId, read_build_id
 from agent.config import DEFAULT_ENV_ALLOWLIST
-from agent.loop import redact_cmdline
 from agent.targets import Target
+from analysis.redact import redact_cmdline
 
 PROC = Path("/proc")
 MODEL_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".gguf", ".ggml", ".onnx", ".h5", ".msgpack")

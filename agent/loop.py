@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -15,30 +14,12 @@ from agent.state import AgentState
 from agent.targets import Target, diff_targets, discover
 from analysis.errors import ProbeError
 from analysis.health import Health
-from analysis.redact import redact_text
+from analysis.redact import redact_cmdline
 from analysis.snapshot import TargetStatus
 from analysis.window import Window
 from probes.exits import ProcessExit
 
 log = logging.getLogger("infersight.loop")
-
-_SECRET_FLAG = re.compile(r"^--?[\w-]*(token|password|passwd|secret|key|credential)[\w-]*$", re.IGNORECASE)
-
-
-def redact_cmdline(argv: tuple[str, ...] | list[str]) -> str:
-    """The command line for display, with the values of secret-looking flags hidden (`--admin-token ***`)."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-        elif "=" in arg and _SECRET_FLAG.match(arg.split("=", 1)[0]):
-            out.append(arg.split("=", 1)[0] + "=***")
-        else:
-            out.append(redact_text(arg))
-            hide_next = bool(_SECRET_FLAG.match(arg))
-    return " ".join(out)
 
 
 class WindowSink(Protocol):

@@ -25,3 +25,22 @@ def redact_text(text: str) -> str:
 
 def redact_url(url: str) -> str:
     return redact_text(url)
+
+
+_SECRET_FLAG = re.compile(r"^--?[\w-]*(token|password|passwd|secret|key|credential)[\w-]*$", re.IGNORECASE)
+
+
+def redact_cmdline(argv: tuple[str, ...] | list[str]) -> str:
+    """The command line for display, with the values of secret-looking flags hidden (`--admin-token ***`)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+        elif "=" in arg and _SECRET_FLAG.match(arg.split("=", 1)[0]):
+            out.append(arg.split("=", 1)[0] + "=***")
+        else:
+            out.append(redact_text(arg))
+            hide_next = bool(_SECRET_FLAG.match(arg))
+    return " ".join(out)

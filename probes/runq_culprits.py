@@ -6,6 +6,7 @@ import pwd
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from analysis.redact import redact_cmdline
 from analysis.window import Culprit
 
 
@@ -88,7 +89,7 @@ def resolve(tgid: int, comm: str, seconds: float, kind: str, proc_root: Path) ->
     status, cgroup, cmdline = _read(base / "status"), _read(base / "cgroup"), _read(base / "cmdline")
     culprit.user = _user(status) if status is not None else None
     culprit.cgroup = _cgroup(cgroup) if cgroup is not None else None
-    culprit.cmdline = " ".join(a for a in cmdline.split("\0") if a) if cmdline else None
+    culprit.cmdline = redact_cmdline([a for a in cmdline.split("\0") if a]) if cmdline else None
     if culprit.user is None or culprit.cgroup is None:
         culprit.reason = "exited while it was read"
     return culprit

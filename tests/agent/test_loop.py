@@ -174,7 +174,7 @@ def test_missing_target_is_shown_waiting_with_the_reason():
 
 
 def test_secrets_in_command_lines_are_hidden():
-    from agent.loop import redact_cmdline
+    from analysis.redact import redact_cmdline
 
     argv = ["python", "-m", "workload", "serve", "--admin-token", "s3cret", "--api-key=abc", "--port", "8000"]
     shown = redact_cmdline(argv)

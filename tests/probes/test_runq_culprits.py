@@ -151,6 +151,19 @@ def test_a_reused_pid_is_not_given_the_new_programs_user(tmp_path):
     assert "reused" in culprit.reason
 
 
+def test_a_culprits_command_line_hides_its_secrets(tmp_path):
+    # A neighbour's command line is shown on the page and sent in alerts: its secret flags are hidden as the
+    # target's are (analysis.redact.redact_cmdline).
+    proc = tmp_path / "4242"
+    proc.mkdir()
+    (proc / "comm").write_text("job\n")
+    (proc / "status").write_text("Uid:\t0\t0\t0\t0\n")
+    (proc / "cgroup").write_text("0::/batch.slice\n")
+    (proc / "cmdline").write_text("job\0--api-token\0s3cr3t\0--db=postgres://u:pw@db/x\0")
+    culprit = runq_culprits.resolve(4242, "job", 1.0, "", tmp_path)
+    assert culprit.cmdline == "job --api-token *** --db=postgres://***@db/x"
+
+
 def test_the_cgroup_is_the_unified_path_else_systemds():
     assert runq_culprits._cgroup("12:pids:/a\n1:name=systemd:/user.slice/x\n0::/user.slice/y\n") == "/user.slice/y"
     assert runq_culprits._cgroup("12:pids:/a\n1:name=systemd:/system.slice/x.service\n") == "/system.slice/x.service"
