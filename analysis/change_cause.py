@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from analysis.regression import Cause, Regression
 
 # Causes from outside the target: a neighbour taking the CPUs, packet loss, the server gone. A change does not
-# explain them, whatever its timing. Not `memory`: it is measured in the server, and a build that holds more memory
-# stalls it as a neighbour's allocation does (docs/changes.md).
+# explain them, whatever its timing. `memory` is outside only when the process that grew most is not the target's
+# own: a build that holds more memory stalls the server as a neighbour's allocation does (docs/changes.md).
 OUTSIDE_CAUSES = ("cpu_contention", "network", "down")
 # How long after a change a regression's opening is still put down to it (docs/changes.md): the new process loads,
 # serves, and the detector needs k of m windows; at 5 s windows, one minute.
@@ -38,7 +38,7 @@ def attribute_change(regression: Regression, change: ChangeNote | None,
     measured = [c for c in regression.causes if c.label != "change"]
     applies = (change is not None
                and change.at <= regression.opened_at <= max(change.at, change.seen_at or change.at) + onset_seconds
-               and not (measured and measured[0].label in OUTSIDE_CAUSES))
+               and not (measured and _outside(measured[0])))
     if not applies:
         return regression if len(measured) == len(regression.causes) and regression.change_id is None else \
             dataclasses.replace(regression, causes=measured, change_id=None)
@@ -50,3 +50,9 @@ def attribute_change(regression: Regression, change: ChangeNote | None,
                    else "no measured signal moved beyond latency itself"))
     top = Cause("change", max((c.score for c in measured), default=0.0) + 1.0, evidence)
     return dataclasses.replace(regression, causes=[top, *measured], change_id=change.id)
+
+
+def _outside(cause: Cause) -> bool:
+    if cause.label == "memory":
+        return bool(cause.growers) and not cause.growers[0].member
+    return cause.label in OUTSIDE_CAUSES

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from collections import deque
 
-from analysis import culprits
+from analysis import culprits, memory_growers
 from analysis.attribution import Attributor
 from analysis.baseline import Baseline, BaselineRow, cpu_wait
 from analysis.cause_signals import SIGNALS, read_all
@@ -240,6 +240,8 @@ class LatencyDetector:
             values["members"] = member_measures(window, f)  # where a family's causes live (analysis.members)
         if (kept := culprits.sample(window)) is not None:
             values["culprits"] = kept  # who held the CPU while the target waited (analysis.culprits)
+        if (grown := memory_growers.sample(window)) is not None:
+            values["growers"] = grown  # who grew in memory while it stalled (analysis.memory_growers)
         score = self._score(f, expected_all, values) if usable else None
         strength = self._corroboration(values)
         explained = strength > 0
@@ -432,7 +434,8 @@ class LatencyDetector:
     def _causes(self, samples: list[dict], window: Window) -> list[Cause]:
         family = [self._placed(c, samples) for c in self._ranked_causes(samples, window)]
         # Neighbours are named last: a member's own cpu_contention may replace the family's, and it needs them too.
-        return [culprits.named(c, samples) for c in self._with_members(family, samples)]
+        return [memory_growers.named(culprits.named(c, samples), samples)
+                for c in self._with_members(family, samples)]
 
     def _with_members(self, family: list[Cause], samples: list[dict]) -> list[Cause]:
         """The family's causes, each label replaced by the one a member's own signals show when that scores higher

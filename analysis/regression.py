@@ -29,6 +29,20 @@ class Neighbour:
 
 
 @dataclass(frozen=True)
+class Grower:
+    """A process whose resident memory grew while the target's memory stalled (analysis.memory_growers): by
+    `grew_bytes` over `seconds`; `member` when it is one of the target's own processes."""
+
+    pid: int
+    comm: str
+    grew_bytes: int
+    seconds: float
+    member: bool = False
+    cmdline: str | None = None
+    user: str | None = None
+
+
+@dataclass(frozen=True)
 class Cause:
     """One candidate explanation, with the evidence a person reads ("GC pause 41 ms/s vs 0.8 ms/s (x51)")."""
 
@@ -42,6 +56,8 @@ class Cause:
     process: str | None = None
     # For cpu_contention: the neighbours that held the CPU while the target waited, most first; empty otherwise.
     neighbours: tuple[Neighbour, ...] = ()
+    # For memory: the processes that grew most while it stalled, most first; empty otherwise.
+    growers: tuple[Grower, ...] = ()
 
     def __post_init__(self) -> None:
         if self.label not in CAUSE_LABELS:
@@ -50,6 +66,9 @@ class Cause:
             # Rebuilt from JSON (the detector's saved state): the neighbours come back as plain objects.
             object.__setattr__(self, "neighbours", tuple(n if isinstance(n, Neighbour) else Neighbour(**n)
                                                          for n in self.neighbours))
+        if not isinstance(self.growers, tuple) or not all(isinstance(g, Grower) for g in self.growers):
+            object.__setattr__(self, "growers", tuple(g if isinstance(g, Grower) else Grower(**g)
+                                                      for g in self.growers))
 
 
 @dataclass(frozen=True)

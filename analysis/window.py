@@ -212,6 +212,21 @@ class GpuReading:
 
 
 @dataclass
+class MemoryGrower:
+    """A process whose resident memory grew over the last minute or so (agent/sources/memory_growers.py), read in a
+    window where memory stalled: `grew_bytes` over `seconds`; `member` when it is one of the target's own."""
+
+    pid: int
+    comm: str
+    grew_bytes: int
+    rss_bytes: int
+    seconds: float
+    member: bool = False
+    cmdline: str | None = None
+    user: str | None = None
+
+
+@dataclass
 class PressureReading:
     """Pressure stall information over the window (agent/sources/pressure.py): seconds in which some (or all,
     `full`) of the tasks stalled on a resource, as deltas of the kernel's totals, host-wide and for the target's
@@ -224,6 +239,9 @@ class PressureReading:
     cgroup_path: str | None = None
     major_faults: int | None = None  # of the target's processes (a family's members summed)
     reclaimed_pages: int | None = None  # host-wide, kswapd and direct reclaim (/proc/vmstat pgsteal_*)
+    # The processes that grew most, read only in a window where memory stalled or was reclaimed (else None, with
+    # the reason under "growers"); [] when it was read and nothing grew.
+    growers: list[MemoryGrower] | None = None
     reasons: dict[str, str] = field(default_factory=dict)  # "host", "cgroup", "major_faults", "reclaimed_pages"
 
 

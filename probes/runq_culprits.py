@@ -10,7 +10,8 @@ from analysis.redact import redact_cmdline
 from analysis.window import Culprit
 
 
-def _read(path: Path) -> str | None:
+def read_or_none(path: Path) -> str | None:
+    """A /proc file's text; None when the process is gone or hides it."""
     try:
         return path.read_text(errors="replace")
     except (FileNotFoundError, ProcessLookupError):
@@ -19,7 +20,8 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _user(status: str) -> str | None:
+def user_of(status: str) -> str | None:
+    """The user name of /proc/PID/status's real uid."""
     for line in status.splitlines():
         if line.startswith("Uid:"):
             uid = int(line.split()[1])
@@ -62,7 +64,7 @@ def agent_pids(proc_root: Path, agent: int) -> set[int]:
     for entry in proc_root.iterdir():
         if not entry.name.isdigit():
             continue
-        stat = _read(entry / "stat")
+        stat = read_or_none(entry / "stat")
         if stat is None:
             continue
         comm = stat[stat.find("(") + 1:stat.rfind(")")]
@@ -79,15 +81,15 @@ def resolve(tgid: int, comm: str, seconds: float, kind: str, proc_root: Path) ->
     if tgid == 0:
         return culprit
     base = proc_root / str(tgid)
-    now_comm = _read(base / "comm")
+    now_comm = read_or_none(base / "comm")
     if now_comm is None:
         culprit.reason = "exited before the window's end"
         return culprit
     if now_comm.rstrip("\n") != comm:
         culprit.reason = f"its pid now runs {now_comm.strip()!r}: it exited and the pid was reused"
         return culprit
-    status, cgroup, cmdline = _read(base / "status"), _read(base / "cgroup"), _read(base / "cmdline")
-    culprit.user = _user(status) if status is not None else None
+    status, cgroup, cmdline = (read_or_none(base / name) for name in ("status", "cgroup", "cmdline"))
+    culprit.user = user_of(status) if status is not None else None
     culprit.cgroup = _cgroup(cgroup) if cgroup is not None else None
     culprit.cmdline = redact_cmdline([a for a in cmdline.split("\0") if a]) if cmdline else None
     if culprit.user is None or culprit.cgroup is None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.sources.memory_growers import GrowthTracker
 from analysis.errors import TargetGone
 from analysis.health import Health
 from analysis.window import PressureReading
@@ -88,6 +89,13 @@ def _delta(now: Totals, before: Totals) -> dict[str, dict[str, float]]:
     return {r: {k: max(0, v - before.get(r, {}).get(k, 0)) / 1e6 for k, v in kinds.items()} for r, kinds in now.items()}
 
 
+def _memory_stalled(reading: PressureReading) -> bool:
+    """Whether the window saw a memory stall (the target's cgroup, else the host) or any reclaim: when naming who
+    grew is worth a scan of every process."""
+    psi = reading.cgroup or reading.host
+    return bool((psi and psi.get("memory", {}).get("some", 0.0) > 0) or reading.reclaimed_pages)
+
+
 @dataclass
 class _Sample:
     """One read's totals; None where the part could not be read (the reason beside it)."""
@@ -113,6 +121,7 @@ class PressureSource:
         self._mounts = cgroup_mounts
         self._health = Health(name=self.name, state="running")
         self._last = self._take()  # the baseline, so that the first window already has deltas
+        self._growth = GrowthTracker(proc_root)
 
     def _take(self) -> _Sample:
         now = _Sample()
@@ -158,6 +167,11 @@ class PressureSource:
         out.major_faults = max(0, now.major_faults - before.major_faults)
         if now.reclaimed_pages is not None and before.reclaimed_pages is not None:
             out.reclaimed_pages = now.reclaimed_pages - before.reclaimed_pages
+        self._growth.tick()
+        if _memory_stalled(out):
+            out.growers = self._growth.growers(self._pids())
+        else:
+            out.reasons["growers"] = "not read: no memory stall or reclaim in the window"
         return out
 
     def close(self) -> None:

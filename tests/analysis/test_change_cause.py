@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from analysis.change_cause import ChangeNote, attribute_change
-from analysis.regression import Cause, Regression, regression_from_dict, regression_to_dict
+from analysis.regression import Cause, Grower, Regression, regression_from_dict, regression_to_dict
 
 CHANGE = ChangeNote(id="srv-change-1000.000", at=1000.0,
                     diff=("cmdline: serve --max-batch 8 → serve --max-batch 1", "env: OMP_NUM_THREADS=4 → "
@@ -64,10 +64,16 @@ def test_the_onset_counts_from_when_the_change_was_seen():
     assert attribute_change(_regression(1241.0, COMPUTE), slow_loader).top_cause == "compute"
 
 
-def test_memory_right_after_a_change_is_the_change_with_memory_as_its_mechanism():
-    # Measured in the server: a build that holds more memory stalls it as a neighbour's allocation does; the
-    # operator sees the diff first and the memory stall beside it (docs/changes.md).
-    memory = Cause("memory", 4.0, "memory stall of the server's cgroup (PSI some) x6")
+@pytest.mark.parametrize("growers, outside", [
+    ((), False),  # nobody's growth read: the change, memory its mechanism
+    ((Grower(pid=7, comm="srv", grew_bytes=2 << 30, seconds=60.0, member=True),), False),  # the new build grew
+    ((Grower(pid=99, comm="alloc", grew_bytes=2 << 30, seconds=60.0),), True),  # a neighbour grew
+])
+def test_memory_is_outside_only_when_a_neighbour_grew(growers, outside):
+    memory = Cause("memory", 4.0, "memory stall of the server's cgroup (PSI some) x6", growers=growers)
     r = attribute_change(_regression(1010.0, memory), CHANGE)
-    assert [c.label for c in r.causes] == ["change", "memory"]
-    assert "mechanism: memory: memory stall" in r.causes[0].evidence
+    if outside:
+        assert r.top_cause == "memory" and r.change_id is None
+    else:
+        assert [c.label for c in r.causes] == ["change", "memory"]
+        assert "mechanism: memory: memory stall" in r.causes[0].evidence
