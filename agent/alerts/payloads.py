@@ -129,6 +129,13 @@ def alert_annotations(reg: Regression, external_url: str, now: float) -> dict[st
         user = f", user {shorten(printable(n.user), 64)}" if n.user else ""
         where += (f" beside pid {n.pid} (`{shorten(printable(n.cmdline or n.comm), 80)}`{user}, "
                   f"{100 * n.share:.0f} % of the run-queue wait)")
+    # A memory stall names the process that grew most (analysis.memory_growers): a neighbour, or the server's own.
+    if top is not None and top.growers:
+        g = top.growers[0]
+        user = f", user {shorten(printable(g.user), 64)}" if g.user else ""
+        whose = "the server's own pid" if g.member else "pid"
+        where += (f" after {whose} {g.pid} (`{shorten(printable(g.cmdline or g.comm), 80)}`{user}) grew by "
+                  f"{g.grew_bytes / (1 << 20):.0f} MiB")
     summary = (f"Latency regression on {reg.target} (pid {reg.pid}), {reg.severity}, {state}: "
                f"top cause {reg.top_cause}{where}, score {reg.score:.2f}")
     lines = [cause_line(i, c) for i, c in enumerate(reg.causes[:MAX_CAUSES], 1)]

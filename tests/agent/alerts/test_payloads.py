@@ -94,3 +94,19 @@ def test_a_cpu_contention_alert_names_the_neighbour_that_held_the_cpu(make_reg) 
     summary = payloads.alert_annotations(reg, "http://x", now=0)["summary"]
     assert "top cause cpu_contention beside pid 9911 (`python3 hog.py" in summary
     assert "user bob, 71 % of the run-queue wait)" in summary and "\x1b" not in summary  # the hog's own text, escaped
+
+
+def test_a_memory_alert_names_the_process_that_grew(make_reg) -> None:
+    from analysis.regression import Grower
+
+    reg = make_reg("m")
+    alloc = Grower(pid=9911, comm="python3", grew_bytes=3 << 30, seconds=60.0, cmdline="python3 alloc.py\x1b[2J",
+                   user="bob")
+    reg.causes[0] = Cause("memory", 1.0, "memory stall of the server's cgroup x9", growers=(alloc,))
+    summary = payloads.alert_annotations(reg, "http://x", now=0)["summary"]
+    assert "top cause memory after pid 9911 (`python3 alloc.py" in summary
+    assert "user bob) grew by 3072 MiB" in summary and "\x1b" not in summary
+    own = Grower(pid=4242, comm="srv", grew_bytes=1 << 30, seconds=60.0, member=True)
+    reg.causes[0] = Cause("memory", 1.0, "memory stall x9", growers=(own,))
+    assert "after the server's own pid 4242 (`srv`) grew by 1024 MiB" in \
+        payloads.alert_annotations(reg, "http://x", now=0)["summary"]
