@@ -124,7 +124,8 @@ def test_a_steady_segment_shorter_than_a_burst_one_or_out_of_range_is_refused(kw
 
 @pytest.mark.parametrize("interval, segment, steady, expected", [(5.0, 5, 15, (5, 15)), (3.0, 5, 4, (3, 3)),
                                                                  (5.0, 5, 2, (5, 5)), (60.0, 10, 60, (10, 60)),
-                                                                 (2.0, 5, 5, (2, 2))])
+                                                                 (2.0, 5, 5, (2, 2)), (2.0, 5, 15, (2, 2)),
+                                                                 (10.0, 5, 15, (5, 15))])
 def test_the_daemon_gives_each_sampler_a_steady_segment_no_shorter_than_its_burst_one(
         interval: float, segment: int, steady: int, expected: tuple[int, int]) -> None:
     spec = TargetSpec(name="me", pid=os.getpid())
