@@ -284,7 +284,9 @@ class PySpySampler:
             # Nothing sampled is not "no stacks": the window has no reading, with the reason.
             if failure:
                 raise ReadingError(f"py-spy sampled nothing since the last read: {failure}")
-            if recording:
+            # Only a recording meant to span windows says so: the detector then reads the latest one's stacks for this
+            # window (analysis.steady_stacks); a one-window recording running late is a gap like any other.
+            if recording and self.steady_segment_seconds > self.segment_seconds:
                 raise ReadingError(f"py-spy's steady recording ({self.steady_segment_seconds} s) is still running: "
                                    + STEADY_RECORDING_RUNNING)
             raise ReadingError("py-spy finished no recording since the last read")
