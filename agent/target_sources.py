@@ -49,10 +49,11 @@ def member_source_factories(target: Target, member: Member | None, config: Confi
         # A burst segment longer than a window would leave a regression's windows without stacks; steady ones may
         # span windows (fewer attaches), their stacks coming with the window each ends in.
         segment = min(stacks.segment_seconds, max(1, int(config.interval_seconds)))
-        # Steady segments span windows only when asked for longer than burst ones: at the default (equal) they stay
-        # one window, as burst ones do, whatever the interval.
-        steady = max(segment, stacks.steady_segment_seconds) if stacks.steady_segment_seconds > stacks.segment_seconds \
-            else segment
+        # Steady segments span windows only when asked for longer than burst ones and the windows are no shorter
+        # than a burst segment: windows cut shorter (a 2 s eval run) would wait on one recording for many windows,
+        # each reading the last recording's stacks (analysis.steady_stacks), so there they stay one window.
+        spans = stacks.steady_segment_seconds > stacks.segment_seconds and segment == stacks.segment_seconds
+        steady = stacks.steady_segment_seconds if spans else segment
         # py-spy runs as root by pid: only on the process discovery chose, while it runs as the users it ran as
         # when chosen or as allowed users (the daemon's discovery chose only those; `collect --pid N` is root
         # naming that one process), so a target that switches to another user gets no further recorder.

@@ -16,6 +16,7 @@ from analysis.members import MemberBaseline, locate, member_measures, rank_in_me
 from analysis.profile import leaf_counts, merge, top_shifts
 from analysis.regression import Cause, FunctionShift, Regression
 from analysis.robust import median
+from analysis.steady_stacks import SteadyStacks
 from analysis.verdict import Verdict
 from analysis.window import Window
 
@@ -126,6 +127,8 @@ class LatencyDetector:
         self.episode_values_: deque[dict] = deque(maxlen=self.attribution_windows)
         self.episode_leaves_: dict[str, float] = {}
         self.calm_ = 0
+        # Windows between two steady py-spy recordings read the latest one's stack signals (analysis.steady_stacks).
+        self.steady_stacks_ = SteadyStacks()
         # The open episode's first named cause, and the consecutive windows since whose causes name another cause
         # and no longer that one (see _cause_moved).
         self.named_for_ = "unknown"
@@ -213,6 +216,7 @@ class LatencyDetector:
         self.episode_values_.clear()
         self.episode_leaves_ = {}
         self.calm_ = 0
+        self.steady_stacks_.clear()
         self._forget_move()
         return closed
 
@@ -221,6 +225,7 @@ class LatencyDetector:
     def update(self, window: Window) -> Verdict:
         f = extract(window)
         leaves = leaf_counts(window.stacks.active) if window.stacks is not None and window.stacks.active else None
+        carried = self.steady_stacks_.read(window, f.app_wait_threads, leaves)
         usable = (f.requests is not None and f.requests >= self.min_requests and f.mean_seconds is not None
                   and f.mean_seconds > 0)
         if self.model_ is None:
@@ -236,6 +241,10 @@ class LatencyDetector:
         expected_all = model.expected(f.request_rate, f.tokens_per_request)
         expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
         values = {**read_all(f), "jsd": self.baseline_.jsd(leaves)}
+        if carried is not None:
+            # Signals only: the baseline learns each recording once, from the window it came with.
+            values.update(read_all(dataclasses.replace(f, app_wait_threads=carried.app_wait_threads)),
+                          jsd=self.baseline_.jsd(carried.leaves), stacks_carried_from=carried.at)
         if window.members:
             values["members"] = member_measures(window, f)  # where a family's causes live (analysis.members)
         if (kept := culprits.sample(window)) is not None:

@@ -50,3 +50,8 @@ class NoAnswer(ReadingError):
 
 class SourceUnavailable(ProbeError):
     """A source cannot run on this host at all (its binary or library is missing)."""
+
+
+# How a py-spy reading ends when a steady recording that spans several windows has not ended yet: the window has no
+# stacks of its own, and the detector reads the latest finished recording's for it (analysis.steady_stacks).
+STEADY_RECORDING_RUNNING = "its stacks come with the window it ends in"

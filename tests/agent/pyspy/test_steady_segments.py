@@ -12,7 +12,7 @@ from agent.config import Config, StacksConfig, TargetSpec
 from agent.sources.pyspy import DEFAULT_STEADY_SEGMENT_SECONDS, PySpySampler
 from agent.target_sources import source_factories
 from agent.targets import Target, read_proc
-from analysis.errors import ReadingError
+from analysis.errors import STEADY_RECORDING_RUNNING, ReadingError
 from tests.agent.pyspy.support import samples_with, wait_for
 
 
@@ -96,7 +96,8 @@ def test_a_steady_segment_shorter_than_a_burst_one_or_out_of_range_is_refused(kw
 
 @pytest.mark.parametrize("interval, segment, steady, expected", [(5.0, 5, 15, (5, 15)), (3.0, 5, 4, (3, 3)),
                                                                  (5.0, 5, 2, (5, 5)), (60.0, 10, 60, (10, 60)),
-                                                                 (2.0, 5, 5, (2, 2))])
+                                                                 (2.0, 5, 5, (2, 2)), (2.0, 5, 15, (2, 2)),
+                                                                 (10.0, 5, 15, (5, 15))])
 def test_the_daemon_gives_each_sampler_a_steady_segment_no_shorter_than_its_burst_one(
         interval: float, segment: int, steady: int, expected: tuple[int, int]) -> None:
     spec = TargetSpec(name="me", pid=os.getpid())
@@ -109,3 +110,14 @@ def test_the_daemon_gives_each_sampler_a_steady_segment_no_shorter_than_its_burs
         assert (sampler.segment_seconds, sampler.steady_segment_seconds) == expected
     finally:
         sampler.close()
+
+
+@pytest.mark.parametrize("steady, spans", [(5, False), (15, True)])
+def test_only_a_steady_recording_meant_to_span_windows_says_its_window_waits_on_it(steady: int, spans: bool) -> None:
+    # The detector reads the latest recording's stacks for a window that says so (analysis.steady_stacks); a
+    # one-window recording that ends late is a plain gap, as in every recording made before steady segments.
+    sampler = PySpySampler(1, autostart=False, segment_seconds=5, steady_segment_seconds=steady)
+    sampler._recording_steady = True  # a steady recording is running and nothing finished since the last read
+    with pytest.raises(ReadingError) as exc:
+        sampler.read()
+    assert (STEADY_RECORDING_RUNNING in str(exc.value)) == spans, exc.value

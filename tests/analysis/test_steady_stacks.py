@@ -1,0 +1,66 @@
+"""The windows between two steady py-spy recordings read the latest one's stack signals, marked, and only those."""
+
+from dataclasses import replace
+
+from analysis.errors import STEADY_RECORDING_RUNNING
+from analysis.steady_stacks import MAX_CARRIED_WINDOWS, SteadyStacks
+from analysis.window import StackReading, Window
+
+RUNNING = {"stacks": f"py-spy's steady recording (15 s) is still running: {STEADY_RECORDING_RUNNING}"}
+
+
+def _window(i: int, stacks: StackReading | None = None, errors: dict[str, str] | None = None) -> Window:
+    return Window(target="t", pid=1, start=5.0 * i, end=5.0 * (i + 1), stacks=stacks, errors=errors or {})
+
+
+def test_a_window_waiting_on_a_running_steady_recording_reads_the_latest_one_marked_with_its_window() -> None:
+    carry = SteadyStacks()
+    assert carry.read(_window(0, StackReading(idle={"t;a": 3}, rate_hz=3, samples=45)), 0.4, {"a": 1.0}) is None
+    got = carry.read(_window(1, errors=RUNNING), None, None)
+    assert got is not None and (got.app_wait_threads, got.leaves, got.at) == (0.4, {"a": 1.0}, 5.0)
+    assert carry.read(_window(2, errors=RUNNING), None, None) == got
+    # The next recording's window replaces it.
+    assert carry.read(_window(3, StackReading(rate_hz=3, samples=45)), 0.0, None) is None
+    assert carry.read(_window(4, errors=RUNNING), None, None).app_wait_threads == 0.0
+
+
+def test_stacks_missing_for_another_reason_are_not_carried_over_nor_afterwards() -> None:
+    carry = SteadyStacks()
+    carry.read(_window(0, StackReading(rate_hz=3, samples=15)), 0.4, None)
+    assert carry.read(_window(1), None, None) is None  # no reason at all
+    assert carry.read(_window(2, errors=RUNNING), None, None) is None  # the latest is gone with the failure
+    carry.read(_window(3, StackReading(rate_hz=3, samples=15)), 0.4, None)
+    assert carry.read(_window(4, errors={"stacks": "py-spy sampled nothing since the last read: exited"}),
+                      None, None) is None
+
+
+def test_a_gap_longer_than_any_steady_recording_stops_the_carry() -> None:
+    carry = SteadyStacks()
+    carry.read(_window(0, StackReading(rate_hz=3, samples=15)), 0.4, None)
+    answers = [carry.read(_window(i, errors=RUNNING), None, None) for i in range(1, MAX_CARRIED_WINDOWS + 2)]
+    assert all(a is not None for a in answers[:MAX_CARRIED_WINDOWS]) and answers[-1] is None
+
+
+def test_nothing_running_before_the_first_recording_carries_nothing() -> None:
+    assert SteadyStacks().read(_window(0, errors=RUNNING), None, None) is None
+
+
+def test_the_detector_reads_the_carried_lock_signal_and_marks_it(monkeypatch) -> None:
+    from analysis.detector import LatencyDetector
+    from tests.analysis import synth
+    from tests.analysis.synth import Load
+
+    det = LatencyDetector()
+    seen: list[dict] = []
+    real = det._corroboration
+    monkeypatch.setattr(det, "_corroboration", lambda values: (seen.append(values), real(values))[1])
+    for w in synth.windows(0, 40, seed=1):
+        det.update(w)
+    waiting = synth.window(40, Load(lock_wait_threads=0.6), seed=1)
+    det.update(waiting)
+    between = replace(synth.window(41, seed=1), stacks=None, errors=RUNNING)
+    det.update(between)
+    assert seen[-1]["app_wait"] == seen[-2]["app_wait"] > 0
+    assert seen[-1]["stacks_carried_from"] == waiting.end
+    # What the detector learns is the window's own reading: none.
+    assert det.steady_stacks_.latest is not None and det.steady_stacks_.latest.at == waiting.end
