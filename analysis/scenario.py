@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import string
 import tomllib
 from dataclasses import asdict, dataclass
@@ -20,11 +21,24 @@ _SERVER_KEYS = ("args", "children")
 # The runner sets these itself: it reads the URL the server prints and hands it the admin token.
 _RUNNER_FLAGS = ("--port", "--host", "--admin-token", "--admin-token-file", "--pidfile")
 _LOAD_KEYS = ("rate", "max_tokens")
-_PHASE_KEYS = ("seconds", "label", "fault", "rate", "run")
+_PHASE_KEYS = ("seconds", "label", "fault", "rate", "run", "restart")
+_RESTART_KEYS = ("args", "env")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The runner sets these in the server's environment itself (the admin token, the tree the workload runs from).
+_RUNNER_ENV = ("WORKLOAD_ADMIN_TOKEN", "PYTHONPATH", "PYTHONUNBUFFERED")
 
 
 class ScenarioError(ValueError):
     """A scenario file that cannot run as written; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Restart:
+    """The server restarted as the phase begins, as a deploy does: on the same port, with `args` in place of the
+    arguments it ran with (None: the same ones) and `env` added to the environment it started with."""
+
+    args: tuple[str, ...] | None = None
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -34,6 +48,7 @@ class Phase:
     fault: str | None = None
     rate: float | None = None
     run: tuple[str, ...] | None = None
+    restart: Restart | None = None
 
     def argv(self, pid: int, port: int, scenario_dir: str) -> list[str]:
         """`run` with its placeholders filled in."""
@@ -62,6 +77,11 @@ class Scenario:
     def seconds(self) -> float:
         return sum(p.seconds for p in self.phases)
 
+    @property
+    def restarts(self) -> bool:
+        """Some phase restarts the server: it then listens on a port chosen up front, the same for every process."""
+        return any(p.restart is not None for p in self.phases)
+
     def rate_of(self, phase: Phase) -> float:
         return self.rate if phase.rate is None else phase.rate
 
@@ -86,7 +106,8 @@ class Scenario:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Scenario:
         phases = tuple(Phase(seconds=p["seconds"], label=p["label"], fault=p.get("fault"), rate=p.get("rate"),
-                             run=tuple(p["run"]) if p.get("run") is not None else None) for p in data["phases"])
+                             run=tuple(p["run"]) if p.get("run") is not None else None,
+                             restart=_restart_of(p.get("restart"))) for p in data["phases"])
         return cls(name=data["name"], rate=data["rate"], phases=phases, interval_seconds=data.get("interval_seconds"),
                    max_tokens=data.get("max_tokens"), scenario_dir=data.get("scenario_dir", "."),
                    server_args=tuple(data.get("server_args", ())),
@@ -174,7 +195,46 @@ def _phase(i: int, raw: Any) -> Phase:
     run = raw.get("run")
     if run is not None:
         run = _argv(f"{where}.run", run)
-    return Phase(seconds=seconds, label=label, fault=fault, rate=rate, run=run)
+    restart = raw.get("restart")
+    if restart is not None:
+        if fault is not None or run is not None:
+            raise ScenarioError(f"{where}.restart: a phase that restarts the server cannot also set a fault or run a "
+                                f"command (put them in the next phase)")
+        restart = _restart(f"{where}.restart", restart)
+    return Phase(seconds=seconds, label=label, fault=fault, rate=rate, run=run, restart=restart)
+
+
+def _restart(where: str, raw: Any) -> Restart:
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}: must be a table (args = [...], env = {{NAME = \"value\"}}), got {raw!r}")
+    _no_unknown(raw, _RESTART_KEYS, f"{where}.")
+    args = raw.get("args")
+    if args is not None:
+        if not isinstance(args, list) or not all(isinstance(a, str) and a for a in args):
+            raise ScenarioError(f"{where}.args: must be a list of non-empty strings, got {args!r}")
+        for arg in args:
+            if arg.split("=", 1)[0] in _RUNNER_FLAGS:
+                raise ScenarioError(f"{where}.args: {arg!r} is set by the scenario runner itself")
+        args = tuple(args)
+    env = raw.get("env", {})
+    if not isinstance(env, dict):
+        raise ScenarioError(f"{where}.env: must be a table of NAME = \"value\", got {env!r}")
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise ScenarioError(f"{where}.env: {name!r} is not a variable name")
+        if name in _RUNNER_ENV:
+            raise ScenarioError(f"{where}.env: {name} is set by the scenario runner itself")
+        if not isinstance(value, str) or "\0" in value:
+            raise ScenarioError(f"{where}.env.{name}: must be a string without NUL, got {value!r}")
+    return Restart(args=args, env=tuple(sorted(env.items())))
+
+
+def _restart_of(data: Any) -> Restart | None:
+    """A recording's restart (Scenario.to_dict's form), as it was parsed."""
+    if data is None:
+        return None
+    args = data.get("args")
+    return Restart(args=tuple(args) if args is not None else None, env=tuple((str(k), str(v)) for k, v in data["env"]))
 
 
 def _argv(where: str, run: Any) -> tuple[str, ...]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from agent.evaluation.recording import LabelledWindow
+from analysis.change_cause import ChangeNote, attribute_change
+from analysis.regression import Regression
 from analysis.scoring import Outcome
 from analysis.verdict import Detector, Verdict
 
@@ -20,14 +23,19 @@ def default_detector_factory() -> DetectorFactory:
 
 
 class Tracker:
-    """One detector for one scenario run; feed() one window at a time, in time order."""
+    """One detector for one scenario run; feed() one window at a time, in time order. A change a window carries
+    (the server restarted with other arguments) labels the regressions after it as the daemon's detection layer does
+    (analysis.change_cause): the detector itself ranks measured signals only."""
 
     def __init__(self, factory: DetectorFactory) -> None:
         self.detector = factory()
         self.last: Verdict | None = None
+        self.change: ChangeNote | None = None
 
     def feed(self, item: LabelledWindow) -> Outcome:
-        verdict = self.detector.update(item.window)
+        if item.change is not None:
+            self.change = change_note(item.change)
+        verdict = self._with_change(self.detector.update(item.window))
         self.last = verdict
         # The regression this window belongs to: the open one, else the one that closed on it.
         current = verdict.regression or verdict.closed
@@ -44,6 +52,25 @@ class Tracker:
                        expected_p99=_number((verdict.expected or {}).get("p99")),
                        unanswered="latency" in w.unanswered, culprit=item.culprit,
                        top_neighbour=_top_neighbour(current))
+
+
+    def _with_change(self, verdict: Verdict) -> Verdict:
+        if self.change is None:
+            return verdict
+        change = self.change
+
+        def label(r: Regression | None) -> Regression | None:
+            return None if r is None else attribute_change(r, change)
+        return dataclasses.replace(verdict, regression=label(verdict.regression), opened=label(verdict.opened),
+                                   closed=label(verdict.closed))
+
+
+def change_note(stored: dict[str, Any]) -> ChangeNote:
+    """A recorded change (StoredChange.to_dict()) as the daemon hands it to the `change` cause."""
+    from agent.changes import note
+    from agent.store.changes import StoredChange
+
+    return note(StoredChange(**stored))
 
 
 def detect(factory: DetectorFactory, windows: Iterable[LabelledWindow]) -> list[Outcome]:

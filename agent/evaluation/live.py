@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from analysis.scenario import Phase, Scenario
 from analysis.scoring import Outcome
 from analysis.window import Window
 
-StartCollection = Callable[[int, str, float, bool], Collector]
+StartCollection = Callable[..., Collector]
 
 
 @dataclass
@@ -60,9 +61,14 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
     server: processes.Server | None = None
     try:
         _say(progress, f"{scenario.name}: starting the workload server")
-        server = processes.start_server(children, cwd=work, nice=nice, args=scenario.server_args)
+        # A server that a phase restarts keeps one port, chosen here, so its command line is the same each time.
+        port = processes.free_port() if scenario.restarts else 0
+        server = processes.start_server(children, cwd=work, nice=nice, args=scenario.server_args, port=port)
         _say(progress, f"{scenario.name}: server pid {server.pid} at {server.url}; loading probes")
-        collector = collect(server.pid, f"{server.url}/metrics", interval, scenario.server_children)
+        # Restarted, it is watched by its port (a new pid each time), as the daemon's `port` selector does.
+        collector = (collect(server.pid, f"{server.url}/metrics", interval, scenario.server_children, port=server.port)
+                     if scenario.restarts else
+                     collect(server.pid, f"{server.url}/metrics", interval, scenario.server_children))
         for name, why in collector.problems.items():
             _say(progress, f"{scenario.name}: {name}: {why}")
         collector.tick()  # drop the window that covers probe start-up, before any load
@@ -72,7 +78,13 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
         schedule = ",".join(f"{scenario.rate_of(p):g}:{p.seconds:g}" for p in scenario.phases)
         processes.start_load(children, server, schedule, scenario.max_tokens, seed, work / "load.log", nice=nice)
         tracker = Tracker(factory) if factory is not None else None
-        _schedule(run, scenario, interval, t0, server, children, collector, tracker, writer, work, progress)
+        current = _Current(server=server, args=scenario.server_args, env={}, nice=nice)
+        try:
+            _schedule(run, scenario, interval, t0, current, children, collector, tracker, writer, work, progress)
+        finally:
+            server = current.server
+            if current.starting is not None:  # stop_all below ends the process it started
+                current.starting.join(timeout=1.0)
         run.complete = True
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -90,7 +102,46 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
     return run
 
 
-def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, server: processes.Server,
+@dataclass
+class _Current:
+    """The server running now: a phase's restart replaces it; what it runs with, for the next restart."""
+
+    server: processes.Server
+    args: tuple[str, ...]
+    env: dict[str, str]
+    nice: int
+    # The restart under way: the new server loads its model in a thread while windows go on being cut, as the agent
+    # cuts them through a real deploy; its Server, or why it did not start, once done.
+    starting: threading.Thread | None = None
+    started: processes.Server | None = None
+    failed: BaseException | None = None
+
+    def restart(self, children: Children, work: Path, args: tuple[str, ...], env: dict[str, str]) -> None:
+        port = self.server.port
+        processes.stop_server(children, self.server)
+        self.args, self.env = args, env
+
+        def start() -> None:
+            try:
+                self.started = processes.start_server(children, work, nice=self.nice, args=args, port=port, env=env)
+            except BaseException as exc:  # handed to the schedule's thread, which raises it
+                self.failed = exc
+        self.starting = threading.Thread(target=start, name="eval-restart", daemon=True)
+        self.starting.start()
+
+    def poll(self) -> processes.Server | None:
+        """The restarted server once it serves (None until then, or when none is starting); raises what stopped it."""
+        if self.starting is None or self.starting.is_alive():
+            return None
+        self.starting = None
+        if self.failed is not None:
+            raise processes.EvalProcessError(f"the restarted server did not start: {self.failed}")
+        assert self.started is not None
+        self.server, self.started = self.started, None
+        return self.server
+
+
+def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, current_server: _Current,
               children: Children, collector: Collector, tracker: Tracker | None, writer: RecordingWriter | None,
               work: Path, progress: TextIO) -> None:
     bounds = scenario.bounds()
@@ -105,33 +156,43 @@ def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, serv
         index = scenario.phase_at(now - t0)
         if index != current:
             if current is not None:
-                _end_phase(scenario.phases[current], server, children, command)
+                _end_phase(scenario.phases[current], current_server.server, children, command)
                 command = None
             current = index
             if index is None:
                 break
-            command = _begin_phase(scenario.phases[index], index, scenario, server, children, work, progress)
+            command = _begin_phase(scenario.phases[index], index, scenario, current_server, children, work, progress)
             command_ended = False
         wake = min(next_tick, t0 + bounds[index][1])
         time.sleep(max(0.0, wake - time.time()))
+        if (restarted := current_server.poll()) is not None:
+            _say(progress, f"{scenario.name}: restarted server pid {restarted.pid} serves at {restarted.url}")
         if command is not None and not command_ended and command.poll() is not None:
             command_ended = True
             _command_ended(scenario, index, command, t0 + bounds[index][0], work, progress)
         if time.time() >= next_tick - 1e-3:
             last_tick = time.time()
             for window in collector.tick():
-                _window(run, scenario, t0, window, tracker, writer, progress, total)
+                _window(run, scenario, t0, window, tracker, writer, progress, total, collector)
             next_tick += interval
             # A tick that overran its slot does not fire a burst of catch-up ticks.
             next_tick = max(next_tick, time.time() + 0.1)
     if time.time() - last_tick > interval / 2:  # the schedule ended well inside a window: keep that part
         for window in collector.tick():
-            _window(run, scenario, t0, window, tracker, writer, progress, total)
+            _window(run, scenario, t0, window, tracker, writer, progress, total, collector)
 
 
-def _begin_phase(phase: Phase, index: int, scenario: Scenario, server: processes.Server, children: Children,
+def _begin_phase(phase: Phase, index: int, scenario: Scenario, current: _Current, children: Children,
                  work: Path, progress: TextIO) -> subprocess.Popen | None:
     what = [f"label {phase.label}", f"rate {scenario.rate_of(phase):g}/s"]
+    if phase.restart is not None:
+        args = phase.restart.args if phase.restart.args is not None else current.args
+        env = {**current.env, **dict(phase.restart.env)}
+        old = current.server.pid
+        current.restart(children, work, args, env)
+        what.append(f"pid {old} ended, restarting with {' '.join(args) or 'no arguments'}"
+                    + "".join(f" {k}={v}" for k, v in sorted(env.items())))
+    server = current.server
     if phase.fault:
         processes.set_fault(server, phase.fault, True)
         what.append(f"fault {phase.fault}")
@@ -170,11 +231,15 @@ def _end_phase(phase: Phase, server: processes.Server, children: Children, comma
 
 
 def _window(run: LiveRun, scenario: Scenario, t0: float, window: Window, tracker: Tracker | None,
-            writer: RecordingWriter | None, progress: TextIO, total: float) -> None:
+            writer: RecordingWriter | None, progress: TextIO, total: float, collector: Collector) -> None:
     mid = (window.start + window.end) / 2 - t0
     index = scenario.phase_at(mid)
     label = scenario.phases[index].label if index is not None else "normal"
-    item = LabelledWindow(window=window, label=label, phase=index)
+    change = collector.observe(window) if collector.observe is not None else None
+    if change is not None:
+        _say(progress, f"{scenario.name}: change {change['id']}: "
+                       + "; ".join(f"{d['part']}: {d['before']} → {d['after']}" for d in change["diff"]))
+    item = LabelledWindow(window=window, label=label, phase=index, change=change)
     run.windows.append(item)
     if writer is not None:
         writer.add(item)

@@ -10,6 +10,7 @@ import re
 import secrets
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -94,11 +95,12 @@ def _niced(nice: int) -> list[str]:
 
 
 def start_server(children: Children, cwd: Path, nice: int = 0, timeout: float = 120.0,
-                 args: tuple[str, ...] = ()) -> Server:
-    """`python -m workload serve --port 0 ARGS` with a fresh admin token in its environment; waits for its URL."""
+                 args: tuple[str, ...] = (), port: int = 0, env: dict[str, str] | None = None) -> Server:
+    """`python -m workload serve --port PORT ARGS` (0: a free one) with a fresh admin token and `env` added to its
+    environment; waits for its URL."""
     token = secrets.token_hex(16)
-    env = {**_env(), ADMIN_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
-    argv = [*_niced(nice), sys.executable, "-m", "workload", "serve", "--port", "0", *args]
+    env = {**_env(), **(env or {}), ADMIN_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
+    argv = [*_niced(nice), sys.executable, "-m", "workload", "serve", "--port", str(port), *args]
     proc = children.add(subprocess.Popen(argv, cwd=cwd,
                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, bufsize=0))
@@ -122,6 +124,18 @@ def start_server(children: Children, cwd: Path, nice: int = 0, timeout: float = 
     children.stop(proc)
     raise EvalProcessError(f"workload server printed no URL within {timeout:.0f}s (exit {proc.poll()}): "
                            f"{''.join(seen)[-400:]!r}")
+
+
+def stop_server(children: Children, server: Server) -> None:
+    """End the server as a deploy does (SIGTERM, then SIGKILL after 30 s); its port is free once this returns."""
+    children.stop(server.proc, grace=30.0)
+
+
+def free_port() -> int:
+    """A TCP port free now on the loopback, for a server that must keep its port across restarts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _env() -> dict[str, str]:

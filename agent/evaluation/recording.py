@@ -31,6 +31,10 @@ class LabelledWindow:
     # The pid of the process the scenario ran as the fault's culprit (a neighbour hog), beside the window like the
     # label, never in it; None where the phase has none or the recording predates it.
     culprit: int | None = None
+    # The change this window revealed in what the server runs (a restart with other arguments), as the agent stores
+    # it (agent.store.changes.StoredChange.to_dict(): id, at, seen_at, diff, both identities); beside the window, as
+    # the daemon keeps changes beside windows.
+    change: dict[str, Any] | None = None
 
 
 @dataclass
@@ -66,7 +70,8 @@ class RecordingWriter:
         # The host's 1-minute load average when the window closed: which stretches other work disturbed.
         # Beside the window, never in it: the detector sees only what the agent collects.
         self._line({"label": item.label, "phase": item.phase, "host_load1": round(os.getloadavg()[0], 2),
-                    "window": item.window.to_dict(), **({"culprit": item.culprit} if item.culprit is not None else {})})
+                    "window": item.window.to_dict(), **({"culprit": item.culprit} if item.culprit is not None else {}),
+                    **({"change": item.change} if item.change is not None else {})})
 
     def _line(self, obj: dict[str, Any]) -> None:
         assert self._file is not None
@@ -105,7 +110,12 @@ def read_recording(path: Path) -> Recording:
             culprit = row.get("culprit")
             if culprit is not None and (not isinstance(culprit, int) or isinstance(culprit, bool)):
                 raise ValueError(f"culprit must be a pid, got {culprit!r}")
-            windows.append(LabelledWindow(Window.from_dict(row["window"]), row["label"], row["phase"], culprit))
+            change = row.get("change")
+            if change is not None and not (isinstance(change, dict) and isinstance(change.get("id"), str)
+                                           and isinstance(change.get("diff"), list)):
+                raise ValueError(f"change must be a stored change (id, at, diff), got {str(change)[:80]!r}")
+            windows.append(LabelledWindow(Window.from_dict(row["window"]), row["label"], row["phase"], culprit,
+                                          change))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise RecordingError(f"{path}:{n}: not a labelled window ({exc})") from None
     return Recording(scenario=scenario, interval_seconds=interval, started_at=float(header.get("started_at", 0.0)),
