@@ -31,6 +31,7 @@ FIGURES: dict[str, tuple[str, bool]] = {
     "tokens_per_second": ("tokens/s", True), "cpu_per_token": ("s", False),
     "syscalls_per_request": ("calls", False), "gc_pause_per_second": ("s/s", False),
 }
+LATENCY_FIGURES = ("p50_at_equal_load", "p95_at_equal_load", "p99_at_equal_load")
 _QUANTILE_FIELD = {"p50_at_equal_load": "p50_seconds", "p95_at_equal_load": "p95_seconds",
                    "p99_at_equal_load": "p99_seconds"}
 
@@ -64,16 +65,26 @@ class ChangeReport:
 
     @property
     def verdict(self) -> str:
-        """regression when any figure regressed, else improvement when any improved, else no difference."""
-        verdicts = {r.verdict for r in self.rows}
-        if "regression" in verdicts:
-            return "regression"
-        if "improvement" in verdicts:
-            return "improvement"
-        return "no difference beyond noise" if verdicts - {None} else "not enough data"
+        """Latency at equal load decides (the question is "did the deploy make it slower?"): regression when any
+        latency figure regressed, else improvement when any improved. When latency did not move, the other figures
+        decide the same way (regression first). A figure that moved the other way is a trade-off (`trade_offs`)."""
+        latency = {r.verdict for r in self.rows if r.figure in LATENCY_FIGURES}
+        others = {r.verdict for r in self.rows if r.figure not in LATENCY_FIGURES}
+        for verdicts in (latency, others):
+            if "regression" in verdicts:
+                return "regression"
+            if "improvement" in verdicts:
+                return "improvement"
+        return "no difference beyond noise" if (latency | others) - {None} else "not enough data"
+
+    @property
+    def trade_offs(self) -> list[str]:
+        """The figures that moved against the verdict (e.g. CPU per token up in a change that made latency better)."""
+        against = {"regression": "improvement", "improvement": "regression"}.get(self.verdict)
+        return [r.figure for r in self.rows if against is not None and r.verdict == against]
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "verdict": self.verdict}
+        return {**asdict(self), "verdict": self.verdict, "trade_offs": self.trade_offs}
 
 
 def _usable(windows: list[Window]) -> list[Features]:
@@ -165,8 +176,15 @@ def format_table(report: ChangeReport) -> str:
         interval = f"{r.ratio:.3f} ({r.ratio_low:.3f}..{r.ratio_high:.3f})"
         lines.append(f"{r.figure:22} {_num(r.before, r.unit):>12} {_num(r.after, r.unit):>12} {interval:>26}  "
                      f"{r.verdict}")
-    lines.append(f"verdict: {report.verdict}")
+    lines.append(f"verdict: {report.verdict}" + _trade_off_words(report))
     return "\n".join(lines)
+
+
+def _trade_off_words(report: ChangeReport) -> str:
+    if not report.trade_offs:
+        return ""
+    other = "improvement" if report.verdict == "regression" else "regression"
+    return f" (latency decides; {other} in {', '.join(report.trade_offs)})"
 
 
 def _num(value: float | None, unit: str = "") -> str:
@@ -213,7 +231,7 @@ def to_html(report: ChangeReport, title: str, diff: list[str]) -> str:
             "<style>body{font:14px sans-serif;margin:2em}td,th{padding:2px 10px;text-align:right}"
             "td:first-child{text-align:left}.regression{color:#b00}.improvement{color:#070}</style></head><body>"
             f"<h1>{escape(title)}</h1><h2>What changed</h2><ul>{items}</ul>"
-            f"<h2>Before and after (verdict: {escape(report.verdict)})</h2>"
+            f"<h2>Before and after (verdict: {escape(report.verdict + _trade_off_words(report))})</h2>"
             f"<p>load: {escape(_num(report.load_before))} requests/s before, {escape(_num(report.load_after))} after; "
             "latency at equal load through the detector's load model; after/before with its 95% bootstrap interval; "
             "a difference under 5% is never told apart</p>" + reason +

@@ -73,3 +73,21 @@ def test_too_few_windows_and_unmeasured_figures_say_why():
     gc = _rows(no_gc)["gc_pause_per_second"]
     assert gc.verdict is None and gc.before is None and "measured in 0 windows" in gc.reason
     assert "not judged" in format_table(no_gc)
+
+
+def test_latency_decides_and_a_cost_that_moved_the_other_way_is_a_trade_off():
+    from analysis.change_report import ChangeReport, Row
+
+    def row(figure, verdict):
+        return Row(figure=figure, unit="s", before=1.0, after=1.0, ratio=1.0, ratio_low=1.0, ratio_high=1.0,
+                   verdict=verdict)
+    faster_dearer = ChangeReport(rows=[row("p50_at_equal_load", "improvement"), row("p99_at_equal_load", "improvement"),
+                                       row("cpu_per_token", "regression")])
+    assert faster_dearer.verdict == "improvement" and faster_dearer.trade_offs == ["cpu_per_token"]
+    assert "verdict: improvement (latency decides; regression in cpu_per_token)" in format_table(faster_dearer)
+    slower_cheaper = ChangeReport(rows=[row("p99_at_equal_load", "regression"), row("cpu_per_token", "improvement")])
+    assert slower_cheaper.verdict == "regression" and slower_cheaper.trade_offs == ["cpu_per_token"]
+    same_latency_dearer = ChangeReport(rows=[row("p50_at_equal_load", "no difference beyond noise"),
+                                             row("cpu_per_token", "regression"), row("tokens_per_second", "improvement")])
+    assert same_latency_dearer.verdict == "regression" and same_latency_dearer.trade_offs == ["tokens_per_second"]
+

@@ -27,13 +27,14 @@ RESTARTS: dict[str, dict[int, str | None]] = {
 REGRESSING = {"deploys": (3, 5)}
 # The report from the recorded windows, per (recording, restart phase): its verdict and each judged row's.
 # The fix of the batch window is an improvement in latency (p50 x0.23) and a regression in CPU per token (x1.15: the
-# 300 ms window had batched requests, each step shared); the report's verdict is "regression" when any figure
-# regressed (docs/changes.md), so this trade-off reads as one. Measured, not tuned away.
+# 300 ms window had batched requests, each step shared); latency at equal load decides the verdict (docs/changes.md),
+# so it is an improvement with CPU per token as its trade-off, and the 300 ms window itself a regression whose CPU per
+# token improved.
 LATENCY = ("p50_at_equal_load", "p95_at_equal_load", "p99_at_equal_load")
 VERDICTS: dict[tuple[str, int], tuple[str, dict[str, str]]] = {
     ("deploys", 2): ("no difference beyond noise", {f: "no difference beyond noise" for f in (*LATENCY, "cpu_per_token")}),
     ("deploys", 3): ("regression", {**{f: "regression" for f in LATENCY}, "cpu_per_token": "improvement"}),
-    ("deploys", 4): ("regression", {**{f: "improvement" for f in LATENCY}, "cpu_per_token": "regression"}),
+    ("deploys", 4): ("improvement", {**{f: "improvement" for f in LATENCY}, "cpu_per_token": "regression"}),
     ("deploys", 5): ("regression", {f: "regression" for f in (*LATENCY, "cpu_per_token")}),
 }
 
@@ -147,4 +148,6 @@ def test_the_before_after_report_from_the_recorded_windows(name: str, phase: int
     verdict, rows = VERDICTS[(name, phase)]
     assert report.verdict == verdict, format_table(report)
     assert {r.figure: r.verdict for r in report.rows if r.figure in rows} == rows, format_table(report)
+    # What moved against the verdict is named beside it, never hidden.
+    assert set(report.trade_offs) == {f for f, v in rows.items() if v not in (verdict, "no difference beyond noise")}
     assert report.comparable_after >= 12
