@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TextIO
 
 from agent.evaluation import processes
+from agent.evaluation.clients import OneWindowLate, RequestsLog
 from agent.evaluation.collection import Collector, start_collection
 from agent.evaluation.detection import DetectorFactory, Tracker
 from agent.evaluation.processes import Children
@@ -55,6 +56,7 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
     children = Children()
     collector: Collector | None = None
     writer: RecordingWriter | None = None
+    late: OneWindowLate | None = None
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     work = Path(tempfile.mkdtemp(prefix="infersight-eval-"))
     server: processes.Server | None = None
@@ -70,9 +72,12 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
         if record is not None:
             writer = RecordingWriter(record, scenario, interval, t0, extra={"server_nice": nice})
         schedule = ",".join(f"{scenario.rate_of(p):g}:{p.seconds:g}" for p in scenario.phases)
-        processes.start_load(children, server, schedule, scenario.max_tokens, seed, work / "load.log", nice=nice)
+        # Every window waits one window for the clients' figures over it (what the load generator measured).
+        late = OneWindowLate(RequestsLog(work / "requests.jsonl"), writer.add if writer is not None else _keep)
+        processes.start_load(children, server, schedule, scenario.max_tokens, seed, work / "load.log", nice=nice,
+                             requests_log=late.log.path)
         tracker = Tracker(factory) if factory is not None else None
-        _schedule(run, scenario, interval, t0, server, children, collector, tracker, writer, work, progress)
+        _schedule(run, scenario, interval, t0, server, children, collector, tracker, late, work, progress)
         run.complete = True
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -81,6 +86,8 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
         children.stop_all()
         if collector is not None:
             collector.close()
+        if late is not None:  # the load has ended: the last window's requests are all logged
+            late.flush()
         if writer is not None:
             run.recorded = writer.close(complete=run.complete)
         if run.complete:
@@ -90,8 +97,12 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
     return run
 
 
+def _keep(item: LabelledWindow) -> None:
+    """Nothing records the window; it keeps its clients' figures in the run's list."""
+
+
 def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, server: processes.Server,
-              children: Children, collector: Collector, tracker: Tracker | None, writer: RecordingWriter | None,
+              children: Children, collector: Collector, tracker: Tracker | None, late: OneWindowLate,
               work: Path, progress: TextIO) -> None:
     bounds = scenario.bounds()
     total = scenario.seconds
@@ -120,13 +131,13 @@ def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, serv
         if time.time() >= next_tick - 1e-3:
             last_tick = time.time()
             for window in collector.tick():
-                _window(run, scenario, t0, window, tracker, writer, progress, total)
+                _window(run, scenario, t0, window, tracker, late, progress, total)
             next_tick += interval
             # A tick that overran its slot does not fire a burst of catch-up ticks.
             next_tick = max(next_tick, time.time() + 0.1)
     if time.time() - last_tick > interval / 2:  # the schedule ended well inside a window: keep that part
         for window in collector.tick():
-            _window(run, scenario, t0, window, tracker, writer, progress, total)
+            _window(run, scenario, t0, window, tracker, late, progress, total)
 
 
 def _begin_phase(phase: Phase, index: int, scenario: Scenario, server: processes.Server, children: Children,
@@ -170,14 +181,13 @@ def _end_phase(phase: Phase, server: processes.Server, children: Children, comma
 
 
 def _window(run: LiveRun, scenario: Scenario, t0: float, window: Window, tracker: Tracker | None,
-            writer: RecordingWriter | None, progress: TextIO, total: float) -> None:
+            late: OneWindowLate, progress: TextIO, total: float) -> None:
     mid = (window.start + window.end) / 2 - t0
     index = scenario.phase_at(mid)
     label = scenario.phases[index].label if index is not None else "normal"
     item = LabelledWindow(window=window, label=label, phase=index)
     run.windows.append(item)
-    if writer is not None:
-        writer.add(item)
+    late.add(item)
     state = ""
     if tracker is not None:
         outcome = tracker.feed(item)

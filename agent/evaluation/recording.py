@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from agent.evaluation.clients import ClientFigures
 from analysis.scenario import Scenario
 from analysis.window import Window
 
@@ -31,6 +32,9 @@ class LabelledWindow:
     # The pid of the process the scenario ran as the fault's culprit (a neighbour hog), beside the window like the
     # label, never in it; None where the phase has none or the recording predates it.
     culprit: int | None = None
+    # What the load generator's clients measured over the window (agent.evaluation.clients), beside it like the
+    # label; None where the recording predates it.
+    clients: ClientFigures | None = None
 
 
 @dataclass
@@ -66,7 +70,8 @@ class RecordingWriter:
         # The host's 1-minute load average when the window closed: which stretches other work disturbed.
         # Beside the window, never in it: the detector sees only what the agent collects.
         self._line({"label": item.label, "phase": item.phase, "host_load1": round(os.getloadavg()[0], 2),
-                    "window": item.window.to_dict(), **({"culprit": item.culprit} if item.culprit is not None else {})})
+                    "window": item.window.to_dict(), **({"culprit": item.culprit} if item.culprit is not None else {}),
+                    **({"clients": item.clients.to_dict()} if item.clients is not None else {})})
 
     def _line(self, obj: dict[str, Any]) -> None:
         assert self._file is not None
@@ -105,8 +110,10 @@ def read_recording(path: Path) -> Recording:
             culprit = row.get("culprit")
             if culprit is not None and (not isinstance(culprit, int) or isinstance(culprit, bool)):
                 raise ValueError(f"culprit must be a pid, got {culprit!r}")
-            windows.append(LabelledWindow(Window.from_dict(row["window"]), row["label"], row["phase"], culprit))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            clients = ClientFigures.from_dict(row["clients"]) if row.get("clients") is not None else None
+            windows.append(LabelledWindow(Window.from_dict(row["window"]), row["label"], row["phase"], culprit,
+                                          clients))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordingError(f"{path}:{n}: not a labelled window ({exc})") from None
     return Recording(scenario=scenario, interval_seconds=interval, started_at=float(header.get("started_at", 0.0)),
                      windows=windows, header=header)
