@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.evaluation import command
+from agent.evaluation.clients import compare
 from agent.evaluation.recording import read_recording
 from analysis.detector import LatencyDetector
 
@@ -30,6 +31,23 @@ DELAYS: dict[str, int | None] = {
     # handshake ACK is covered by the request that follows; what the server sees is its replies' ACKs lost: 81
     # retransmits in the 18 fault windows against 88 in the 48 before, too few to pass the noise. Pinned as missed.
     "request_loss": None,
+    # The server's port policed to 4 kB/s (recorded 2026-12-04 10:24-10:31 UTC): every reply (and the agent's own
+    # /metrics scrape, on the same port) crawls, so no window of the phase had server latency to score. Only windows
+    # in which some reply was finally acknowledged carried delivery (3-53 s: `network` x600+, a strong cause with the
+    # stall rule); the 2nd and 3rd fault windows acknowledged none and had no other signal moved, so the 2-of-3 rule
+    # opened on the 4th.
+    "bandwidth": 3,
+}
+
+# Recording -> (windows with both the agent's clients' p99 estimate and the load generator's measured p99, those
+# within 20 %), as recorded (agent.evaluation.clients). Recordings made before the load's figures were kept are
+# absent. The shortfall in normal windows is the server's own histogram's resolution, not delivery: the estimate
+# sits 3-4 % above the server's interpolated p99, which itself is above the clients' nearest-rank p99 of ~20
+# requests (the slowest) by a median 11 % (docs/BENCHMARKS.md "Network scenarios, recorded live").
+CLIENTS: dict[str, tuple[int, int]] = {
+    # No request of the policed phase finished while the agent had an estimate; the six windows after it, where the
+    # queued replies landed (clients' p99 54.5-54.8 s), are all within 10 %.
+    "bandwidth": (66, 45),
 }
 
 
@@ -43,8 +61,10 @@ def test_every_recording_is_pinned() -> None:
 
 @pytest.mark.parametrize("name", sorted(DELAYS))
 def test_every_window_carries_the_delivery_reading(name: str) -> None:
-    windows = [item.window for item in read_recording(_path(name)).windows]
-    assert all(w.delivery is not None and w.delivery.replies > 0 for w in windows[2:])
+    items = read_recording(_path(name)).windows[2:]
+    assert all(item.window.delivery is not None for item in items)
+    # Before the fault every window had replies acknowledged; under a policer some fault windows had none.
+    assert all(item.window.delivery.replies > 0 for item in items if item.phase == 0)
 
 
 @pytest.mark.parametrize("name", sorted(DELAYS))
@@ -69,3 +89,16 @@ def test_reply_loss_shows_in_connection_setup_only_while_the_fault_lasts() -> No
     assert sum(d.slow_connects > 0 for d in during) >= 0.8 * len(during)
     waits = [d.connect_wait_seconds / d.slow_connects for d in during if d.slow_connects]
     assert all(1.0 <= w < 1.5 for w in waits), waits  # one SYN-ACK timeout (1 s) each, plus the RTT
+
+
+@pytest.mark.parametrize("name", sorted(CLIENTS))
+def test_the_clients_estimate_against_what_the_load_generator_measured(name: str) -> None:
+    windows = read_recording(_path(name)).windows
+    assert all(w.clients is not None for w in windows)
+    got = compare(windows)
+    assert got is not None and (got["windows"], sum(r["within"] for r in got["per_window"])) == CLIENTS[name]
+
+
+def test_recordings_without_the_load_generators_figures_are_the_old_ones() -> None:
+    older = [n for n in DELAYS if compare(read_recording(_path(n)).windows) is None]
+    assert sorted(older) == sorted(set(DELAYS) - set(CLIENTS))
