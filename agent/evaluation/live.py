@@ -180,10 +180,21 @@ def _end_phase(phase: Phase, server: processes.Server, children: Children, comma
         processes.set_fault(server, phase.fault, False)
 
 
+def phase_of_window(scenario: Scenario, start: float, end: float) -> int | None:
+    """The phase a window [start, end) (seconds from the scenario's start) is labelled with: the one at its middle,
+    unless a fault phase shorter than the window lies at least half inside it. A burst shorter than a window that no
+    window's middle fell in would otherwise label no window at all: not scored, and its episode a false alarm."""
+    for index, (a, b) in enumerate(scenario.bounds()):
+        phase = scenario.phases[index]
+        if phase.label != "normal" and b - a < end - start and min(b, end) - max(a, start) >= (b - a) / 2:
+            return index
+    return scenario.phase_at((start + end) / 2)
+
+
 def _window(run: LiveRun, scenario: Scenario, t0: float, window: Window, tracker: Tracker | None,
             late: OneWindowLate, progress: TextIO, total: float) -> None:
     mid = (window.start + window.end) / 2 - t0
-    index = scenario.phase_at(mid)
+    index = phase_of_window(scenario, window.start - t0, window.end - t0)
     label = scenario.phases[index].label if index is not None else "normal"
     item = LabelledWindow(window=window, label=label, phase=index)
     run.windows.append(item)

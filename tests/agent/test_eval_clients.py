@@ -154,3 +154,17 @@ def test_eval_replay_json_and_table_show_the_comparison_per_scenario(tmp_path: P
                 10, 0.6, 4, 0.0)
         else:
             assert "loss                                 60% of 10, fault phases 0% of 4" in out.getvalue()
+
+
+def test_a_fault_shorter_than_a_window_labels_the_window_that_holds_most_of_it() -> None:
+    from agent.evaluation.live import phase_of_window
+
+    burst = Scenario(name="b", rate=4.0, phases=(Phase(seconds=240, label="normal"), Phase(seconds=3, label="network"),
+                                                 Phase(seconds=120, label="normal")))
+    # 240-243: the windows from 237.5 have their middles at 240 and 245, outside it; the first holds 2.5 s of it.
+    assert [phase_of_window(burst, s, s + 5) for s in (232.5, 237.5, 242.5, 247.5)] == [0, 1, 2, 2]
+    assert [phase_of_window(burst, s, s + 5) for s in (235.0, 240.0, 245.0)] == [0, 1, 2]
+    # A phase as long as the window or longer keeps the middle rule, as every recorded scenario was labelled.
+    step = Scenario(name="s", rate=4.0, phases=(Phase(seconds=10, label="normal"), Phase(seconds=5, label="gc"),
+                                                Phase(seconds=10, label="normal")))
+    assert [phase_of_window(step, s, s + 5) for s in (7.0, 8.0, 12.0, 13.0)] == [0, 1, 1, 2]
