@@ -37,6 +37,20 @@ DELAYS: dict[str, int | None] = {
     # stall rule); the 2nd and 3rd fault windows acknowledged none and had no other signal moved, so the 2-of-3 rule
     # opened on the 4th.
     "bandwidth": 3,
+    # 3 s of 50 % loss on the replies (recorded 2026-12-04 11:18-11:24 UTC): NOT found. Its one window (labelled by
+    # the window holding most of it) scored 82 with 7 connections waiting a resent SYN-ACK (network x37): one
+    # anomalous window, and the 2-of-3 rule needs two. The next window's slowest client waited 4.4 s (a second
+    # SYN-ACK timeout), but nothing of it reached the server's kernel in that window: no slow connect, no
+    # retransmit. A fault shorter than a window leaves one window; pinned as missed.
+    "burst": None,
+}
+
+# Recording -> the top causes of the episodes that opened outside every fault phase and its tail, as recorded.
+FALSE_ALARMS: dict[str, list[str]] = {
+    # 20 windows after the burst the server's own p99 rose to 0.29-0.73 s against 0.15 s expected while the host's
+    # load average rose from 1.1 to 1.5 (other developers' work on the 2 cores): cpu_contention, run queue x5-6,
+    # opened on the server's latency with the detector of before the network's part too. Not a network alarm.
+    "burst": ["cpu_contention"],
 }
 
 # Recording -> (windows with both the agent's clients' p99 estimate and the load generator's measured p99, those
@@ -48,6 +62,9 @@ CLIENTS: dict[str, tuple[int, int]] = {
     # No request of the policed phase finished while the agent had an estimate; the six windows after it, where the
     # queued replies landed (clients' p99 54.5-54.8 s), are all within 10 %.
     "bandwidth": (66, 45),
+    # The burst's own window: 1.332 s estimated, 1.330 s measured. The next: 0.155 s against a client that waited
+    # 4.4 s for its connection, which the server's kernel did not see in that window (above).
+    "burst": (73, 36),
 }
 
 
@@ -68,10 +85,11 @@ def test_every_window_carries_the_delivery_reading(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(DELAYS))
-def test_network_fault_is_found_and_named_network_without_a_false_alarm(name: str) -> None:
+def test_network_fault_is_found_and_named_network_and_false_alarms_are_pinned(name: str) -> None:
     [run] = command.replay([_path(name)], LatencyDetector)
     [phase] = run.score.fault_phases
-    assert [e for e in run.score.episodes if e.phase is None] == []
+    stray = [run.outcomes[e.window].top_cause for e in run.score.episodes if e.phase is None]
+    assert stray == FALSE_ALARMS.get(name, [])
     if DELAYS[name] is None:
         assert not phase.detected
         return
