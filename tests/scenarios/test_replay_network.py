@@ -43,6 +43,9 @@ DELAYS: dict[str, int | None] = {
     # SYN-ACK timeout), but nothing of it reached the server's kernel in that window: no slow connect, no
     # retransmit. A fault shorter than a window leaves one window; pinned as missed.
     "burst": None,
+    # 10 % loss both ways (recorded 2026-12-04 11:34-11:41 UTC): found after 1 window, the same with the detector of
+    # before the network's part.
+    "both_loss": 1,
 }
 
 # Recording -> the top causes of the episodes that opened outside every fault phase and its tail, as recorded.
@@ -65,6 +68,9 @@ CLIENTS: dict[str, tuple[int, int]] = {
     # The burst's own window: 1.332 s estimated, 1.330 s measured. The next: 0.155 s against a client that waited
     # 4.4 s for its connection, which the server's kernel did not see in that window (above).
     "burst": (73, 36),
+    # Fault windows 7 of 16 within 20 % (estimate/measured 0.15-1.55): lost requests and SYNs are the clients' own
+    # retransmits, which the server's kernel does not see.
+    "both_loss": (82, 36),
 }
 
 
