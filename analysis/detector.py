@@ -13,6 +13,7 @@ from analysis.cause_signals import SIGNALS, read_all
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
 from analysis.members import MemberBaseline, locate, member_measures, rank_in_members
+from analysis.network_part import network_z
 from analysis.profile import leaf_counts, merge, top_shifts
 from analysis.regression import Cause, FunctionShift, Regression
 from analysis.robust import median
@@ -325,9 +326,11 @@ class LatencyDetector:
         if not f.client_buckets:
             return server
         # The clients' latency (server + delivery) against the same expectation: a fault on the way to the clients
-        # moves only this one.
-        return max(server, self._latency_z(mean, f.mean_seconds, f.requests, f.client_buckets, cpu_wait(f),
-                                           expected["mean"]))
+        # moves only this one. And given the server's latency, measured in the same window, the network's part
+        # against its own spread, not the host's (analysis/network_part.py).
+        clients = self._latency_z(mean, f.mean_seconds, f.requests, f.client_buckets, cpu_wait(f), expected["mean"])
+        given = network_z(values, self.baseline_.stats(), expected["mean"], self.min_log_scale)
+        return max(server, clients, -math.inf if given is None else round(given, 4))
 
     def _latency_z(self, mean: float, server_mean: float, n: float, buckets: tuple[tuple[float, float], ...],
                    wait: float | None, expected_mean: float) -> float:

@@ -106,9 +106,10 @@ def iter_arrivals(spec: LoadSpec) -> Iterator[Arrival]:
 
 def run_load(url: str, spec: LoadSpec, progress: TextIO | None = None,
              clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
-             tracing: LoadTracing | None = None) -> LoadResult:
+             tracing: LoadTracing | None = None, requests_log: TextIO | None = None) -> LoadResult:
     """Open loop: each arrival is sent at its time whether or not earlier ones have finished. With `tracing`, each
-    request is a span of its own whose W3C traceparent the server continues."""
+    request is a span of its own whose W3C traceparent the server continues. With `requests_log`, each finished
+    request is written there as it finishes (request_line), so a watcher can bin what the clients saw by time."""
     plan = iter_arrivals(spec)
     total = sum(p.duration_s for p in spec.phases)
     result = LoadResult()
@@ -126,6 +127,9 @@ def run_load(url: str, spec: LoadSpec, progress: TextIO | None = None,
                 span.end()
             with lock:
                 result.outcomes.append(Outcome(arrival, outcome))
+                if requests_log is not None:
+                    requests_log.write(request_line(time.time(), outcome) + "\n")
+                    requests_log.flush()
         finally:
             inflight.release()
 
@@ -153,6 +157,13 @@ def run_load(url: str, spec: LoadSpec, progress: TextIO | None = None,
         _progress(progress, result.duration_s, total, sent, len(result.outcomes))
         progress.write("\n")
     return result
+
+
+def request_line(finished_at: float, result: CompletionResult) -> str:
+    """One finished request as JSON: the wall-clock time its reply's last byte arrived (the clock the agent's windows
+    use), its latency as the client measured it, and whether it succeeded."""
+    return json.dumps({"end": round(finished_at, 6), "latency_s": round(result.latency_s, 6), "ok": result.ok},
+                      separators=(",", ":"))
 
 
 def _progress(out: TextIO, elapsed: float, total: float, sent: int, done: int) -> None:
@@ -206,6 +217,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
                         help="start a trace per request (sent as traceparent) and export its span to this "
                              "OTLP/HTTP endpoint; off by default")
+    parser.add_argument("--requests-log", default=None, metavar="FILE",
+                        help="append one JSON line per finished request (end time, latency, ok) as it finishes")
     args = parser.parse_args(argv)
     phases = parse_schedule(args.schedule) if args.schedule else (Phase(args.rate, args.duration),)
     spec = LoadSpec(phases, args.prompt_bytes, args.max_tokens, args.temperature, args.seed)
@@ -216,13 +229,20 @@ def main(argv: list[str]) -> int:
         except ValueError as exc:
             parser.error(str(exc))
     try:
-        result = run_load(args.url, spec, progress=None if args.no_progress else sys.stderr, tracing=tracing)
+        requests_log = open(args.requests_log, "a", encoding="utf-8") if args.requests_log else None  # noqa: SIM115
+    except OSError as exc:
+        parser.error(f"--requests-log {args.requests_log}: {exc.strerror or exc}")
+    try:
+        result = run_load(args.url, spec, progress=None if args.no_progress else sys.stderr, tracing=tracing,
+                          requests_log=requests_log)
     except KeyboardInterrupt:
         print("load: interrupted", file=sys.stderr)
         return 130
     finally:
         if tracing is not None:
             tracing.shutdown()
+        if requests_log is not None:
+            requests_log.close()
     summary = summarize(result)
     print(json.dumps(summary.to_dict(), sort_keys=True) if args.json else summary.text())
     return 0 if summary.ok else 1

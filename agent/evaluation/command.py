@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from agent.evaluation.clients import compare
 from agent.evaluation.detection import DetectorFactory, default_detector_factory, detect
 from agent.evaluation.processes import EvalProcessError
 from agent.evaluation.recording import RecordingError, read_recording
@@ -28,6 +29,9 @@ class ScoredRun:
     interval: float
     outcomes: list[Outcome]
     score: RunScore
+    # The agent's clients' latency estimate beside what the load's clients measured (agent.evaluation.clients);
+    # None for a recording made before the load's figures were kept.
+    clients: dict[str, Any] | None = field(default=None)
 
 
 def replay(paths: list[Path], factory: DetectorFactory) -> list[ScoredRun]:
@@ -35,7 +39,8 @@ def replay(paths: list[Path], factory: DetectorFactory) -> list[ScoredRun]:
     for path in paths:
         rec = read_recording(path)
         outcomes = detect(factory, rec.windows)
-        runs.append(ScoredRun(rec.scenario, rec.interval_seconds, outcomes, score_run(rec.scenario.name, outcomes)))
+        runs.append(ScoredRun(rec.scenario, rec.interval_seconds, outcomes, score_run(rec.scenario.name, outcomes),
+                              compare(rec.windows)))
     return runs
 
 
@@ -54,7 +59,8 @@ def live(paths: list[Path], factory: DetectorFactory | None, record: Path | None
         if result.recorded is not None:
             progress.write(f"recorded {len(result.windows)} windows to {result.recorded}\n")
         if factory is not None:
-            runs.append(ScoredRun(scenario, step, result.outcomes, score_run(scenario.name, result.outcomes)))
+            runs.append(ScoredRun(scenario, step, result.outcomes, score_run(scenario.name, result.outcomes),
+                                  compare(result.windows)))
     return runs
 
 
@@ -122,6 +128,9 @@ def main(scenarios: list[str], replay_files: list[str], record: str | None, as_j
         return 0
     if as_json:
         summary["seconds"] = round(time.monotonic() - started, 2)
+        clients = {r.scenario.name: r.clients for r in runs if r.clients is not None}
+        if clients:
+            summary["clients"] = clients
         out.write(json.dumps(_jsonable(summary), sort_keys=True) + "\n")
     else:
         out.write(table(runs, summary))

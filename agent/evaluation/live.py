@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from agent.evaluation import processes
+from agent.evaluation.clients import OneWindowLate, RequestsLog
 from agent.evaluation.collection import Collector, start_collection
 from agent.evaluation.detection import DetectorFactory, Tracker
 from agent.evaluation.processes import Children
@@ -56,6 +57,7 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
     children = Children()
     collector: Collector | None = None
     writer: RecordingWriter | None = None
+    late: OneWindowLate | None = None
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     work = Path(tempfile.mkdtemp(prefix="infersight-eval-"))
     server: processes.Server | None = None
@@ -76,11 +78,14 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
         if record is not None:
             writer = RecordingWriter(record, scenario, interval, t0, extra={"server_nice": nice})
         schedule = ",".join(f"{scenario.rate_of(p):g}:{p.seconds:g}" for p in scenario.phases)
-        processes.start_load(children, server, schedule, scenario.max_tokens, seed, work / "load.log", nice=nice)
+        # Every window waits one window for the clients' figures over it (what the load generator measured).
+        late = OneWindowLate(RequestsLog(work / "requests.jsonl"), writer.add if writer is not None else _keep)
+        processes.start_load(children, server, schedule, scenario.max_tokens, seed, work / "load.log", nice=nice,
+                             requests_log=late.log.path)
         tracker = Tracker(factory) if factory is not None else None
         current = _Current(server=server, args=scenario.server_args, env={}, nice=nice)
         try:
-            _schedule(run, scenario, interval, t0, current, children, collector, tracker, writer, work, progress)
+            _schedule(run, scenario, interval, t0, current, children, collector, tracker, late, work, progress)
         finally:
             server = current.server
             if current.starting is not None:  # stop_all below ends the process it started
@@ -93,6 +98,8 @@ def run_live(scenario: Scenario, interval: float, factory: DetectorFactory | Non
         children.stop_all()
         if collector is not None:
             collector.close()
+        if late is not None:  # the load has ended: the last window's requests are all logged
+            late.flush()
         if writer is not None:
             run.recorded = writer.close(complete=run.complete)
         if run.complete:
@@ -141,8 +148,12 @@ class _Current:
         return self.server
 
 
+def _keep(item: LabelledWindow) -> None:
+    """Nothing records the window; it keeps its clients' figures in the run's list."""
+
+
 def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, current_server: _Current,
-              children: Children, collector: Collector, tracker: Tracker | None, writer: RecordingWriter | None,
+              children: Children, collector: Collector, tracker: Tracker | None, late: OneWindowLate,
               work: Path, progress: TextIO) -> None:
     bounds = scenario.bounds()
     total = scenario.seconds
@@ -173,13 +184,13 @@ def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, curr
         if time.time() >= next_tick - 1e-3:
             last_tick = time.time()
             for window in collector.tick():
-                _window(run, scenario, t0, window, tracker, writer, progress, total, collector)
+                _window(run, scenario, t0, window, tracker, late, progress, total, collector)
             next_tick += interval
             # A tick that overran its slot does not fire a burst of catch-up ticks.
             next_tick = max(next_tick, time.time() + 0.1)
     if time.time() - last_tick > interval / 2:  # the schedule ended well inside a window: keep that part
         for window in collector.tick():
-            _window(run, scenario, t0, window, tracker, writer, progress, total, collector)
+            _window(run, scenario, t0, window, tracker, late, progress, total, collector)
 
 
 def _begin_phase(phase: Phase, index: int, scenario: Scenario, current: _Current, children: Children,
@@ -230,10 +241,21 @@ def _end_phase(phase: Phase, server: processes.Server, children: Children, comma
         processes.set_fault(server, phase.fault, False)
 
 
+def phase_of_window(scenario: Scenario, start: float, end: float) -> int | None:
+    """The phase a window [start, end) (seconds from the scenario's start) is labelled with: the one at its middle,
+    unless a fault phase shorter than the window lies at least half inside it. A burst shorter than a window that no
+    window's middle fell in would otherwise label no window at all: not scored, and its episode a false alarm."""
+    for index, (a, b) in enumerate(scenario.bounds()):
+        phase = scenario.phases[index]
+        if phase.label != "normal" and b - a < end - start and min(b, end) - max(a, start) >= (b - a) / 2:
+            return index
+    return scenario.phase_at((start + end) / 2)
+
+
 def _window(run: LiveRun, scenario: Scenario, t0: float, window: Window, tracker: Tracker | None,
-            writer: RecordingWriter | None, progress: TextIO, total: float, collector: Collector) -> None:
+            late: OneWindowLate, progress: TextIO, total: float, collector: Collector) -> None:
     mid = (window.start + window.end) / 2 - t0
-    index = scenario.phase_at(mid)
+    index = phase_of_window(scenario, window.start - t0, window.end - t0)
     label = scenario.phases[index].label if index is not None else "normal"
     change = collector.observe(window) if collector.observe is not None else None
     if change is not None:
@@ -241,8 +263,7 @@ def _window(run: LiveRun, scenario: Scenario, t0: float, window: Window, tracker
                        + "; ".join(f"{d['part']}: {d['before']} → {d['after']}" for d in change["diff"]))
     item = LabelledWindow(window=window, label=label, phase=index, change=change)
     run.windows.append(item)
-    if writer is not None:
-        writer.add(item)
+    late.add(item)
     state = ""
     if tracker is not None:
         outcome = tracker.feed(item)

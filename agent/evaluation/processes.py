@@ -157,10 +157,13 @@ def _drain(proc: subprocess.Popen, path: Path, head: list[str]) -> None:
 
 
 def start_load(children: Children, server: Server, schedule: str, max_tokens: str | None, seed: int,
-               log_path: Path | None, nice: int = 0) -> subprocess.Popen:
-    """`python -m workload load --schedule RATE:SECONDS,...` (open-loop Poisson), its summary to `log_path`."""
+               log_path: Path | None, nice: int = 0, requests_log: Path | None = None) -> subprocess.Popen:
+    """`python -m workload load --schedule RATE:SECONDS,...` (open-loop Poisson), its summary to `log_path`, each
+    finished request to `requests_log` as it finishes."""
     argv = [*_niced(nice), sys.executable, "-m", "workload", "load", "--url", server.url, "--schedule", schedule,
             "--seed", str(seed), "--no-progress", "--json"]
+    if requests_log is not None:
+        argv += ["--requests-log", str(requests_log)]
     if max_tokens:
         argv += ["--max-tokens", max_tokens]
     out = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - the child owns it

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from agent.evaluation.clients import ClientFigures
 from analysis.scenario import Scenario
 from analysis.window import Window
 
@@ -35,6 +36,9 @@ class LabelledWindow:
     # it (agent.store.changes.StoredChange.to_dict(): id, at, seen_at, diff, both identities); beside the window, as
     # the daemon keeps changes beside windows.
     change: dict[str, Any] | None = None
+    # What the load generator's clients measured over the window (agent.evaluation.clients), beside it like the
+    # label; None where the recording predates it.
+    clients: ClientFigures | None = None
 
 
 @dataclass
@@ -71,7 +75,8 @@ class RecordingWriter:
         # Beside the window, never in it: the detector sees only what the agent collects.
         self._line({"label": item.label, "phase": item.phase, "host_load1": round(os.getloadavg()[0], 2),
                     "window": item.window.to_dict(), **({"culprit": item.culprit} if item.culprit is not None else {}),
-                    **({"change": item.change} if item.change is not None else {})})
+                    **({"change": item.change} if item.change is not None else {}),
+                    **({"clients": item.clients.to_dict()} if item.clients is not None else {})})
 
     def _line(self, obj: dict[str, Any]) -> None:
         assert self._file is not None
@@ -114,9 +119,10 @@ def read_recording(path: Path) -> Recording:
             if change is not None and not (isinstance(change, dict) and isinstance(change.get("id"), str)
                                            and isinstance(change.get("diff"), list)):
                 raise ValueError(f"change must be a stored change (id, at, diff), got {str(change)[:80]!r}")
+            clients = ClientFigures.from_dict(row["clients"]) if row.get("clients") is not None else None
             windows.append(LabelledWindow(Window.from_dict(row["window"]), row["label"], row["phase"], culprit,
-                                          change))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                                          change, clients))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordingError(f"{path}:{n}: not a labelled window ({exc})") from None
     return Recording(scenario=scenario, interval_seconds=interval, started_at=float(header.get("started_at", 0.0)),
                      windows=windows, header=header)

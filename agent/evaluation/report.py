@@ -36,4 +36,12 @@ def table(runs: list[Any], summary: dict[str, Any]) -> str:
             verdict = (f"detected after {p.delay_windows} windows, top cause {p.top_cause}"
                        f"{'' if p.attributed else ' (expected ' + p.label + ')'}") if p.detected else "MISSED"
             lines.append(f"  {run.scenario.name[:36]:<36} phase {p.index + 1} {p.label:<15} {verdict}")
+    compared = [run for run in runs if getattr(run, "clients", None)]
+    if compared:
+        within = compared[0].clients["within"]
+        lines += ["", f"clients' p99 estimate within {within * 100:.0f} % of the load generator's (windows with both):"]
+    for run in compared:
+        c = run.clients
+        lines.append(f"  {run.scenario.name[:36]:<36} {_pct(c['share_within'])} of {c['windows']}, "
+                     f"fault phases {_pct(c['fault_share_within'])} of {c['fault_windows']}")
     return "\n".join(lines) + "\n"

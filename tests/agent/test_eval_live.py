@@ -100,7 +100,13 @@ def test_a_live_run_labels_its_windows_and_ends_everything(tmp_path: Path, requi
     if gc_windows and normal:  # the gc probe needs the interpreter's USDT or symbols; where it runs, it moved
         assert max(g.gc.collections for g in gc_windows) > 5 * max(1, max(n.gc.collections for n in normal))
     assert len(run.outcomes) == len(run.windows) and run.outcomes[0].warmup and not run.outcomes[-1].warmup
-    assert len(read_recording(run.recorded).windows) == len(run.windows)
+    recorded = read_recording(run.recorded).windows
+    assert len(recorded) == len(run.windows)
+    # Beside each window, what the load's clients measured over it (3 req/s: a few requests per 2 s window).
+    assert all(w.clients is not None for w in recorded)
+    assert sum(w.clients.requests for w in recorded) >= 3 * 22 * 0.5
+    timed = [w.clients for w in recorded if w.clients.p99_seconds is not None]
+    assert len(timed) >= len(recorded) // 2 and all(0 < c.p50_seconds <= c.p99_seconds < 60 for c in timed)
     server_pid = int(re.search(r"server pid (\d+)", log).group(1))
     command_pid, grandchild = map(int, (tmp_path / "pids").read_text().split())
     for pid in (server_pid, command_pid, grandchild):

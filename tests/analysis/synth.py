@@ -56,6 +56,7 @@ class Load:
     delivery: bool = False         # the window carries the delivery probe's reading
     reply_loss: float = 0.0        # share of replies that wait for an RTO (0.2-0.45 s) to reach the client
     synack_loss: float = 0.0       # share of connections (one per request) whose SYN-ACK is resent: 1-1.1 s wait
+    host_noise: float = 0.0        # a shared host: each window's latency x exp(N(0, host_noise)), other tenants' work
 
 
 def window(i: int, load: Load = Load(), seed: int = 0, interval: float = 5.0, target: str = "t") -> Window:
@@ -64,6 +65,8 @@ def window(i: int, load: Load = Load(), seed: int = 0, interval: float = 5.0, ta
     start = 1000.0 + i * interval
     n = _poisson(rng, load.rate * interval)
     scale = load.base_latency * (load.rate / 4.0) ** load.elasticity * (load.tokens / 32.0) * load.slowdown
+    if load.host_noise:
+        scale *= math.exp(rng.gauss(0, load.host_noise))
     lat = sorted(scale * math.exp(rng.gauss(-0.06, 0.35)) for _ in range(n))
     buckets = dict.fromkeys(("+Inf" if math.isinf(b) else repr(b) for b in BOUNDS), 0.0)
     for x in lat:

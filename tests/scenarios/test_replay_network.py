@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.evaluation import command
+from agent.evaluation.clients import compare
 from agent.evaluation.recording import read_recording
 from analysis.detector import LatencyDetector
 
@@ -20,15 +21,56 @@ DELAYS: dict[str, int | None] = {
     # 15 % loss on the replies, a connection per request: nearly all of it hits the handshakes' SYN-ACKs (the
     # connection setup wait, docs/delivery.md "Connection setup", 0 before onset, >0 in 17 of 18 fault windows), and
     # each slow client waits 1 s. The server's own latency on the shared host was as noisy (baseline p99 0.3-1.4 s)
-    # as the 1 s waits of 10-15 % of the requests, so no window's score passed the open threshold: the sustained
-    # rule named `network` on the connect-wait signal after its 4 windows. (Before the connection setup wait was
-    # measured: 8 windows.)
-    "reply_loss": 4,
+    # as the 1 s waits of 10-15 % of the requests, so the clients' latency alone never passed the open threshold
+    # (the sustained rule opened after 4 windows); the network's part given the server's latency
+    # (analysis/network_part.py) scored 9-20 in the fault's 2nd and 3rd windows: open after 2. (Before the
+    # connection setup wait was measured: 8 windows.)
+    "reply_loss": 2,
     # 15 % loss on what the clients send: NOT found (recorded 2026-12-04 06:26-06:33 UTC). A lost SYN never reaches
     # the server (no SYN-ACK resent: 0 in the phase), a lost request segment is the client's retransmit, and a lost
     # handshake ACK is covered by the request that follows; what the server sees is its replies' ACKs lost: 81
     # retransmits in the 18 fault windows against 88 in the 48 before, too few to pass the noise. Pinned as missed.
     "request_loss": None,
+    # The server's port policed to 4 kB/s (recorded 2026-12-04 10:24-10:31 UTC): every reply (and the agent's own
+    # /metrics scrape, on the same port) crawls, so no window of the phase had server latency to score. Only windows
+    # in which some reply was finally acknowledged carried delivery (3-53 s: `network` x600+, a strong cause with the
+    # stall rule); the 2nd and 3rd fault windows acknowledged none and had no other signal moved, so the 2-of-3 rule
+    # opened on the 4th.
+    "bandwidth": 3,
+    # 3 s of 50 % loss on the replies (recorded 2026-12-04 11:18-11:24 UTC): NOT found. Its one window (labelled by
+    # the window holding most of it) scored 82 with 7 connections waiting a resent SYN-ACK (network x37): one
+    # anomalous window, and the 2-of-3 rule needs two. The next window's slowest client waited 4.4 s (a second
+    # SYN-ACK timeout), but nothing of it reached the server's kernel in that window: no slow connect, no
+    # retransmit. A fault shorter than a window leaves one window; pinned as missed.
+    "burst": None,
+    # 10 % loss both ways (recorded 2026-12-04 11:34-11:41 UTC): found after 1 window, the same with the detector of
+    # before the network's part.
+    "both_loss": 1,
+}
+
+# Recording -> the top causes of the episodes that opened outside every fault phase and its tail, as recorded.
+FALSE_ALARMS: dict[str, list[str]] = {
+    # 20 windows after the burst the server's own p99 rose to 0.29-0.73 s against 0.15 s expected while the host's
+    # load average rose from 1.1 to 1.5 (other developers' work on the 2 cores): cpu_contention, run queue x5-6,
+    # opened on the server's latency with the detector of before the network's part too. Not a network alarm.
+    "burst": ["cpu_contention"],
+}
+
+# Recording -> (windows with both the agent's clients' p99 estimate and the load generator's measured p99, those
+# within 20 %), as recorded (agent.evaluation.clients). Recordings made before the load's figures were kept are
+# absent. The shortfall in normal windows is the server's own histogram's resolution, not delivery: the estimate
+# sits 3-4 % above the server's interpolated p99, which itself is above the clients' nearest-rank p99 of ~20
+# requests (the slowest) by a median 11 % (docs/BENCHMARKS.md "Network scenarios, recorded live").
+CLIENTS: dict[str, tuple[int, int]] = {
+    # No request of the policed phase finished while the agent had an estimate; the six windows after it, where the
+    # queued replies landed (clients' p99 54.5-54.8 s), are all within 10 %.
+    "bandwidth": (66, 45),
+    # The burst's own window: 1.332 s estimated, 1.330 s measured. The next: 0.155 s against a client that waited
+    # 4.4 s for its connection, which the server's kernel did not see in that window (above).
+    "burst": (73, 36),
+    # Fault windows 7 of 16 within 20 % (estimate/measured 0.15-1.55): lost requests and SYNs are the clients' own
+    # retransmits, which the server's kernel does not see.
+    "both_loss": (82, 36),
 }
 
 
@@ -42,15 +84,18 @@ def test_every_recording_is_pinned() -> None:
 
 @pytest.mark.parametrize("name", sorted(DELAYS))
 def test_every_window_carries_the_delivery_reading(name: str) -> None:
-    windows = [item.window for item in read_recording(_path(name)).windows]
-    assert all(w.delivery is not None and w.delivery.replies > 0 for w in windows[2:])
+    items = read_recording(_path(name)).windows[2:]
+    assert all(item.window.delivery is not None for item in items)
+    # Before the fault every window had replies acknowledged; under a policer some fault windows had none.
+    assert all(item.window.delivery.replies > 0 for item in items if item.phase == 0)
 
 
 @pytest.mark.parametrize("name", sorted(DELAYS))
-def test_network_fault_is_found_and_named_network_without_a_false_alarm(name: str) -> None:
+def test_network_fault_is_found_and_named_network_and_false_alarms_are_pinned(name: str) -> None:
     [run] = command.replay([_path(name)], LatencyDetector)
     [phase] = run.score.fault_phases
-    assert [e for e in run.score.episodes if e.phase is None] == []
+    stray = [run.outcomes[e.window].top_cause for e in run.score.episodes if e.phase is None]
+    assert stray == FALSE_ALARMS.get(name, [])
     if DELAYS[name] is None:
         assert not phase.detected
         return
@@ -68,3 +113,16 @@ def test_reply_loss_shows_in_connection_setup_only_while_the_fault_lasts() -> No
     assert sum(d.slow_connects > 0 for d in during) >= 0.8 * len(during)
     waits = [d.connect_wait_seconds / d.slow_connects for d in during if d.slow_connects]
     assert all(1.0 <= w < 1.5 for w in waits), waits  # one SYN-ACK timeout (1 s) each, plus the RTT
+
+
+@pytest.mark.parametrize("name", sorted(CLIENTS))
+def test_the_clients_estimate_against_what_the_load_generator_measured(name: str) -> None:
+    windows = read_recording(_path(name)).windows
+    assert all(w.clients is not None for w in windows)
+    got = compare(windows)
+    assert got is not None and (got["windows"], sum(r["within"] for r in got["per_window"])) == CLIENTS[name]
+
+
+def test_recordings_without_the_load_generators_figures_are_the_old_ones() -> None:
+    older = [n for n in DELAYS if compare(read_recording(_path(n)).windows) is None]
+    assert sorted(older) == sorted(set(DELAYS) - set(CLIENTS))

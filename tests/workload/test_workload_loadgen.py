@@ -7,6 +7,7 @@ import math
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -83,13 +84,16 @@ def _count(url: str, name: str) -> float:
 
 
 @pytest.mark.workload
-def test_load_cli_against_the_server(server) -> None:
+def test_load_cli_against_the_server(server, tmp_path: Path) -> None:
     before = _count(server.url, "vllm:e2e_request_latency_seconds_count")
     tokens_before = _count(server.url, "vllm:generation_tokens_total")
+    started = time.time()
     run = subprocess.run(
         [sys.executable, "-m", "workload", "load", "--url", server.url, "--schedule", "3:2,6:2",
-         "--max-tokens", "8-12", "--prompt-bytes", "32-64", "--json", "--seed", "4"],
+         "--max-tokens", "8-12", "--prompt-bytes", "32-64", "--json", "--seed", "4",
+         "--requests-log", str(tmp_path / "requests.jsonl")],
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    ended = time.time()
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout)
     assert "sent" in run.stderr  # the progress bar
@@ -99,3 +103,9 @@ def test_load_cli_against_the_server(server) -> None:
     generated = _count(server.url, "vllm:generation_tokens_total") - tokens_before
     assert summary["tokens_per_s"] * summary["duration_s"] == pytest.approx(generated)
     assert 0 < summary["ttft_p50"] <= summary["latency_p50"] <= summary["latency_p99"]
+    # The requests log: one line per request, on the wall clock, the same latencies the summary is made of.
+    logged = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+    assert len(logged) == expected and all(row["ok"] for row in logged)
+    assert all(started <= row["end"] <= ended for row in logged)
+    assert all(row["end"] - row["latency_s"] >= started for row in logged)
+    assert percentile([row["latency_s"] for row in logged], 99) == pytest.approx(summary["latency_p99"], abs=1e-5)

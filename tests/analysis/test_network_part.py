@@ -1,0 +1,30 @@
+"""The network's part of the clients' latency against its own baseline (analysis/network_part.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis.attribution import SignalStats
+from analysis.network_part import network_z
+
+STATS = {"delivery_mean": SignalStats(median=0.002, sigma=0.001, count=30),
+         "connect_wait": SignalStats(median=0.0, sigma=0.0, count=30)}
+
+
+def test_the_rise_is_in_expected_latencies_over_the_floor_when_the_baseline_spread_is_smaller():
+    # 0.15 s per request more on a 0.3 s expectation: half of it, over the 5 % floor (the spread is 0.3 %).
+    z = network_z({"delivery_mean": 0.002, "connect_wait": 0.15}, STATS, 0.3, 0.05)
+    assert z == pytest.approx(0.5 / 0.05)
+
+
+def test_a_baseline_that_spreads_more_than_the_floor_scales_by_its_own_spread():
+    stats = {**STATS, "connect_wait": SignalStats(median=0.01, sigma=0.06, count=30)}
+    z = network_z({"delivery_mean": 0.002, "connect_wait": 0.16}, stats, 0.3, 0.05)
+    assert z == pytest.approx((0.15 / 0.3) / (0.061 / 0.3))
+
+
+def test_faster_than_usual_is_negative_and_unmeasured_is_none_not_zero():
+    assert network_z({"delivery_mean": 0.0, "connect_wait": 0.0}, STATS, 0.3, 0.05) < 0
+    assert network_z({"delivery_mean": None, "connect_wait": 0.0}, STATS, 0.3, 0.05) is None
+    assert network_z({"delivery_mean": 0.002, "connect_wait": 0.0}, {**STATS, "connect_wait": None}, 0.3, 0.05) is None
+    assert network_z({"delivery_mean": 0.002, "connect_wait": 0.0}, STATS, 0.0, 0.05) is None
