@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pwd
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from analysis.redact import redact_cmdline
@@ -58,19 +58,25 @@ def kind_of(tgid: int, target: int, agent_pids: Iterable[int]) -> str:
 AGENT_CHILDREN = ("py-spy",)
 
 
-def agent_pids(proc_root: Path, agent: int) -> set[int]:
-    """The agent and the samplers it started (children named in AGENT_CHILDREN)."""
-    pids = {agent}
+def proc_stats(proc_root: Path) -> Iterator[tuple[int, str, list[str]]]:
+    """(pid, comm, the fields after comm) of every process's /proc/PID/stat; one that exits meanwhile is skipped.
+    comm may hold ')' and spaces: it ends at the last ')'. The fields count from 0 at field 3 (state)."""
     for entry in proc_root.iterdir():
         if not entry.name.isdigit():
             continue
         stat = read_or_none(entry / "stat")
         if stat is None:
             continue
-        comm = stat[stat.find("(") + 1:stat.rfind(")")]
-        fields = stat[stat.rfind(")") + 2:].split()
+        close = stat.rfind(")")
+        yield int(entry.name), stat[stat.find("(") + 1:close], stat[close + 2:].split()
+
+
+def agent_pids(proc_root: Path, agent: int) -> set[int]:
+    """The agent and the samplers it started (children named in AGENT_CHILDREN)."""
+    pids = {agent}
+    for pid, comm, fields in proc_stats(proc_root):
         if len(fields) > 1 and fields[1] == str(agent) and comm in AGENT_CHILDREN:
-            pids.add(int(entry.name))
+            pids.add(pid)
     return pids
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from analysis.redact import redact_cmdline
 from analysis.window import MemoryGrower
-from probes.runq_culprits import read_or_none, user_of
+from probes.runq_culprits import proc_stats, read_or_none, user_of
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # A process that grew less than this over the reference period is not named: allocator noise, not a cause.
@@ -28,18 +28,11 @@ Scan = dict[tuple[int, int], tuple[str, int]]  # (pid, start time in ticks) -> (
 def scan(proc_root: Path) -> Scan:
     """Every process's comm and resident bytes now; a process that exits during the scan is left out."""
     out: Scan = {}
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit():
-            continue
-        stat = read_or_none(entry / "stat")
-        if stat is None:
-            continue
-        close = stat.rfind(")")
-        fields = stat[close + 2:].split()
+    for pid, comm, fields in proc_stats(proc_root):
         if len(fields) < 22:
             continue  # not a stat line this kernel writes: skip rather than guess
         # Fields 22 (starttime) and 24 (rss, pages), counted from 1 with pid and comm first.
-        out[(int(entry.name), int(fields[19]))] = (stat[stat.find("(") + 1:close], int(fields[21]) * PAGE_SIZE)
+        out[(pid, int(fields[19]))] = (comm, int(fields[21]) * PAGE_SIZE)
     return out
 
 
