@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from analysis.regression import Cause, FunctionShift, Regression
+from analysis.regression import Cause, FunctionShift, Grower, Neighbour, Regression
 
 ALERTNAME = "InferenceLatencyRegression"
 # A watched server whose process ended (cause `down`): a fact, not a latency call, routed under its own name.
@@ -112,6 +112,12 @@ def flamegraph_url(reg: Regression, external_url: str, now: float) -> str:
     return f"{external_url}/api/flamegraph/diff?{query}"
 
 
+def _process_words(p: Neighbour | Grower) -> str:
+    """Another process as an alert names it: its command line (else comm) as code, and its user; escaped, capped."""
+    user = f", user {shorten(printable(p.user), 64)}" if p.user else ""
+    return f"`{shorten(printable(p.cmdline or p.comm), 80)}`{user}"
+
+
 def alert_annotations(reg: Regression, external_url: str, now: float) -> dict[str, str]:
     state = "resolved" if reg.closed_at is not None else "open"
     if reg.top_cause == "down":
@@ -126,16 +132,12 @@ def alert_annotations(reg: Regression, external_url: str, now: float) -> dict[st
     # CPU contention names the neighbour that held the CPU while the server waited (analysis.culprits).
     if top is not None and top.neighbours:
         n = top.neighbours[0]
-        user = f", user {shorten(printable(n.user), 64)}" if n.user else ""
-        where += (f" beside pid {n.pid} (`{shorten(printable(n.cmdline or n.comm), 80)}`{user}, "
-                  f"{100 * n.share:.0f} % of the run-queue wait)")
+        where += f" beside pid {n.pid} ({_process_words(n)}, {100 * n.share:.0f} % of the run-queue wait)"
     # A memory stall names the process that grew most (analysis.memory_growers): a neighbour, or the server's own.
     if top is not None and top.growers:
         g = top.growers[0]
-        user = f", user {shorten(printable(g.user), 64)}" if g.user else ""
         whose = "the server's own pid" if g.member else "pid"
-        where += (f" after {whose} {g.pid} (`{shorten(printable(g.cmdline or g.comm), 80)}`{user}) grew by "
-                  f"{g.grew_bytes / (1 << 20):.0f} MiB")
+        where += f" after {whose} {g.pid} ({_process_words(g)}) grew by {g.grew_bytes / (1 << 20):.0f} MiB"
     summary = (f"Latency regression on {reg.target} (pid {reg.pid}), {reg.severity}, {state}: "
                f"top cause {reg.top_cause}{where}, score {reg.score:.2f}")
     lines = [cause_line(i, c) for i, c in enumerate(reg.causes[:MAX_CAUSES], 1)]
