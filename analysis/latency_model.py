@@ -2,22 +2,34 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import HuberRegressor
 from threadpoolctl import threadpool_limits
 
 from analysis.robust import mad_sigma, median
 
 # The model's fits are a few hundred rows by two columns: a second BLAS thread never pays for itself, and OpenBLAS's
-# idle threads spin on the other cores after every call. One BLAS thread, for every BLAS loaded by now (numpy's and
-# scipy's, with scikit-learn): the detector's CPU over the `recorded` replay 6.9 s -> 1.9 s on this 2-core host
-# (docs/BENCHMARKS.md, "One BLAS thread").
+# idle threads spin on the other cores after every call. One BLAS thread for numpy's BLAS here, and for scipy's when
+# scikit-learn loads it (`_huber_class`): the detector's CPU over the `recorded` replay 6.9 s -> 1.9 s on this 2-core
+# host (docs/BENCHMARKS.md, "One BLAS thread").
 threadpool_limits(limits=1, user_api="blas")
+
+
+@functools.cache
+def _huber_class() -> type:
+    """scikit-learn's HuberRegressor, imported at the first fit rather than with this module. scikit-learn with the
+    scipy it loads is ~90 MiB of the agent's memory, and the agent imports this module (through the page's change
+    report) before it compiles its BPF programs, whose compiler holds ~80 MiB more for a moment: imported at start,
+    the two stacked to a 257 MiB peak (docs/BENCHMARKS.md, "Memory")."""
+    from sklearn.linear_model import HuberRegressor
+
+    threadpool_limits(limits=1, user_api="blas")  # scipy's own BLAS, loaded just now
+    return HuberRegressor
+
 
 # Load inputs of the model, as logs so the fit is a power law (latency ~ rate^a * tokens^b). Both are
 # offered load: queue length and running batch are left out on purpose, they grow *because* a server
@@ -151,9 +163,12 @@ class ExpectedLatency:
         # its elasticity stays 0 and only the load allowance speaks for it.
         varied = x.std(axis=0) > 1e-6
         if varied.any():
+            model = _huber_class()(max_iter=200)
             with warnings.catch_warnings():
+                from sklearn.exceptions import ConvergenceWarning
+
                 warnings.simplefilter("ignore", ConvergenceWarning)
-                model = HuberRegressor(max_iter=200).fit(x[:, varied], y)
+                model.fit(x[:, varied], y)
             # Latency does not fall as offered load rises, and a short warm-up cannot support a steep slope:
             # clamp each elasticity into [0, max_elasticity] and re-centre the intercept robustly.
             coef[varied] = np.clip(model.coef_, 0.0, self.max_elasticity)
