@@ -24,8 +24,9 @@ DELAYS: dict[str, int | None] = {
     # as the 1 s waits of 10-15 % of the requests, so the clients' latency alone never passed the open threshold
     # (the sustained rule opened after 4 windows); the network's part given the server's latency
     # (analysis/network_part.py) scored 9-20 in the fault's 2nd and 3rd windows: open after 2. (Before the
-    # connection setup wait was measured: 8 windows.)
-    "reply_loss": 2,
+    # connection setup wait was measured: 8 windows.) Its 2nd window alone opens (19.5, connect_wait x20: one window
+    # when the kernel measured the clients' wait, docs/detector.md): after 1.
+    "reply_loss": 1,
     # 15 % loss on what the clients send: NOT found (recorded 2026-12-04 06:26-06:33 UTC). A lost SYN never reaches
     # the server (no SYN-ACK resent: 0 in the phase), a lost request segment is the client's retransmit, and a lost
     # handshake ACK is covered by the request that follows; what the server sees is its replies' ACKs lost: 81
@@ -35,17 +36,19 @@ DELAYS: dict[str, int | None] = {
     # /metrics scrape, on the same port) crawls, so no window of the phase had server latency to score. Only windows
     # in which some reply was finally acknowledged carried delivery (3-53 s: `network` x600+, a strong cause with the
     # stall rule); the 2nd and 3rd fault windows acknowledged none and had no other signal moved, so the 2-of-3 rule
-    # opened on the 4th.
-    "bandwidth": 3,
-    # 3 s of 50 % loss on the replies (recorded 2026-12-04 11:18-11:24 UTC): NOT found. Its one window (labelled by
-    # the window holding most of it) scored 82 with 7 connections waiting a resent SYN-ACK (network x37): one
-    # anomalous window, and the 2-of-3 rule needs two. The next window's slowest client waited 4.4 s (a second
-    # SYN-ACK timeout), but nothing of it reached the server's kernel in that window: no slow connect, no
-    # retransmit. A fault shorter than a window leaves one window; pinned as missed.
-    "burst": None,
-    # 10 % loss both ways (recorded 2026-12-04 11:34-11:41 UTC): found after 1 window, the same with the detector of
-    # before the network's part.
-    "both_loss": 1,
+    # opened on the 4th. The first window stalled with a reply acknowledged 3.1 s late (x310, measured by the
+    # kernel): it opens by itself (docs/detector.md "One window"), at onset.
+    "bandwidth": 0,
+    # 3 s of 50 % loss on the replies (recorded 2026-12-04 11:18-11:24 UTC). Its one window (labelled by the window
+    # holding most of it) scored 82 with 7 connections waiting a resent SYN-ACK (network x37): one anomalous window,
+    # which the 2-of-3 rule alone never opened; with the kernel's measure of the clients' wait that far out, one
+    # window opens (docs/detector.md "One window"): at onset. The next window's slowest client waited 4.4 s (a
+    # second SYN-ACK timeout), but nothing of it reached the server's kernel in that window.
+    "burst": 0,
+    # 10 % loss both ways (recorded 2026-12-04 11:34-11:41 UTC): found after 1 window with the detector of before the
+    # network's part and the 2-of-3 rule; its first window scored 69 (RTO stalls, p99 delivery, retransmitted replies
+    # x44-47 each): at onset.
+    "both_loss": 0,
 }
 
 # Recording -> the top causes of the episodes that opened outside every fault phase and its tail, as recorded.
