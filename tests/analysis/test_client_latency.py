@@ -77,3 +77,26 @@ def test_estimate_adds_the_syn_ack_wait_of_slow_connections(seed):
     above = sum(c for k, c in hist.items() if k == "+Inf" or float(k) > 1.0)
     assert above == pytest.approx(0.08 * n, rel=0.15)
     assert connect_wait(d, 0) == (0.0, 0.0) and connect_wait(None, n) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("slowest", [0.21, 0.24, 0.3])
+def test_the_slowest_of_twenty_requests_alone_in_its_bucket_is_read_within_20_percent_wherever_it_lies(slowest):
+    """A window of ~20 requests: the clients' nearest-rank p99 is the slowest one. Alone in the (0.2, 0.3] bucket, its
+    place there is unknown; read at 2·lo·hi/(lo+hi) = 0.24 s the server's part is within 20 % of any value in the
+    bucket, where linear interpolation (0.28 s at rank 0.99 of 20) is 33 % above a request at 0.21 s. The delivery's
+    first bucket (0-10 ms, read linearly from 0) adds up to 8 ms: a request at 0.2-0.207 s stays just outside."""
+    server = np.array([0.12] * 19 + [slowest])
+    lat = LatencyReading(buckets=_hist(server), requests=20)
+    delivery = DeliveryReading(replies=20, buckets=_hist(np.full(20, 0.0005)))
+    est = estimate(lat, delivery)
+    assert 0.24 <= est.p99_seconds <= 0.25
+    assert abs(est.p99_seconds / slowest - 1) <= 0.2
+    linear = bucket_quantiles(lat.buckets, np.array([0.99]))[0]
+    assert linear == pytest.approx(0.28)
+
+
+def test_sparse_buckets_keep_linear_interpolation_from_zero_and_when_well_filled():
+    # The first bucket (lower bound 0) has no finite ratio to bound: linear, as before.
+    assert bucket_quantiles({"0.01": 1.0, "+Inf": 0.0}, np.array([0.5]), sparse=3)[0] == pytest.approx(0.005)
+    # Three or more observations spread linearly, as PromQL does.
+    assert bucket_quantiles({"0.1": 0.0, "0.2": 10.0, "+Inf": 0.0}, np.array([0.5]), sparse=3)[0] == pytest.approx(0.15)
