@@ -55,7 +55,9 @@ DELAYS: dict[str, int | None] = {
 FALSE_ALARMS: dict[str, list[str]] = {
     # 20 windows after the burst the server's own p99 rose to 0.29-0.73 s against 0.15 s expected while the host's
     # load average rose from 1.1 to 1.5 (other developers' work on the 2 cores): cpu_contention, run queue x5-6,
-    # opened on the server's latency with the detector of before the network's part too. Not a network alarm.
+    # opened on the server's latency with the detector of before the network's part too. Not a network alarm, and
+    # not a wrong one: the load generator's clients measured p99 0.24-0.58 s in those windows (0.11-0.20 s in the
+    # normal windows before), so the latency rise was real and the host's; the scenario's label calls it normal.
     "burst": ["cpu_contention"],
 }
 
