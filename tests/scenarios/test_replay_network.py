@@ -68,22 +68,23 @@ FALSE_ALARMS: dict[str, list[str]] = {
 # within 20 %), as recorded (agent.evaluation.clients). Recordings made before the load's figures were kept are
 # absent. The shortfall in normal windows is the server's own histogram's resolution, not delivery: at ~20 requests
 # the clients' nearest-rank p99 is the slowest request, alone in a bucket 1.33-1.67 times wide; read at the bucket's
-# least-relative-error point (analysis/client_latency.py SPARSE) instead of linearly near its upper bound, the
-# estimate is within 20 % in 57, 53 and 48 normal windows instead of 45, 35 and 29 (docs/BENCHMARKS.md "Network
-# scenarios, recorded live").
+# least-relative-error point (analysis/client_latency.py SPARSE) instead of linearly near its upper bound, and the
+# delivery's first bucket (0-10 ms) read to keep the measured sum (~0.1 ms a reply on loopback) instead of up to
+# 10 ms, the estimate is within 20 % in 63, 59 and 55 normal windows of bandwidth, burst and both_loss instead of 45,
+# 35 and 29 (docs/BENCHMARKS.md "Network scenarios, recorded live").
 CLIENTS: dict[str, tuple[int, int]] = {
     # Fault windows 15 of 18 within 20 %; the three others (0.53-0.57) are windows whose slowest client waited ~2.1 s
     # while the estimate adds each slow connection's mean wait (1 s).
-    "reply_loss": (84, 68),
+    "reply_loss": (84, 73),
     # No request of the policed phase finished while the agent had an estimate; the six windows after it, where the
     # queued replies landed (clients' p99 54.5-54.8 s), are all within 10 %.
-    "bandwidth": (66, 57),
+    "bandwidth": (66, 63),
     # The burst's own window: 1.332 s estimated, 1.330 s measured. The next: 0.155 s against a client that waited
     # 4.4 s for its connection, which the server's kernel did not see in that window (above).
-    "burst": (73, 54),
+    "burst": (73, 60),
     # Fault windows 7 of 16 within 20 % (estimate/measured 0.15-1.55): lost requests and SYNs are the clients' own
     # retransmits, which the server's kernel does not see.
-    "both_loss": (82, 56),
+    "both_loss": (82, 63),
 }
 
 
