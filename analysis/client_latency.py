@@ -26,6 +26,9 @@ from analysis.window import DeliveryReading, LatencyReading
 
 RANKS = 200
 QUANTILES = (0.5, 0.95, 0.99)
+# Fewer observations than this in a bucket: the estimate reads them at the bucket's least-relative-error point, not
+# spread linearly (bucket_quantiles; docs/BENCHMARKS.md "Network scenarios, recorded live").
+SPARSE = 3
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,14 @@ def _bound(key: str) -> float:
     return math.inf if key == "+Inf" else float(key)
 
 
-def bucket_quantiles(buckets: dict[str, float], qs: np.ndarray) -> np.ndarray | None:
+def bucket_quantiles(buckets: dict[str, float], qs: np.ndarray, sparse: float = 0.0,
+                     first_upper: float | None = None) -> np.ndarray | None:
     """Values at ranks `qs` of a histogram {upper bound: count} (not cumulative), interpolated linearly within a
-    bucket from its lower bound (0 for the first); ranks in +Inf take the last finite bound. None when empty."""
+    bucket from its lower bound (0 for the first); ranks in +Inf take the last finite bound. None when empty.
+
+    A bucket holding fewer than `sparse` observations (lower bound above 0) puts its ranks at the point of least
+    worst-case relative error, 2·lo·hi / (lo + hi): one or two requests in it say nothing of where they lie, and
+    linear interpolation places the slowest of a window's ~20 requests (its nearest-rank p99) near the upper bound."""
     keys = sorted(buckets, key=_bound)
     bounds = [_bound(k) for k in keys]
     counts = np.array([max(0.0, buckets[k]) for k in keys], dtype=float)
@@ -64,6 +72,12 @@ def bucket_quantiles(buckets: dict[str, float], qs: np.ndarray) -> np.ndarray | 
         lo = bounds[b - 1] if b else 0.0
         below = cum[b - 1] if b else 0.0
         inside = counts[b]
+        if b == 0 and first_upper is not None:
+            out[i] = min(first_upper, bounds[0]) * ((rank / inside) if inside > 0 else 1.0)
+            continue
+        if 0 < inside < sparse and lo > 0:
+            out[i] = 2 * lo * bounds[b] / (lo + bounds[b])
+            continue
         out[i] = lo + (bounds[b] - lo) * ((rank - below) / inside if inside > 0 else 1.0)
     return out
 
@@ -112,13 +126,28 @@ def client_buckets(server: dict[str, float], delivery: dict[str, float],
     return {k: float(c) for k, c in zip(keys, counts, strict=True)}
 
 
+def _first_upper(delivery: DeliveryReading) -> float | None:
+    """Where the delivery histogram's first bucket (from 0) ends in effect: twice the most its replies can average
+    given the measured sum (every later reply at least its bucket's lower bound), so that a uniform read of the
+    bucket keeps the measured mean: on a LAN replies take ~0.1 ms, and a linear read of the 0-10 ms bucket put up to
+    10 ms on each. None when unknown."""
+    keys = sorted(delivery.buckets, key=_bound)
+    if not keys or delivery.delivery_seconds <= 0:
+        return None
+    first = max(0.0, delivery.buckets[keys[0]])
+    if first <= 0:
+        return None
+    later = sum(_bound(a) * max(0.0, delivery.buckets[b]) for a, b in zip(keys, keys[1:], strict=False))
+    return 2 * max(0.0, delivery.delivery_seconds - later) / first
+
+
 def estimate(latency: LatencyReading | None, delivery: DeliveryReading | None) -> ClientLatency | None:
     """The clients' p50/p95/p99 for a window; None unless both histograms have observations."""
     if latency is None or delivery is None or not latency.buckets or not delivery.buckets or not delivery.replies:
         return None
     qs = (np.arange(RANKS) + 0.5) / RANKS
-    server = bucket_quantiles(latency.buckets, qs)
-    network = bucket_quantiles(delivery.buckets, qs)
+    server = bucket_quantiles(latency.buckets, qs, SPARSE)
+    network = bucket_quantiles(delivery.buckets, qs, SPARSE, _first_upper(delivery))
     if server is None or network is None:
         return None
     requests = sum(max(0.0, v) for v in latency.buckets.values())

@@ -13,7 +13,7 @@ from analysis.cause_signals import SIGNALS, read_all
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
 from analysis.members import MemberBaseline, locate, member_measures, rank_in_members
-from analysis.network_part import network_z
+from analysis.network_part import direct_strength, network_z
 from analysis.profile import leaf_counts, merge, top_shifts
 from analysis.regression import Cause, FunctionShift, Regression
 from analysis.robust import median
@@ -261,6 +261,7 @@ class LatencyDetector:
             score >= self.unexplained_open_score
             or (explained and score >= self.open_score)
             or (strength >= self.strong_cause_score and score >= self.strong_open_score)))
+        decisive = anomalous and self._decisive(values, expected_all["mean"], stalled)
         if score is not None or stalled:
             self.history_.append(anomalous)
         if score is not None:
@@ -274,7 +275,7 @@ class LatencyDetector:
             self.run_.clear()  # the run is over: its windows must not colour a later episode's causes
 
         if self.episode_ is None:
-            if anomalous and sum(self.history_) >= self.k:
+            if anomalous and (sum(self.history_) >= self.k or decisive):
                 reg = self._open(window, f, score, expected_all)
                 return Verdict("regression", score, expected, reg, reg, None)
             if sustained:
@@ -386,6 +387,18 @@ class LatencyDetector:
             if now is not None and stats is not None:
                 cost += max(0.0, now - stats.median)
         return cost
+
+    def _decisive(self, values: dict[str, float | None], expected_mean: float, stalled: bool) -> bool:
+        """One anomalous window opens a regression when the kernel measured the clients' extra wait itself: a delivery
+        signal (a per-reply or per-connection figure whose healthy spread is milliseconds, not a latency estimate
+        from a window's ~20 requests) moved by x2^strong_cause_score, and the network's part per request lies
+        critical_score of its spreads above its baseline, or the server answered no scrape (a stall). A loss burst
+        shorter than a window leaves one such window, and the k-of-m rule would need k (docs/detector.md)."""
+        stats = self.baseline_.stats()
+        if direct_strength(values, stats, self._attributor()) < self.strong_cause_score:
+            return False
+        given = network_z(values, stats, expected_mean, self.min_log_scale)
+        return stalled or (given is not None and given >= self.critical_score)
 
     def _stalled(self, f: Features) -> bool:
         """Far fewer requests finished than the baseline's usual count, or the server did not answer the scrape that

@@ -14,11 +14,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from analysis.cause_signals import SIGNALS
+
 if TYPE_CHECKING:
-    from analysis.attribution import SignalStats
+    from analysis.attribution import Attributor, SignalStats
 
 # The network's part per request: a reply's mean delivery time, and the SYN-ACK waits spread over the requests.
 PARTS = ("delivery_mean", "connect_wait")
+# The delivery probe's own signals (probes/delivery.py): each reply's wait for its ACK, its retransmits and RTO
+# stalls, each connection's wait for a resent SYN-ACK.
+DIRECT = tuple(s for s in SIGNALS if s.source == "delivery")
 
 
 def network_z(values: Mapping[str, float | None], stats: Mapping[str, SignalStats | None], expected_mean: float,
@@ -37,3 +42,15 @@ def network_z(values: Mapping[str, float | None], stats: Mapping[str, SignalStat
         rise += now - base.median
         spread += base.sigma
     return rise / expected_mean / max(spread / expected_mean, min_scale)
+
+
+def direct_strength(values: Mapping[str, float | None], stats: Mapping[str, SignalStats | None],
+                    attributor: Attributor) -> float:
+    """The largest move (log2 of the ratio to the baseline) among the signals the delivery probe measures per reply
+    and per connection, the clients' wait itself rather than a count that may cost them nothing; 0 when none passed
+    the attribution gates."""
+    best = 0.0
+    for sig in DIRECT:
+        if (m := attributor.moved(sig, values.get(sig.name), stats.get(sig.name))) is not None:
+            best = max(best, m.score)
+    return best

@@ -11,6 +11,7 @@ import pytest
 from analysis.cause_signals import read_all
 from analysis.detector import LatencyDetector, Verdict
 from analysis.features import extract
+from analysis.window import DeliveryReading
 from tests.analysis import synth
 from tests.analysis.synth import Load
 
@@ -778,3 +779,42 @@ def test_on_a_noisy_host_healthy_delivery_opens_nothing(seed):
     det = LatencyDetector()
     det.set_state(json.loads(_armed_on_a_noisy_host(seed)))
     assert opened(feed(det, synth.windows(60, 120, NOISY, seed=seed))) == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_loss_burst_shorter_than_a_window_opens_network_on_its_one_window(seed):
+    """A few seconds of loss leave one window: 40 % of its connections waited 1 s for a resent SYN-ACK, measured by
+    the server's kernel, and the next windows are healthy. The 2-of-3 rule needs two anomalous windows; one is enough
+    when the delivery probe measured the clients' extra wait itself far outside its spread (_decisive)."""
+    det = LatencyDetector()
+    det.set_state(json.loads(_armed_on_a_noisy_host(seed)))
+    burst = [synth.window(60, replace(NOISY, synack_loss=0.4), seed=seed)]
+    vs = feed(det, burst + synth.windows(61, 6, NOISY, seed=seed))
+    assert opened(vs) == [0], [v.score for v in vs]
+    assert vs[0].opened.top_cause == "network"
+    assert "connections waited" in vs[0].opened.causes[0].evidence
+
+
+def test_one_window_without_the_kernels_measure_of_the_clients_wait_still_needs_two():
+    """The same window's server latency x3 with a cause beside it, or retransmits counted with no reply measured
+    late: either is a latency estimate or a count, not the clients' wait measured, so the 2-of-3 rule stands."""
+    det = armed()
+    vs = feed(det, [synth.window(60, Load(slowdown=3.0, fsync=0.03))] + synth.windows(61, 4))
+    assert opened(vs) == []
+    det = armed()
+    vs = feed(det, [synth.window(60, Load(slowdown=3.0, retransmits=70))] + synth.windows(61, 4))
+    assert opened(vs) == []
+
+
+def test_a_stalled_window_whose_replies_the_kernel_saw_crawl_opens_network_at_once():
+    """A policer on the server's port: no scrape is answered, and the one reply acknowledged in the window took 3 s
+    (a LAN's take well under 10 ms). The stall alone needs a strong cause and two windows; with the delivery probe's
+    measure of the wait, the first window opens a critical network regression."""
+    det = LatencyDetector()
+    det.set_state(json.loads(_armed_with_delivery()))
+    w = synth.unanswered(synth.window(60, Load(delivery=True)))
+    crawl = DeliveryReading(replies=1, buckets={**dict.fromkeys(w.delivery.buckets, 0.0), "5.0": 1.0},
+                            delivery_seconds=3.1, srtt_mean_seconds=0.0005)
+    vs = feed(det, [replace(w, delivery=crawl)])
+    assert opened(vs) == [0]
+    assert vs[0].opened.severity == "critical" and vs[0].opened.top_cause == "network"

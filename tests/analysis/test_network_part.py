@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from analysis.attribution import SignalStats
@@ -28,3 +30,16 @@ def test_faster_than_usual_is_negative_and_unmeasured_is_none_not_zero():
     assert network_z({"delivery_mean": None, "connect_wait": 0.0}, STATS, 0.3, 0.05) is None
     assert network_z({"delivery_mean": 0.002, "connect_wait": 0.0}, {**STATS, "connect_wait": None}, 0.3, 0.05) is None
     assert network_z({"delivery_mean": 0.002, "connect_wait": 0.0}, STATS, 0.0, 0.05) is None
+
+
+def test_direct_strength_is_the_largest_move_of_the_delivery_probes_own_signals_only():
+    from analysis.attribution import Attributor
+    from analysis.network_part import direct_strength
+
+    stats = {**STATS, "delivery_p99": SignalStats(median=0.01, sigma=0.002, count=30),
+             "retransmits": SignalStats(median=0.0, sigma=0.0, count=30)}
+    # 0.6 s of SYN-ACK waits per request against the 10 ms floor: x60; the retransmit count is not the clients' wait.
+    got = direct_strength({"connect_wait": 0.6, "delivery_p99": 0.01, "retransmits": 50.0}, stats, Attributor())
+    assert got == pytest.approx(math.log2(60))
+    assert direct_strength({"connect_wait": 0.0, "delivery_p99": 0.01, "retransmits": 50.0}, stats, Attributor()) == 0
+    assert direct_strength({}, stats, Attributor()) == 0
