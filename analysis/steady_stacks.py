@@ -28,6 +28,7 @@ class Carried:
     app_wait_threads: float | None
     leaves: dict[str, float] | None
     at: float
+    span: int = 1
 
 
 class SteadyStacks:
@@ -36,6 +37,8 @@ class SteadyStacks:
     def __init__(self) -> None:
         self.latest: Carried | None = None
         self.gap = 0
+        # Windows the latest recording spanned: those that waited on it, and the one it came with.
+        self.span = 1
 
     def clear(self) -> None:
         self.latest, self.gap = None, 0
@@ -44,9 +47,10 @@ class SteadyStacks:
         """The latest recording's reading when `window` waits on a running steady recording, else None (and
         `window`'s own reading, when it has one, becomes the latest)."""
         if window.stacks is not None:
-            self.latest, self.gap = Carried(app_wait_threads, leaves, window.end), 0
+            self.span = self.gap + 1
+            self.latest, self.gap = Carried(app_wait_threads, leaves, window.end, self.span), 0
             return None
-        if STEADY_RECORDING_RUNNING not in window.errors.get("stacks", "") or self.latest is None:
+        if STEADY_RECORDING_RUNNING not in window.errors.get("stacks", ""):
             self.clear()
             return None
         self.gap += 1
