@@ -88,3 +88,12 @@ def test_the_detector_reads_a_longer_recordings_profile_shift_at_one_windows_sha
     leaves = {"forward": 8.0, "tokenize": 3.0, "wait": 1.0}
     assert base.jsd(leaves) == jensen_shannon(base.profile, leaves)
     assert base.jsd(leaves, span=3) == jensen_shannon_of_share(base.profile, leaves, 4) > base.jsd(leaves)
+
+
+def test_a_recording_that_ended_just_after_a_window_spans_the_windows_its_ticks_fill() -> None:
+    carry = SteadyStacks()
+    carry.read(_window(0, StackReading(rate_hz=3, samples=15)), 0.0, {"a": 3.0})
+    for i in (1, 2, 3):  # 15 s of ticks, but it ended just after the third window's end
+        carry.read(_window(i, errors=RUNNING), None, None)
+    carry.read(_window(4, StackReading(rate_hz=3, samples=45)), 0.0, {"a": 9.0})
+    assert carry.span == 3
