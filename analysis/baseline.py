@@ -12,7 +12,7 @@ from analysis.attribution import SignalStats
 from analysis.cause_signals import read_all
 from analysis.features import Features
 from analysis.latency_model import Row
-from analysis.profile import jensen_shannon, merge
+from analysis.profile import jensen_shannon, jensen_shannon_of_share, merge
 from analysis.robust import finite, mad_sigma, median, quantile
 
 
@@ -81,18 +81,25 @@ class Baseline:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def jsd(self, leaves: dict[str, float] | None) -> float | None:
+    def jsd(self, leaves: dict[str, float] | None, span: int = 1) -> float | None:
+        """The profile shift of `leaves` from a recording that spanned `span` windows, as one window's share of its
+        samples would read it: the shift's baseline and its gates then mean the same whatever the recording's
+        length (analysis.profile.jensen_shannon_of_share)."""
         if not leaves or not self.profile:
             return None
+        if span > 1:
+            return jensen_shannon_of_share(self.profile, leaves, round(sum(leaves.values()) / span))
         return jensen_shannon(self.profile, leaves)
 
-    def row(self, start: float, end: float, features: Features, leaves: dict[str, float] | None) -> BaselineRow:
+    def row(self, start: float, end: float, features: Features, leaves: dict[str, float] | None,
+            span: int = 1) -> BaselineRow:
         """The row a window would add (its profile shift measured against the profile as it is now)."""
         return BaselineRow(start=start, end=end, latency=latency_row(features), signals=read_all(features),
-                           jsd=self.jsd(leaves))
+                           jsd=self.jsd(leaves, span))
 
-    def add(self, start: float, end: float, features: Features, leaves: dict[str, float] | None) -> None:
-        self.add_row(self.row(start, end, features, leaves), leaves)
+    def add(self, start: float, end: float, features: Features, leaves: dict[str, float] | None,
+            span: int = 1) -> None:
+        self.add_row(self.row(start, end, features, leaves, span), leaves)
 
     def add_row(self, row: BaselineRow, leaves: dict[str, float] | None) -> None:
         self.rows.append(row)

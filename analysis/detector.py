@@ -227,11 +227,12 @@ class LatencyDetector:
         f = extract(window)
         leaves = leaf_counts(window.stacks.active) if window.stacks is not None and window.stacks.active else None
         carried = self.steady_stacks_.read(window, f.app_wait_threads, leaves)
+        span = self.steady_stacks_.span  # windows this window's recording spanned (analysis.steady_stacks)
         usable = (f.requests is not None and f.requests >= self.min_requests and f.mean_seconds is not None
                   and f.mean_seconds > 0)
         if self.model_ is None:
             if usable:
-                self.baseline_.add(window.start, window.end, f, leaves)
+                self.baseline_.add(window.start, window.end, f, leaves, span)
                 if window.members:  # the warm-up's windows are each member's first healthy ones too
                     self.members_base_.learn(member_measures(window, f))
                 if len(self.baseline_) >= self.warmup_windows:
@@ -241,11 +242,11 @@ class LatencyDetector:
         model = self.model_
         expected_all = model.expected(f.request_rate, f.tokens_per_request)
         expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
-        values = {**read_all(f), "jsd": self.baseline_.jsd(leaves)}
+        values = {**read_all(f), "jsd": self.baseline_.jsd(leaves, span)}
         if carried is not None:
             # Signals only: the baseline learns each recording once, from the window it came with.
             values.update(read_all(dataclasses.replace(f, app_wait_threads=carried.app_wait_threads)),
-                          jsd=self.baseline_.jsd(carried.leaves), stacks_carried_from=carried.at)
+                          jsd=self.baseline_.jsd(carried.leaves, carried.span), stacks_carried_from=carried.at)
         if window.members:
             values["members"] = member_measures(window, f)  # where a family's causes live (analysis.members)
         if (kept := culprits.sample(window)) is not None:
@@ -283,7 +284,7 @@ class LatencyDetector:
                                                                   for r in self.recent_])
                 return Verdict("regression", score, expected, reg, reg, None)
             if score is not None and score < self.close_score and not any(self.history_):
-                self._learn_later(window, f, leaves)
+                self._learn_later(window, f, leaves, span)
                 if "members" in values:
                     self.members_base_.learn(values["members"])
             return Verdict("healthy", score, expected, None, None, None)
@@ -436,8 +437,8 @@ class LatencyDetector:
                   for r in rows if r.mean is not None and r.mean > 0 and r.n >= self.min_requests]
         self.score_ref_ = median(scores) if scores else 0.0
 
-    def _learn_later(self, window: Window, f: Features, leaves: dict[str, float] | None) -> None:
-        self.pending_.append((self.baseline_.row(window.start, window.end, f, leaves), leaves))
+    def _learn_later(self, window: Window, f: Features, leaves: dict[str, float] | None, span: int = 1) -> None:
+        self.pending_.append((self.baseline_.row(window.start, window.end, f, leaves, span), leaves))
         while len(self.pending_) > self.sustained_windows:
             row, row_leaves = self.pending_.popleft()
             self.baseline_.add_row(row, row_leaves)

@@ -45,6 +45,44 @@ def jensen_shannon(p: Mapping[str, float], q: Mapping[str, float]) -> float:
     return min(max(js, 0.0), 1.0)
 
 
+def jensen_shannon_of_share(p: Mapping[str, float], counts: Mapping[str, float], size: int) -> float:
+    """The Jensen-Shannon divergence (bits) between p and a random `size` of the samples in `counts`, expected over
+    every such draw without replacement: what a recording holding `size` of those samples would read.
+
+    The divergence of a sample from its own distribution shrinks as the sample grows (a few samples fall on few
+    functions), so a profile shift measured on a recording that spans several windows reads lower than the same
+    shift on one window's recording. Exact: the divergence is a sum over functions of a term in that function's two
+    shares, so its expectation is the sum of each term's expectation over the hypergeometric count of that function
+    in the draw. At `size` >= the samples held it is the divergence of `counts` itself."""
+    p = normalise(p)
+    held = {k: round(v) for k, v in counts.items() if round(v) > 0}
+    n = sum(held.values())
+    if not p or n == 0:
+        raise ValueError("Jensen-Shannon divergence needs two non-empty distributions")
+    if size >= n:
+        return jensen_shannon(p, held)
+    size = max(size, 1)
+    # Functions of p absent from the samples are absent from every draw: each adds p/2 bits.
+    js = 0.5 * sum(v for k, v in p.items() if k not in held)
+    log_total = _log_comb(n, size)
+    for key, x_held in held.items():
+        b = p.get(key, 0.0)
+        for x in range(max(0, size - (n - x_held)), min(x_held, size) + 1):
+            weight = math.exp(_log_comb(x_held, x) + _log_comb(n - x_held, size - x) - log_total)
+            js += weight * _term(x / size, b)
+    return min(max(js, 0.0), 1.0)
+
+
+def _term(a: float, b: float) -> float:
+    """One function's part of the Jensen-Shannon divergence (bits), its shares a and b."""
+    m = (a + b) / 2
+    return (0.5 * a * math.log2(a / m) if a > 0 else 0.0) + (0.5 * b * math.log2(b / m) if b > 0 else 0.0)
+
+
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
 def top_shifts(baseline: Mapping[str, float], current: Mapping[str, float], limit: int = 10,
                min_delta: float = 0.02) -> list[FunctionShift]:
     """Functions whose share of samples grew most, largest growth first; growth below min_delta is left out."""

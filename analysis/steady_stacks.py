@@ -28,6 +28,7 @@ class Carried:
     app_wait_threads: float | None
     leaves: dict[str, float] | None
     at: float
+    span: int = 1
 
 
 class SteadyStacks:
@@ -36,6 +37,8 @@ class SteadyStacks:
     def __init__(self) -> None:
         self.latest: Carried | None = None
         self.gap = 0
+        # Windows the latest recording spanned: those that waited on it, and the one it came with.
+        self.span = 1
 
     def clear(self) -> None:
         self.latest, self.gap = None, 0
@@ -44,9 +47,10 @@ class SteadyStacks:
         """The latest recording's reading when `window` waits on a running steady recording, else None (and
         `window`'s own reading, when it has one, becomes the latest)."""
         if window.stacks is not None:
-            self.latest, self.gap = Carried(app_wait_threads, leaves, window.end), 0
+            self.span = min(self.gap + 1, _windows_held(window))
+            self.latest, self.gap = Carried(app_wait_threads, leaves, window.end, self.span), 0
             return None
-        if STEADY_RECORDING_RUNNING not in window.errors.get("stacks", "") or self.latest is None:
+        if STEADY_RECORDING_RUNNING not in window.errors.get("stacks", ""):
             self.clear()
             return None
         self.gap += 1
@@ -54,3 +58,12 @@ class SteadyStacks:
             self.clear()
             return None
         return self.latest
+
+
+def _windows_held(window: Window) -> int:
+    """How many windows' worth of ticks the window's stacks hold (at least one): a recording that ended just after a
+    window's end made one more window wait on it than it spans."""
+    s, seconds = window.stacks, window.end - window.start
+    if s is None or s.rate_hz <= 0 or seconds <= 0:
+        return 1
+    return max(1, round(s.samples / (s.rate_hz * seconds)))

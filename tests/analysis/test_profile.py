@@ -1,8 +1,11 @@
 """Profile shift: leaf functions, Jensen-Shannon divergence bounds, the functions that grew, the decayed merge."""
 
+import random
+import statistics
+
 import pytest
 
-from analysis.profile import jensen_shannon, leaf_counts, leaf_function, merge, top_shifts
+from analysis.profile import jensen_shannon, jensen_shannon_of_share, leaf_counts, leaf_function, merge, top_shifts
 
 
 def test_leaf_function_drops_the_line_number_only():
@@ -37,3 +40,41 @@ def test_merge_decays_what_was_there_and_drops_vanishing_entries():
     prof = {"a": 10.0, "b": 1e-7}
     merge(prof, {"c": 1.0}, decay=0.5)
     assert prof == {"a": 5.0, "c": 1.0}
+
+
+def test_the_shift_of_a_share_is_the_mean_shift_over_every_draw_of_that_size_and_the_shift_itself_at_full_size():
+    import itertools
+
+    p = {"a": 5, "b": 3, "c": 2}
+    counts = {"a": 2, "b": 1, "d": 2}
+    held = [k for k, n in counts.items() for _ in range(n)]
+    draws = list(itertools.combinations(range(len(held)), 2))
+    mean = sum(jensen_shannon(p, {held[i]: 1} if held[i] == held[j] else {held[i]: 1, held[j]: 1})
+               for i, j in draws) / len(draws)
+    assert jensen_shannon_of_share(p, counts, 2) == pytest.approx(mean, abs=1e-12)
+    assert jensen_shannon_of_share(p, counts, 5) == jensen_shannon(p, counts)
+    assert jensen_shannon_of_share(p, counts, 50) == jensen_shannon(p, counts)
+    with pytest.raises(ValueError, match="non-empty"):
+        jensen_shannon_of_share(p, {}, 2)
+
+
+def test_read_at_one_windows_share_a_longer_recordings_shift_does_not_depend_on_its_length():
+    # The same healthy profile recorded in windows of 4 samples and in recordings of 3 windows (12 samples): the plain
+    # divergence of the longer ones reads far lower (fewer samples fall on fewer functions), which made a fault's
+    # shift look larger against their baseline; read at a third of their samples, both read alike.
+    rng = random.Random(7)
+    p = {"forward": 40, "attention": 25, "tokenize": 15, "wait": 10, "json": 5, "log": 5}
+    functions, weights = list(p), list(p.values())
+
+    def recording(n: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for f in rng.choices(functions, weights, k=n):
+            out[f] = out.get(f, 0.0) + 1
+        return out
+
+    one = statistics.median(jensen_shannon(p, recording(4)) for _ in range(400))
+    three = [recording(12) for _ in range(400)]
+    plain = statistics.median(jensen_shannon(p, r) for r in three)
+    share = statistics.median(jensen_shannon_of_share(p, r, 4) for r in three)
+    assert plain < 0.75 * one
+    assert share == pytest.approx(one, rel=0.1)

@@ -64,3 +64,36 @@ def test_the_detector_reads_the_carried_lock_signal_and_marks_it(monkeypatch) ->
     assert seen[-1]["stacks_carried_from"] == waiting.end
     # What the detector learns is the window's own reading: none.
     assert det.steady_stacks_.latest is not None and det.steady_stacks_.latest.at == waiting.end
+
+
+def test_a_recording_spans_the_windows_that_waited_on_it_and_the_one_it_came_with() -> None:
+    carry = SteadyStacks()
+    carry.read(_window(0, errors=RUNNING), None, None)  # the first recording, started before any finished
+    carry.read(_window(1, StackReading(rate_hz=3, samples=30)), 0.0, {"a": 6.0})
+    assert carry.span == 2 and carry.latest is not None and carry.latest.span == 2
+    for i in (2, 3):
+        carry.read(_window(i, errors=RUNNING), None, None)
+    carry.read(_window(4, StackReading(rate_hz=3, samples=45)), 0.0, {"a": 9.0})
+    assert carry.span == carry.latest.span == 3
+    carry.read(_window(5, StackReading(rate_hz=49, samples=245)), 0.0, {"a": 80.0})  # a burst: one window
+    assert carry.span == 1
+
+
+def test_the_detector_reads_a_longer_recordings_profile_shift_at_one_windows_share_of_its_samples() -> None:
+    from analysis.baseline import Baseline
+    from analysis.profile import jensen_shannon, jensen_shannon_of_share
+
+    base = Baseline(max_rows=10, profile_decay=1.0)
+    base.profile = {"forward": 6.0, "tokenize": 3.0, "json": 1.0}
+    leaves = {"forward": 8.0, "tokenize": 3.0, "wait": 1.0}
+    assert base.jsd(leaves) == jensen_shannon(base.profile, leaves)
+    assert base.jsd(leaves, span=3) == jensen_shannon_of_share(base.profile, leaves, 4) > base.jsd(leaves)
+
+
+def test_a_recording_that_ended_just_after_a_window_spans_the_windows_its_ticks_fill() -> None:
+    carry = SteadyStacks()
+    carry.read(_window(0, StackReading(rate_hz=3, samples=15)), 0.0, {"a": 3.0})
+    for i in (1, 2, 3):  # 15 s of ticks, but it ended just after the third window's end
+        carry.read(_window(i, errors=RUNNING), None, None)
+    carry.read(_window(4, StackReading(rate_hz=3, samples=45)), 0.0, {"a": 9.0})
+    assert carry.span == 3
