@@ -21,7 +21,7 @@ _SERVER_KEYS = ("args", "children")
 # The runner sets these itself: it reads the URL the server prints and hands it the admin token.
 _RUNNER_FLAGS = ("--port", "--host", "--admin-token", "--admin-token-file", "--pidfile")
 _LOAD_KEYS = ("rate", "max_tokens")
-_PHASE_KEYS = ("seconds", "label", "fault", "rate", "run", "restart")
+_PHASE_KEYS = ("seconds", "label", "fault", "rate", "run", "restart", "culprit")
 _RESTART_KEYS = ("args", "env")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The runner sets these in the server's environment itself (the admin token, the tree the workload runs from).
@@ -49,6 +49,9 @@ class Phase:
     rate: float | None = None
     run: tuple[str, ...] | None = None
     restart: Restart | None = None
+    # The phase's `run` command is the fault's culprit (a neighbour that allocates, writes, spins): its pid is
+    # recorded beside each window of the phase, so scoring can check the cause names that process.
+    culprit: bool = False
 
     def argv(self, pid: int, port: int, scenario_dir: str) -> list[str]:
         """`run` with its placeholders filled in."""
@@ -107,7 +110,8 @@ class Scenario:
     def from_dict(cls, data: dict[str, Any]) -> Scenario:
         phases = tuple(Phase(seconds=p["seconds"], label=p["label"], fault=p.get("fault"), rate=p.get("rate"),
                              run=tuple(p["run"]) if p.get("run") is not None else None,
-                             restart=_restart_of(p.get("restart"))) for p in data["phases"])
+                             restart=_restart_of(p.get("restart")), culprit=bool(p.get("culprit", False)))
+                       for p in data["phases"])
         return cls(name=data["name"], rate=data["rate"], phases=phases, interval_seconds=data.get("interval_seconds"),
                    max_tokens=data.get("max_tokens"), scenario_dir=data.get("scenario_dir", "."),
                    server_args=tuple(data.get("server_args", ())),
@@ -201,7 +205,12 @@ def _phase(i: int, raw: Any) -> Phase:
             raise ScenarioError(f"{where}.restart: a phase that restarts the server cannot also set a fault or run a "
                                 f"command (put them in the next phase)")
         restart = _restart(f"{where}.restart", restart)
-    return Phase(seconds=seconds, label=label, fault=fault, rate=rate, run=run, restart=restart)
+    culprit = raw.get("culprit", False)
+    if not isinstance(culprit, bool):
+        raise ScenarioError(f"{where}.culprit: must be true or false, got {culprit!r}")
+    if culprit and run is None:
+        raise ScenarioError(f"{where}.culprit: names the phase's `run` command as the culprit, but the phase runs none")
+    return Phase(seconds=seconds, label=label, fault=fault, rate=rate, run=run, restart=restart, culprit=culprit)
 
 
 def _restart(where: str, raw: Any) -> Restart:

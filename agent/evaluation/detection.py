@@ -84,7 +84,11 @@ def _number(value: Any) -> float | None:
 
 
 def _top_neighbour(regression: Any) -> int | None:
-    """The pid the regression's top cause names first as the neighbour that held the CPU (analysis.culprits)."""
-    if regression is None or not regression.causes or not regression.causes[0].neighbours:
+    """The pid the regression's top cause names first as its culprit: the neighbour that held the CPU
+    (analysis.culprits), else the process that grew most in memory (analysis.memory_growers)."""
+    if regression is None or not regression.causes:
         return None
-    return regression.causes[0].neighbours[0].pid
+    top = regression.causes[0]
+    if top.neighbours:
+        return top.neighbours[0].pid
+    return top.growers[0].pid if top.growers else None

@@ -35,6 +35,8 @@ class LiveRun:
     outcomes: list[Outcome] = field(default_factory=list)
     recorded: Path | None = None
     complete: bool = False
+    # Phase index -> pid of the command a `culprit = true` phase ran: recorded beside each window of that phase.
+    culprits: dict[int, int] = field(default_factory=dict)
 
 
 class _Stop(KeyboardInterrupt):
@@ -174,6 +176,8 @@ def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, curr
                 break
             command = _begin_phase(scenario.phases[index], index, scenario, current_server, children, work, progress)
             command_ended = False
+            if command is not None and scenario.phases[index].culprit:
+                run.culprits[index] = command.pid
         wake = min(next_tick, t0 + bounds[index][1])
         time.sleep(max(0.0, wake - time.time()))
         if (restarted := current_server.poll()) is not None:
@@ -261,7 +265,8 @@ def _window(run: LiveRun, scenario: Scenario, t0: float, window: Window, tracker
     if change is not None:
         _say(progress, f"{scenario.name}: change {change['id']}: "
                        + "; ".join(f"{d['part']}: {d['before']} → {d['after']}" for d in change["diff"]))
-    item = LabelledWindow(window=window, label=label, phase=index, change=change)
+    item = LabelledWindow(window=window, label=label, phase=index, change=change,
+                          culprit=run.culprits.get(index) if index is not None else None)
     run.windows.append(item)
     late.add(item)
     state = ""

@@ -188,3 +188,19 @@ def test_a_culprit_that_is_not_a_pid_is_a_bad_recording(tmp_path: Path) -> None:
     bad.write_bytes(gzip.compress(("\n".join([lines[0], json.dumps(row), *lines[2:]]) + "\n").encode()))
     with pytest.raises(RecordingError, match="culprit must be a pid"):
         read_recording(bad)
+
+
+def test_the_named_culprit_is_the_top_neighbour_else_the_top_memory_grower() -> None:
+    from agent.evaluation.detection import _top_neighbour
+    from analysis.regression import Cause, Grower, Neighbour, Regression
+
+    def regression(*causes: Cause) -> Regression:
+        return Regression(id="r", target="t", pid=7, opened_at=0.0, severity="warning", score=5.0, causes=list(causes))
+
+    hog = Cause("cpu_contention", 3.0, "run queue", neighbours=(Neighbour(9911, "python3", 1.2, 0.7),))
+    alloc = Cause("memory", 3.0, "memory stall", growers=(Grower(5150, "python3", 200 << 20, 60.0),
+                                                          Grower(7, "python", 20 << 20, 60.0, member=True)))
+    assert _top_neighbour(regression(hog, alloc)) == 9911
+    assert _top_neighbour(regression(alloc, hog)) == 5150  # the memory cause first: who grew, not who ran
+    assert _top_neighbour(regression(Cause("gc", 3.0, "gc"), hog)) is None  # only the top cause names a culprit
+    assert _top_neighbour(None) is None

@@ -53,6 +53,7 @@ label = "gc"
 seconds = {linger_seconds}
 rate = 1.0
 run = ["{sys.executable}", "{{scenario_dir}}/linger.py", "{{scenario_dir}}/pids"]
+culprit = true
 label = "blocked"
 ''')
     return path
@@ -112,6 +113,10 @@ def test_a_live_run_labels_its_windows_and_ends_everything(tmp_path: Path, requi
     for pid in (server_pid, command_pid, grandchild):
         assert not alive(pid), (pid, log)
     assert "phase 2/3 (6s): label gc, rate 3/s, fault gc" in log
+    # The `culprit = true` phase's command pid rides beside its windows, in the recording and in the outcomes.
+    assert {w.culprit for w in recorded if w.phase == 2} == {command_pid}
+    assert {w.culprit for w in recorded if w.phase != 2} == {None}
+    assert {o.culprit for o in run.outcomes if o.label == "blocked"} == {command_pid}
 
 
 def test_ctrl_c_ends_the_server_and_the_phase_command(tmp_path: Path, require_root) -> None:

@@ -76,6 +76,9 @@ def test_placeholders_fill_pid_and_port() -> None:
     ('name="x"\n[server]\nargv=[]\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="normal"', "server.argv"),
     ('name="x"\n[server]\nargs=["--port=9"]\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="normal"',
      "server.args: '--port=9' is set by the scenario runner"),
+    ('name="x"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="memory"\nculprit=true', "phase[0].culprit"),
+    ('name="x"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="memory"\nrun=["x"]\nculprit="yes"',
+     "phase[0].culprit"),
 ])
 def test_every_mistake_names_its_key(text: str, key: str) -> None:
     with pytest.raises(ScenarioError) as err:
@@ -89,6 +92,13 @@ def test_server_args_parse_and_survive_a_round_trip() -> None:
     assert s.server_args == ("--engine-process", "--max-batch", "4")
     assert type(s).from_dict(s.to_dict()) == s
     assert parse_scenario('name="x"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="normal"').server_args == ()
+
+
+def test_a_culprit_phase_names_its_command_and_survives_a_round_trip() -> None:
+    s = parse_scenario('name="x"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="normal"\n[[phase]]\nseconds=1\n'
+                       'label="memory"\nrun=["python3", "a.py"]\nculprit=true')
+    assert [p.culprit for p in s.phases] == [False, True]
+    assert type(s).from_dict(s.to_dict()) == s
 
 
 def test_a_missing_file_is_one_clear_error(tmp_path: Path) -> None:

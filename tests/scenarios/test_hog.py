@@ -36,3 +36,24 @@ def test_the_hog_runs_per_cpu_children_at_the_servers_priority_plus_the_offset_a
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_the_hog_in_threads_is_one_process_of_per_cpu_busy_threads_per_cpu():
+    server = subprocess.Popen(["sleep", "30"])
+    hog = subprocess.Popen([sys.executable, str(HOG), "4", str(server.pid), "1", "0", "threads"])
+    try:
+        proc = psutil.Process(hog.pid)
+        want = os.cpu_count() or 1
+        deadline = time.monotonic() + 10
+        while proc.num_threads() < want + 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.num_threads() == want + 1 and not proc.children()  # the main thread sleeps; no child process
+        before = sum(proc.cpu_times()[:2])
+        time.sleep(1.5)
+        assert sum(proc.cpu_times()[:2]) - before > 0.3  # busy, on a host shared with others
+        assert hog.wait(timeout=10) == 0
+    finally:
+        for p in (server, hog):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -25,9 +25,11 @@ def test_no_joint_bar_finds_the_outside_hog_on_both_shared_hosts_within_one_fals
                           timeout=300, check=True)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     det = LatencyDetector()
-    # Each test alone falls short: the run queue never reaches the persistent gate's sigmas, and with the
-    # neighbours the latency shift stays below the sustained test's bar.
+    # The run queue never reaches the persistent gate's sigmas. Beside the neighbours (`outside` re-recorded
+    # 2026-12-04) the latency shift passed the sustained test's bar, but the run queue the neighbours had already
+    # spread stayed far below its own.
     assert all(h["runq_z"] < det.sustained_min_z for h in result["hog_highest"].values()), result
-    assert result["hog_highest"]["recorded-neighbours"]["shift"] < det.sustained_shift, result
+    assert result["hog_highest"]["recorded-neighbours"]["shift"] >= det.sustained_shift, result
+    assert result["hog_highest"]["recorded-neighbours"]["runq_z"] < 1.0, result
     # Together, the best bar that finds it in both also opens on normal traffic more than the issue allows.
     assert result["normal_blocks"] > 1000 and result["alarms_per_hour"] > 1.0, result
