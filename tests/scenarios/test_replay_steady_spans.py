@@ -42,7 +42,26 @@ def test_read_as_no_stacks_the_windows_between_lose_the_lock_fault() -> None:
     assert not _lock_phase(marked=False).detected
 
 
-@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: f"{p.parent.name}/{p.name.split('.')[0]}")
+# Why 15 s steady segments stay opt-in (docs/BENCHMARKS.md, "15 s steady segments"): read as 15 s recordings, the
+# memory squeeze opens `memory` as recorded, but the lock signal of a recording taken while the server's threads waited
+# on page faults is carried on and the episode's top cause turns to `lock`. Pinned so that a fix shows here.
+RENAMED_BY_SPANS = {"recorded-shared/memory": [("memory", True, "lock")]}
+
+
+def _id(path: Path) -> str:
+    return f"{path.parent.name}/{path.name.split('.')[0]}"
+
+
+def test_the_memory_squeeze_read_as_15_s_recordings_opens_memory_then_names_lock() -> None:
+    path = next(p for p in RECORDINGS if _id(p) == "recorded-shared/memory")
+    rec = read_recording(path)
+    before = score_run(rec.scenario.name, detect(default_detector_factory(), rec.windows))
+    after = score_run(rec.scenario.name, replay_spans(rec.windows, SteadySpans(3))[1])
+    assert [(p.label, p.detected, p.top_cause) for p in before.fault_phases] == [("memory", True, "memory")]
+    assert [(p.label, p.detected, p.top_cause) for p in after.fault_phases] == RENAMED_BY_SPANS[_id(path)]
+
+
+@pytest.mark.parametrize("path", [p for p in RECORDINGS if _id(p) not in RENAMED_BY_SPANS], ids=_id)
 def test_every_recorded_run_names_the_same_causes_with_recordings_of_three_windows(path: Path) -> None:
     # With the profile shift read on a whole recording's samples, its baseline was quieter than one window's and a
     # fault's shift outranked the true cause: two lock faults and a cpu_contention one were named `compute`.
