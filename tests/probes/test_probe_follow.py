@@ -217,7 +217,9 @@ def test_off_cpu_time_of_a_followed_child_that_lived_200_ms_is_its_own(require_b
         [kid] = _go_and_wait(proc)
         readings = probe.read()
         # Four 50 ms sleeps: at least 0.2 s off-CPU, and it lived ~0.2 s in all.
-        assert 0.2 <= readings[kid].seconds < 0.3, readings[kid]
+        # Its health (the start map's and counters' failures) beside the reading: a sleep was missed once in a loaded
+        # full suite (0.150 s counted) and passed alone; the counters say whether a map was full.
+        assert 0.2 <= readings[kid].seconds < 0.3, (readings[kid], probe.health().detail)
         assert probe.children() == {kid: proc.pid}
         assert probe.health().detail["followed_children_missed"] == 0
         assert kid not in probe.read()  # reported once with its last time, then dropped
