@@ -10,24 +10,18 @@ a log shipper or a checkpoint writer on the same disk does this to a server that
 """
 
 import os
-import signal
 import sys
 import tempfile
 import time
+
+from stop_request import StopRequest
 
 
 def main(seconds: float, directory: str = "/var/tmp", mib_per_second: int = 128, chunk_mib: int = 4,
          sync_mib: int = 32, file_mib: int = 512) -> int:
     if mib_per_second <= 0 or not 0 < chunk_mib <= sync_mib <= file_mib:
         raise SystemExit(f"need 0 < CHUNK_MIB <= SYNC_MIB <= FILE_MIB, and a positive pace, got {chunk_mib}, {sync_mib}, {file_mib}, {mib_per_second}")
-    stopping = False
-
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stop = StopRequest()
     payload = os.urandom(chunk_mib << 20)  # not zeros: nothing on the way may compress or skip them
     fd, path = tempfile.mkstemp(prefix="infersight-diskhog-", dir=directory)
     os.unlink(path)
@@ -35,7 +29,7 @@ def main(seconds: float, directory: str = "/var/tmp", mib_per_second: int = 128,
     deadline = began + seconds
     size = unsynced = synced = written_all = 0
     try:
-        while not stopping and time.monotonic() < deadline:
+        while not stop.requested and time.monotonic() < deadline:
             if size >= file_mib << 20:
                 os.ftruncate(fd, 0)
                 os.lseek(fd, 0, os.SEEK_SET)

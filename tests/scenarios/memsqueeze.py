@@ -23,6 +23,7 @@ import sys
 import time
 
 from cgroup import Hierarchy, find
+from stop_request import StopRequest
 
 STEP = 1 << 20
 UP_STEPS = 4
@@ -136,14 +137,7 @@ def main(pid: int, seconds: float, low: float = 50.0, high: float = 200.0, headr
     # v2 allows no controller below a cgroup that has processes: the family goes under the root there.
     family = f"{home if v1 else hierarchy.mount}/infersight_eval_mem_{pid}"
     server, neighbour = f"{family}/server", f"{family}/neighbour"
-    stopping = False
-
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stop = StopRequest()
     os.makedirs(family, exist_ok=True)
     held: list[bytes] = []
     watchman = None
@@ -175,7 +169,7 @@ def main(pid: int, seconds: float, low: float = 50.0, high: float = 200.0, headr
         said = last = time.monotonic()
         faults = major_faults(pid)
         approaching = True
-        while not stopping and time.monotonic() < deadline:
+        while not stop.requested and time.monotonic() < deadline:
             time.sleep(TICK)
             now, count = time.monotonic(), major_faults(pid)
             rate, last, faults = (count - faults) / (now - last), now, count

@@ -16,24 +16,19 @@ import subprocess
 import sys
 import time
 
+from stop_request import StopRequest
+
 
 def main(seconds: float, max_pause: float, seed: int, log_path: str, command: list[str]) -> int:
     rng = random.Random(seed)
     deadline = time.monotonic() + seconds
-    stopping = False
-
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stop = StopRequest()
     with open(log_path, "a", encoding="utf-8") as log:
-        while not stopping and time.monotonic() < deadline:
+        while not stop.requested and time.monotonic() < deadline:
             started = time.time()
             child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
-            while child.poll() is None and not stopping and time.monotonic() < deadline:
+            while child.poll() is None and not stop.requested and time.monotonic() < deadline:
                 time.sleep(0.5)
             if child.poll() is None:  # ended by the deadline or a signal: take its whole process group with it
                 os.killpg(child.pid, signal.SIGKILL)
@@ -43,7 +38,7 @@ def main(seconds: float, max_pause: float, seed: int, log_path: str, command: li
             log.flush()
             pause = rng.uniform(0, max_pause)
             end_pause = time.monotonic() + pause
-            while not stopping and time.monotonic() < min(end_pause, deadline):
+            while not stop.requested and time.monotonic() < min(end_pause, deadline):
                 time.sleep(0.5)
     return 0
 
