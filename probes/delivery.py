@@ -45,7 +45,7 @@ from analysis.window import DeliveryReading
 from probes import c_helpers, target_filter
 from probes.map_read import percpu_array_sums
 from probes.slotted import SlottedProbe
-from probes.sockets import ProcSockets
+from probes.sockets import ProcSockets, shared
 
 TRACEPOINTS = ("sock:sock_send_length", "sock:sock_recv_length", "tcp:tcp_probe", "sock:inet_sock_set_state", "tcp:tcp_retransmit_skb",
                "tcp:tcp_cong_state_set", "tcp:tcp_destroy_sock", "task:task_newtask", "tcp:tcp_retransmit_synack")
@@ -376,7 +376,7 @@ class DeliveryProbe(SlottedProbe):
         super().__init__(config or DeliveryConfig(), proc_root)
         self._fields = n_fields(tuple(self.config.bounds))
         self._seen = [0] * (self.config.max_targets * self._fields)
-        self._sockets = sockets or ProcSockets(proc_root)
+        self._sockets = sockets or shared(proc_root)
         self._ports: set[int] = set()
         self._port_slots: dict[int, int] = {}
 

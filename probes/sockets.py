@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,11 +61,39 @@ def parse_proc_net_tcp(text: str, only: set[int] | None = None) -> dict[int, End
     return sockets
 
 
+# Reading /proc/PID/net/tcp walks every bucket of the kernel's TCP hash tables, however few sockets they hold: ~5 ms
+# of CPU per read on this 24 GiB host (262,144 established buckets), as much for a tcp6 table with no socket in it.
+# Read by two probes, for each member of a family, for both tables, it was most of the agent's own CPU past warm-up
+# (docs/BENCHMARKS.md, "Where the agent's own CPU went"). So a table is read at most once per network namespace per
+# TABLE_TTL_SECONDS (the probes of one window read within milliseconds of each other; the next window reads afresh),
+# and not at all where the namespace holds no TCP socket of that family (/proc/PID/net/sockstat{,6}: one line, ~25 µs).
+TABLE_TTL_SECONDS = 0.5
+TABLES = (("tcp", "sockstat", "TCP:"), ("tcp6", "sockstat6", "TCP6:"))
+
+
+def sockets_in_use(sockstat: str, prefix: str) -> int | None:
+    """TCP sockets hashed in the namespace (listening and connected; TIME_WAIT not included) from a sockstat text,
+    None where the line is missing."""
+    for line in sockstat.splitlines():
+        if line.startswith(prefix):
+            fields = line.split()
+            if len(fields) >= 3 and fields[1] == "inuse":
+                return int(fields[2])
+    return None
+
+
 class ProcSockets:
     """Local TCP endpoints of a process, from /proc (root injectable for tests)."""
 
-    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+    def __init__(self, proc_root: Path = Path("/proc"), ttl: float = TABLE_TTL_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.proc_root = proc_root
+        self.ttl = ttl
+        self.clock = clock
+        # (network namespace inode, table) -> (read at, text): shared by every pid of one namespace.
+        self._tables: dict[tuple[int, str], tuple[float, str]] = {}
+        self._lock = threading.Lock()  # the probes of one agent share an instance (`shared`)
+        self.table_reads = 0  # tables read from /proc: what the cache saves is measured against the calls
 
     def socket_inodes(self, pid: int) -> set[int]:
         fd_dir = self.proc_root / str(pid) / "fd"
@@ -88,18 +119,65 @@ class ProcSockets:
         if not inodes:
             return set()
         found: set[Endpoint] = set()
-        for table in ("tcp", "tcp6"):
-            path = self.proc_root / str(pid) / "net" / table
+        netns = self._netns(pid)
+        now = self.clock()
+        for table, sockstat, prefix in TABLES:
+            text = self._table(pid, netns, table, sockstat, prefix, now)
+            if text is not None:
+                found.update(parse_proc_net_tcp(text, only=inodes).values())
+        return found
+
+    def _netns(self, pid: int) -> int | None:
+        """The inode of `pid`'s network namespace, None where /proc does not show it (then nothing is shared)."""
+        try:
+            return os.stat(self.proc_root / str(pid) / "ns" / "net").st_ino
+        except OSError:
+            return None
+
+    def _table(self, pid: int, netns: int | None, table: str, sockstat: str, prefix: str, now: float) -> str | None:
+        """The text of /proc/PID/net/<table>, from this namespace's read of the last `ttl` seconds if there is one;
+        None where the table does not exist or its namespace holds no socket of its family."""
+        key = (netns, table) if netns is not None else None
+        with self._lock:
+            kept = self._tables.get(key) if key is not None else None
+        if kept is not None and now - kept[0] < self.ttl:
+            return kept[1]
+        net = self.proc_root / str(pid) / "net"
+        try:
+            in_use = sockets_in_use((net / sockstat).read_text(), prefix)
+        except FileNotFoundError:
+            in_use = None  # no sockstat here (IPv6 off, or a test's /proc): read the table to know
+        except ProcessLookupError as exc:
+            raise TargetGone(f"process {pid} is gone (reading {net / sockstat})") from exc
+        except PermissionError as exc:
+            raise AccessDenied(f"cannot read {net / sockstat}: {exc}") from exc
+        text: str | None = ""
+        if in_use != 0:
+            path = net / table
             try:
                 text = path.read_text()
+                self.table_reads += 1
             except FileNotFoundError:
-                continue  # no IPv6 in this kernel or namespace
+                text = None  # no IPv6 in this kernel or namespace
             except ProcessLookupError as exc:
                 raise TargetGone(f"process {pid} is gone (reading {path})") from exc
             except PermissionError as exc:
                 raise AccessDenied(f"cannot read {path}: {exc}") from exc
-            found.update(parse_proc_net_tcp(text, only=inodes).values())
-        return found
+        if key is not None and text is not None:
+            with self._lock:
+                self._tables = {k: v for k, v in self._tables.items() if now - v[0] < self.ttl}  # live namespaces only
+                self._tables[key] = (now, text)
+        return text
+
+
+def shared(proc_root: Path = Path("/proc")) -> ProcSockets:
+    """The one ProcSockets of this process for `proc_root`: the probes that resolve endpoints share its table reads."""
+    return _shared(Path(proc_root))
+
+
+@functools.cache
+def _shared(proc_root: Path) -> ProcSockets:
+    return ProcSockets(proc_root)
 
 
 def owns(endpoints: Iterable[Endpoint], flow: TcpFlow) -> bool:

@@ -59,7 +59,7 @@ from analysis.errors import AccessDenied, ProbeUnavailable, TargetGone, Tracepoi
 from analysis.health import Health
 from analysis.window import TcpFlow, TcpReading
 from probes.base import load_bpf, recursion_misses, require_tracepoints, tracefs_root
-from probes.sockets import Endpoint, ProcSockets, normalize_ip, owns
+from probes.sockets import Endpoint, ProcSockets, normalize_ip, owns, shared
 
 TRACEPOINT_SKB = "tcp:tcp_retransmit_skb"
 TRACEPOINT_SYNACK = "tcp:tcp_retransmit_synack"
@@ -265,7 +265,7 @@ class TcpRetransProbe:
 
     def __init__(self, config: TcpRetransConfig | None = None, sockets: ProcSockets | None = None) -> None:
         self.config = config or TcpRetransConfig()
-        self.sockets = sockets or ProcSockets()
+        self.sockets = sockets or shared()
         # Host-wide total and every flow of the last window; None before the first read.
         self.last_host: TcpReading | None = None
         # Attempts of the last window given up before sending / failed in the IP layer (see the docstring).
