@@ -44,12 +44,14 @@ DELAYS: dict[str, int | None] = {
     # opened on the 4th. The first window stalled with a reply acknowledged 3.1 s late (x310, measured by the
     # kernel): it opens by itself (docs/detector.md "One window"), at onset.
     "bandwidth": 0,
-    # 3 s of 50 % loss on the replies (recorded 2026-12-04 11:18-11:24 UTC). Its one window (labelled by the window
-    # holding most of it) scored 82 with 7 connections waiting a resent SYN-ACK (network x37): one anomalous window,
-    # which the 2-of-3 rule alone never opened; with the kernel's measure of the clients' wait that far out, one
-    # window opens (docs/detector.md "One window"): at onset. The next window's slowest client waited 4.4 s (a
-    # second SYN-ACK timeout), but nothing of it reached the server's kernel in that window.
-    "burst": 0,
+    # 3 s of 50 % loss on the replies, re-recorded 2026-12-04 17:39-17:46 UTC under the exclusive lock (load
+    # average 3.7 at the start, left by the run before, 0.7 at the end). Its one window (labelled by the window
+    # holding most of it) scored 21 with 3 of 21 connections waiting a resent SYN-ACK (connect_wait x14, the
+    # clients' p99 1.20 s against 0.12-0.42 s in normal windows): one anomalous window, under the x16 that opens
+    # one window alone (docs/detector.md "One window"), and the 2-of-3 rule needs two: missed. (The recording of
+    # 11:18 had 7 of 20 connections waiting, x37: found at onset, beside a cpu_contention false alarm from other
+    # developers' load.)
+    "burst": None,
     # 10 % loss both ways (recorded 2026-12-04 11:34-11:41 UTC): found after 1 window with the detector of before the
     # network's part and the 2-of-3 rule; its first window scored 69 (RTO stalls, p99 delivery, retransmitted replies
     # x44-47 each): at onset.
@@ -58,12 +60,9 @@ DELAYS: dict[str, int | None] = {
 
 # Recording -> the top causes of the episodes that opened outside every fault phase and its tail, as recorded.
 FALSE_ALARMS: dict[str, list[str]] = {
-    # 20 windows after the burst the server's own p99 rose to 0.29-0.73 s against 0.15 s expected while the host's
-    # load average rose from 1.1 to 1.5 (other developers' work on the 2 cores): cpu_contention, run queue x5-6,
-    # opened on the server's latency with the detector of before the network's part too. Not a network alarm, and
-    # not a wrong one: the load generator's clients measured p99 0.24-0.58 s in those windows (0.11-0.20 s in the
-    # normal windows before), so the latency rise was real and the host's; the scenario's label calls it normal.
-    "burst": ["cpu_contention"],
+    # None since reply_loss and burst were re-recorded under the exclusive lock (2026-12-04 16:40 and 17:39 UTC):
+    # their earlier recordings' `blocked` (a BPF compile beside the run) and `cpu_contention` (other developers'
+    # load) alarms were the host's, not the scenarios'.
 }
 
 # Recording -> (windows with both the agent's clients' p99 estimate and the load generator's measured p99, those
@@ -84,9 +83,9 @@ CLIENTS: dict[str, tuple[int, int]] = {
     # No request of the policed phase finished while the agent had an estimate; the six windows after it, where the
     # queued replies landed (clients' p99 54.5-54.8 s), are all within 10 %.
     "bandwidth": (66, 63),
-    # The burst's own window: 1.332 s estimated, 1.330 s measured. The next: 0.155 s against a client that waited
-    # 4.4 s for its connection, which the server's kernel did not see in that window (above).
-    "burst": (73, 60),
+    # The burst's own window: 1.240 s estimated, 1.202 s measured; normal windows 60 of 72 (the 12 others
+    # 1.20-1.52: the server's histogram's resolution, as below).
+    "burst": (73, 61),
     # Fault windows 7 of 16 within 20 % (estimate/measured 0.15-1.55): lost requests and SYNs are the clients' own
     # retransmits, which the server's kernel does not see.
     "both_loss": (82, 63),
