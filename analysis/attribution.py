@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from analysis.cause_signals import SIGNALS, Signal
+from analysis.cause_signals import SIGNALS, Signal, tail_center, tail_sigma
 from analysis.network_evidence import delivery_words
 from analysis.regression import Cause
 from analysis.robust import median, robust_z
@@ -65,13 +65,14 @@ class Attributor:
         """The signal's move when it passes every gate (absolute change, z, ratio), else None."""
         if value is None or stats is None or not math.isfinite(value):
             return None
-        base = max(stats.median, sig.floor)
+        center = tail_center(sig, stats.median, stats.high)
+        base = max(center, sig.floor)
         ratio = value / base
         # The sigma floor is a quarter of min_change so a flat baseline cannot make noise look significant.
-        z = robust_z(value, stats.median, stats.sigma, sig.min_change / 4)
-        if value - stats.median < sig.min_change or z < self.min_z or ratio < self.min_ratio:
+        z = robust_z(value, center, tail_sigma(sig, stats.median, stats.sigma, stats.high), sig.min_change / 4)
+        if value - center < sig.min_change or z < self.min_z or ratio < self.min_ratio:
             return None
-        return Moved(sig, value, stats.median, ratio, z)
+        return Moved(sig, value, center, ratio, z)
 
     def rank(self, values: Mapping[str, float | None], stats: Mapping[str, SignalStats | None],
              jsd: float | None = None, jsd_stats: SignalStats | None = None,

@@ -26,6 +26,21 @@ class Signal:
     unit: str
     scale: float = 1.0
     source: str = ""
+    # Heavy-tailed in healthy windows (0 in many, large in some): judged from its baseline's high quantile, with the
+    # distance to it as its spread, not from the median and MAD-sigma (see tail_center, tail_sigma).
+    tail: bool = False
+
+
+def tail_center(sig: Signal, median: float, high: float | None) -> float:
+    """Where a move of `sig` is measured from: the baseline's median, or for a heavy-tailed signal its high quantile."""
+    return max(median, high) if sig.tail and high is not None else median
+
+
+def tail_sigma(sig: Signal, median: float, sigma: float, high: float | None) -> float:
+    """The spread a move of `sig` is judged by: the MAD-sigma, or for a heavy-tailed signal at least the distance from
+    its median to its high quantile in sigmas of a normal (1.28 to the 90th percentile): a wait that is 0 in half
+    the windows and large in the rest has a MAD of 0."""
+    return max(sigma, (high - median) / 1.2816) if sig.tail and high is not None else sigma
 
 
 def _blocked(f: Features) -> float | None:
@@ -86,6 +101,13 @@ SIGNALS: tuple[Signal, ...] = (
     # request could leave. Floor 10 ms per request; a rise of 50 ms per request is one such wait in 20 requests.
     Signal("connect_wait", "network", "connection setup waiting for SYN-ACK retransmits",
            lambda f: f.connect_wait_per_request, 0.01, 0.05, "s/req", 1, "delivery"),
+    # Fresh connections whose first request arrived 0.2-3.5 s after the handshake: a request lost on the way to the
+    # server and resent after the client's RTO (a lost request is otherwise the client's alone to see). Floor 10 ms
+    # per request; a rise of 10 ms per request is one 0.2 s resend in 20 requests. Not a decisive signal alone
+    # (network_part.DIRECT), and judged from its baseline's high quantile (tail): a client that opens connections
+    # shortly ahead of use reads the same, on a varying share of its connections.
+    Signal("request_wait", "network", "first requests of fresh connections arriving late after the handshake",
+           lambda f: f.request_wait_per_request, 0.01, 0.01, "s/req", 1, "delivery", tail=True),
     # The agent's own scrape as a probe of the path: a connection refused or timed out while the process lives
     # means nothing reaches its port (a partition drops every SYN, and with no connection open the server has
     # nothing to retransmit: a live 100 % drop read 0 retransmits and no other signal moved). A window is 1 or 0.

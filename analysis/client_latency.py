@@ -82,13 +82,29 @@ def bucket_quantiles(buckets: dict[str, float], qs: np.ndarray, sparse: float = 
     return out
 
 
-def connect_wait(delivery: DeliveryReading | None, requests: float) -> tuple[float, float]:
-    """(share of requests whose connection waited for a SYN-ACK retransmit, their mean wait in seconds): each slow
-    connection delays the first request sent on it, so the share is slow connections per request (at most 1).
-    (0, 0) when none was slow or nothing was served."""
-    if delivery is None or delivery.slow_connects <= 0 or requests <= 0:
+def late_requests(delivery: DeliveryReading) -> tuple[int, float]:
+    """(fresh connections whose first request arrived late after the handshake, their waits summed), counted only in
+    a window in which the server's own sockets also resent something: a path that lost a request loses the clients'
+    ACKs too, and the server resends for those, while a client that connected ahead of use costs nobody a resend
+    (docs/delivery.md "The first request"). (0, 0) where not measured."""
+    if delivery.first_requests is None or delivery.retransmits <= 0:
+        return 0, 0.0
+    return delivery.late_requests, delivery.request_wait_seconds
+
+
+def connect_wait(delivery: DeliveryReading | None, requests: float, late: bool = True) -> tuple[float, float]:
+    """(share of requests that waited before reaching the server, their mean wait in seconds): a connection that
+    waited for a SYN-ACK retransmit, or whose first request arrived late after the handshake (a lost request the
+    client resent, late_requests), delays the first request sent on it, so the share is such waits per request (at most 1).
+    (0, 0) when none waited or nothing was served. late=False leaves the late first requests out (the detector judges
+    them apart, against their own heavy-tailed baseline: analysis/network_part.py)."""
+    if delivery is None or requests <= 0:
         return 0.0, 0.0
-    return min(1.0, delivery.slow_connects / requests), delivery.connect_wait_seconds / delivery.slow_connects
+    n_late, late_wait = late_requests(delivery) if late else (0, 0.0)
+    waits = delivery.slow_connects + n_late
+    if waits <= 0:
+        return 0.0, 0.0
+    return min(1.0, waits / requests), (delivery.connect_wait_seconds + late_wait) / waits
 
 
 def _samples(server: np.ndarray, network: np.ndarray, slow: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:

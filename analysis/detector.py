@@ -13,7 +13,7 @@ from analysis.cause_signals import SIGNALS, read_all
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
 from analysis.members import MemberBaseline, locate, member_measures, rank_in_members
-from analysis.network_part import direct_strength, network_z
+from analysis.network_part import INDIRECT, PARTS, direct_strength, network_z
 from analysis.profile import leaf_counts, merge, top_shifts
 from analysis.regression import Cause, FunctionShift, Regression
 from analysis.robust import median
@@ -383,7 +383,9 @@ class LatencyDetector:
         (probes/delivery.py): the clients' latency is the server's plus this, so a regression opens on either with
         the same expectation and false-alarm rules. 0 where delivery is not measured (older recordings)."""
         cost = 0.0
-        for name in ("delivery_mean", "connect_wait"):  # a reply's delivery; the SYN-ACK waits before a request
+        for name in PARTS:  # a reply's delivery; the SYN-ACK waits before a request
+            if name in INDIRECT:
+                continue  # heavy-tailed: judged apart, against its own spread (network_z), not the latency's
             now, stats = values.get(name), self.baseline_.stats().get(name)
             if now is not None and stats is not None:
                 cost += max(0.0, now - stats.median)

@@ -129,7 +129,12 @@ def _delivery(parts: Sequence[tuple[str, DeliveryReading]]) -> DeliveryReading:
                            synack_retransmits=sum(r.synack_retransmits for r in readings),
                            connects=sum(r.connects for r in readings),
                            slow_connects=sum(r.slow_connects for r in readings),
-                           connect_wait_seconds=sum(r.connect_wait_seconds for r in readings))
+                           connect_wait_seconds=sum(r.connect_wait_seconds for r in readings),
+                           first_requests=(None if any(r.first_requests is None for r in readings)
+                                           else sum(r.first_requests for r in readings)),
+                           late_requests=sum(r.late_requests for r in readings),
+                           request_wait_seconds=sum(r.request_wait_seconds for r in readings),
+                           idle_connects=sum(r.idle_connects for r in readings))
 
 
 _MERGE: dict[str, Callable[[Sequence[tuple[str, Any]]], Any]] = {

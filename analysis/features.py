@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from analysis.client_latency import bucket_quantiles, client_buckets, connect_wait
+from analysis.client_latency import bucket_quantiles, client_buckets, connect_wait, late_requests
 from analysis.culprits import own_seconds
 from analysis.own_syscalls import workload_counts
 from analysis.waits import by_kind
@@ -80,6 +80,10 @@ class Features:
     # Seconds per request the clients waited for SYN-ACK retransmits while connecting (DeliveryReading's
     # connect_wait_seconds over the window's requests); None without delivery or requests.
     connect_wait_per_request: float | None = None
+    # Seconds per request that fresh connections' first requests arrived late after the handshake, 0.2-3.5 s: a lost
+    # request the client resent (DeliveryReading's request_wait_seconds over the window's requests), in a window in
+    # which the server's sockets resent something too (client_latency.late_requests); None where not measured.
+    request_wait_per_request: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -156,10 +160,12 @@ def extract(window: Window) -> Features:
     if window.delivery is not None:
         f.update(_delivery(window.delivery, dur))
         if la is not None and la.requests > 0 and la.buckets and window.delivery.replies > 0:
-            slow = connect_wait(window.delivery, la.requests)
+            slow = connect_wait(window.delivery, la.requests, late=False)
             f["client_buckets"] = _buckets(client_buckets(la.buckets, window.delivery.buckets, slow))
         if la is not None and la.requests > 0:
             f["connect_wait_per_request"] = window.delivery.connect_wait_seconds / la.requests
+            if window.delivery.first_requests is not None:  # measured (older recordings do not carry it)
+                f["request_wait_per_request"] = late_requests(window.delivery)[1] / la.requests
     if window.runqueue is not None:
         # Less what the agent's own CPU (py-spy, the daemon) kept the target waiting: the agent is never a cause.
         f["runqueue_per_second"] = (window.runqueue.total_seconds - own_seconds(window.runqueue)) / dur

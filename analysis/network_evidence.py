@@ -25,4 +25,6 @@ def delivery_words(values: Mapping[str, float | None], stats: Mapping[str, Signa
         parts.append(f"RTO stalls {stall:.2g} s/s")
     if (wait := values.get("connect_wait")) is not None and wait > 0:
         parts.append(f"connections waited {wait:.2g} s per request for SYN-ACK retransmits")
+    if (late := values.get("request_wait")) is not None and late > 0:
+        parts.append(f"first requests arrived {late:.2g} s per request late after the handshake (resent)")
     return ", ".join(parts)

@@ -14,16 +14,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from analysis.cause_signals import SIGNALS
+from analysis.cause_signals import BY_NAME, SIGNALS, tail_center, tail_sigma
 
 if TYPE_CHECKING:
     from analysis.attribution import Attributor, SignalStats
 
-# The network's part per request: a reply's mean delivery time, and the SYN-ACK waits spread over the requests.
-PARTS = ("delivery_mean", "connect_wait")
+# The network's part per request: a reply's mean delivery time, the SYN-ACK waits and the late first requests
+# (a lost request resent) spread over the requests.
+PARTS = ("delivery_mean", "connect_wait", "request_wait")
 # The delivery probe's own signals (probes/delivery.py): each reply's wait for its ACK, its retransmits and RTO
-# stalls, each connection's wait for a resent SYN-ACK.
-DIRECT = tuple(s for s in SIGNALS if s.source == "delivery")
+# stalls, each connection's wait for a resent SYN-ACK. Not the first request's wait: a client that connects a
+# moment ahead of use reads like a resent request, so it adds to the network's part (two anomalous windows of three
+# still needed) but never opens a regression from one window (docs/detector.md "The first request's wait").
+INDIRECT = ("request_wait",)
+DIRECT = tuple(s for s in SIGNALS if s.source == "delivery" and s.name not in INDIRECT)
+
+
+def reference(name: str, base: SignalStats) -> float:
+    """Where a part's rise is measured from: its baseline's median, or its high quantile for a heavy-tailed one (the
+    first request's wait: a client that connects ahead of use as its habit spreads it over 0.2-3.5 s on a varying
+    share of its connections, a tail the median and MAD-sigma do not describe; cause_signals.tail_center)."""
+    return tail_center(BY_NAME[name], base.median, base.high)
+
+
+def spread_of(name: str, base: SignalStats) -> float:
+    return tail_sigma(BY_NAME[name], base.median, base.sigma, base.high)
 
 
 def network_z(values: Mapping[str, float | None], stats: Mapping[str, SignalStats | None], expected_mean: float,
@@ -31,16 +46,18 @@ def network_z(values: Mapping[str, float | None], stats: Mapping[str, SignalStat
     """The rise of the network's part per request above the baseline's median, in units of the expected latency,
     over the baseline's own spread of that part (the parts' MAD-sigmas summed, relative to the expected latency)
     floored at `min_scale`, the smallest relative change the mean test trusts. None where delivery was not
-    measured here or in the baseline."""
+    measured here or in the baseline (the first request's wait may be missing: it is left out)."""
     if expected_mean <= 0:
         return None
     rise = spread = 0.0
     for name in PARTS:
         now, base = values.get(name), stats.get(name)
         if now is None or base is None:
+            if name in INDIRECT:
+                continue  # not measured here (older recordings): the other parts still are
             return None
-        rise += now - base.median
-        spread += base.sigma
+        rise += now - reference(name, base)
+        spread += spread_of(name, base)
     return rise / expected_mean / max(spread / expected_mean, min_scale)
 
 

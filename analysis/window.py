@@ -200,6 +200,14 @@ class DeliveryReading:
     connects: int = 0
     slow_connects: int = 0
     connect_wait_seconds: float = 0.0
+    # Fresh connections' first requests (docs/delivery.md "The first request"): those that arrived, those that came
+    # 0.2-3.5 s after the handshake (a lost request the client resent) and their waits summed, and those that came
+    # later still (a connection opened ahead of use: a pool, a preconnect; no wait counted). first_requests None:
+    # not measured (a recording or probe without it), and the other three are then 0 unread, not zero.
+    first_requests: int | None = None
+    late_requests: int = 0
+    request_wait_seconds: float = 0.0
+    idle_connects: int = 0
 
 
 @dataclass

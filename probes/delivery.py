@@ -23,6 +23,12 @@ an RTO while pending, the sum of delivery times and of the flow's smoothed RTT a
 and RTO stall time (at each RTO: time since the flow last progressed). Only flows whose local port is a
 listening port of a target (user space writes ``server_ports`` at each read) count: its server sockets.
 
+The first request's wait (``first_request``, on by default; docs/delivery.md "The first request"): a handshake
+completing on a target's listening port makes the new socket's flow entry, stamped; its first inbound segment
+after that (``tcp_probe``), if it carries data, is the request: counted, and its wait summed when it arrived
+0.2-3.5 s after the handshake (a request lost and resent after the client's RTO), or counted as opened ahead of
+use when later. The target writing first (a server that speaks first) ends the wait uncounted.
+
 Overhead: every inbound segment on the host's established sockets pays one hash lookup (``flows``);
 a target's writes pay the target filter and a hash update; each completed reply ~12 per-CPU increments.
 
@@ -65,7 +71,16 @@ MAX_BOUNDS = 40
 
 # Counters after the histogram's len(bounds) + 1 buckets, per target slot; the C text uses the same order.
 COUNTERS = ("replies", "retransmitted", "rto", "delivery_ns", "srtt_us", "retransmits", "stall_ns",
-            "unserved", "synack_retransmits", "connects", "slow_connects", "connect_wait_ns")
+            "unserved", "synack_retransmits", "connects", "slow_connects", "connect_wait_ns",
+            "first_requests", "late_requests", "request_wait_ns", "idle_connects")
+
+# A fresh connection's first request is *late* when it arrives this long after the handshake completed: the client
+# sent it with (or just after) its handshake ACK, and a lost request is the client's to resend after its RTO
+# (Linux: 200 ms at least, then doubling: 0.2, 0.6, 1.4, 3.0 s; 1 s, 3 s after a handshake that needed a
+# retransmit). Earlier is a prompt request; later, a connection opened ahead of use (a pool, a preconnect) and not
+# counted as a wait (docs/delivery.md "The first request").
+REQUEST_LATE_MIN_S = 0.2
+REQUEST_LATE_MAX_S = 3.5
 
 BPF_TEXT = r"""
 #define IPPROTO_TCP_ 6
@@ -82,6 +97,7 @@ struct flow_t {
     u64 t_write;   /* last write of the pending reply, ns; 0: nothing pending */
     u64 t_in;      /* the flow's last inbound segment */
     u64 t_mark;    /* last progress (a write opening a reply, an ACK moving snd_una, an RTO) */
+    u64 t_est;     /* the handshake completed, nothing received or written since; 0 otherwise */
     u32 slot;
     u32 una;       /* snd_una at the last inbound segment */
     u16 lport;
@@ -156,6 +172,7 @@ TRACEPOINT_PROBE(sock, sock_send_length)
     if (!f->t_write)
         f->t_mark = now;
     f->t_write = now;
+    f->t_est = 0;  /* the server spoke first: what the client sends next answers it, it is no late request */
     f->slot = *slot;
     return 0;
 }
@@ -189,6 +206,22 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
     u64 now = bpf_ktime_get_ns();
     u32 una = args->snd_una;
     f->lport = args->sport;
+#ifdef FIRST_REQUEST
+    if (f->t_est) {
+        /* The first segment since the handshake. With data it is the request (a pure ACK first: not timed). */
+        u64 waited = now - f->t_est;
+        f->t_est = 0;
+        if (args->data_len) {
+            add(f->slot, F_FIRST_REQUESTS, 1);
+            if (waited > REQUEST_LATE_MAX_NS) {
+                add(f->slot, F_IDLE_CONNECTS, 1);
+            } else if (waited >= REQUEST_LATE_MIN_NS) {
+                add(f->slot, F_LATE_REQUESTS, 1);
+                add(f->slot, F_REQUEST_WAIT_NS, waited);
+            }
+        }
+    }
+#endif
     if (una != f->una && f->t_in)
         f->t_mark = f->t_in;  /* the previous segment moved snd_una */
     /* An ACK processed while the write still held the socket (t_in before t_write) completed it at once. */
@@ -216,6 +249,19 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         if (!slot)
             return 0;
         add(*slot, F_CONNECTS, 1);
+#ifdef FIRST_REQUEST
+        {
+            /* The wait for the first request starts: a flow entry for the new server socket. */
+            u64 sk = (u64)args->skaddr;
+            struct flow_t fresh = {};
+            fresh.slot = *slot;
+            fresh.t_est = bpf_ktime_get_ns();
+            fresh.t_mark = fresh.t_est;
+            fresh.lport = port;
+            if (flows.update(&sk, &fresh))
+                count_lost();
+        }
+#endif
         struct hs_key_t key = {};
         __builtin_memcpy(key.daddr, args->daddr_v6, 16);
         key.sport = args->sport;
@@ -318,6 +364,8 @@ class DeliveryConfig:
     max_targets: int = 64  # processes: each member of a family target takes a slot
     max_flows: int = 16384  # sockets a target wrote to, LRU: the least recently used goes first when full
     max_handshakes: int = 4096  # handshakes whose SYN-ACK was retransmitted and not yet completed, LRU
+    # Time each fresh connection's first request after its handshake (its flow entry is made at the handshake).
+    first_request: bool = True
     bounds: tuple[float, ...] = field(default=DEFAULT_BOUNDS)  # histogram upper bounds, seconds
     # None: look at tcp_retransmit_skb's format in tracefs at start() (its `err` field is 6.13+).
     err_field: bool | None = None
@@ -357,6 +405,9 @@ def render(config: DeliveryConfig, err_field: bool = True) -> str:
     defines += [f"#define F_{name.upper()} {nb + 1 + i}" for i, name in enumerate(COUNTERS)]
     if err_field:
         defines.append("#define HAVE_ERR_FIELD 1")
+    if config.first_request:
+        defines += ["#define FIRST_REQUEST 1", f"#define REQUEST_LATE_MIN_NS {round(REQUEST_LATE_MIN_S * 1e9)}ULL",
+                    f"#define REQUEST_LATE_MAX_NS {round(REQUEST_LATE_MAX_S * 1e9)}ULL"]
     return ("\n".join(defines) + "\n" + target_filter.c_text(config.max_targets) + c_helpers.lost()
             + bucket_fn + BPF_TEXT)
 
@@ -415,7 +466,10 @@ class DeliveryProbe(SlottedProbe):
                 srtt_mean_seconds=(c["srtt_us"] / 1e6 / c["replies"]) if c["replies"] else None,
                 retransmits=c["retransmits"], rto_stall_seconds=c["stall_ns"] / 1e9,
                 not_server=c["unserved"], synack_retransmits=c["synack_retransmits"], connects=c["connects"],
-                slow_connects=c["slow_connects"], connect_wait_seconds=c["connect_wait_ns"] / 1e9)
+                slow_connects=c["slow_connects"], connect_wait_seconds=c["connect_wait_ns"] / 1e9,
+                first_requests=c["first_requests"] if self.config.first_request else None,
+                late_requests=c["late_requests"],
+                request_wait_seconds=c["request_wait_ns"] / 1e9, idle_connects=c["idle_connects"])
         self._seen = counts
         self._health.detail["server_ports"] = sorted(self._ports)
         return readings

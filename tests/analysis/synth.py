@@ -57,6 +57,9 @@ class Load:
     reply_loss: float = 0.0        # share of replies that wait for an RTO (0.2-0.45 s) to reach the client
     synack_loss: float = 0.0       # share of connections (one per request) whose SYN-ACK is resent: 1-1.1 s wait
     host_noise: float = 0.0        # a shared host: each window's latency x exp(N(0, host_noise)), other tenants' work
+    request_loss: float = 0.0      # share of connections whose first request is resent: arrives 0.2-0.65 s late
+    early_connects: float = 0.0    # share of connections opened ahead of use, first request 0.2-3 s after the handshake
+    first_requests: bool = False   # the delivery reading times first requests (older recordings do not)
 
 
 def window(i: int, load: Load = Load(), seed: int = 0, interval: float = 5.0, target: str = "t") -> Window:
@@ -91,7 +94,8 @@ def window(i: int, load: Load = Load(), seed: int = 0, interval: float = 5.0, ta
     if load.hot_function:
         active[APP + f";{load.hot_function} (app/hot.py:1)"] = ticks
     delivery = None
-    if load.delivery or load.reply_loss or load.synack_loss:
+    if (load.delivery or load.reply_loss or load.synack_loss or load.first_requests or load.request_loss
+            or load.early_connects):
         lost = sum(1 for _ in range(n) if rng.random() < load.reply_loss)
         times = [rng.uniform(0.0002, 0.002) for _ in range(n - lost)] + [rng.uniform(0.2, 0.45) for _ in range(lost)]
         dbuckets = dict.fromkeys(buckets, 0.0)
@@ -104,6 +108,15 @@ def window(i: int, load: Load = Load(), seed: int = 0, interval: float = 5.0, ta
         waits = [rng.uniform(1.0, 1.1) for _ in range(n) if rng.random() < load.synack_loss]
         delivery.synack_retransmits, delivery.connects = len(waits), n
         delivery.slow_connects, delivery.connect_wait_seconds = len(waits), sum(waits)
+        if load.first_requests or load.request_loss or load.early_connects:
+            late = [rng.uniform(0.2, 0.65) for _ in range(n) if rng.random() < load.request_loss]
+            late += [rng.uniform(0.2, 3.0) for _ in range(n) if rng.random() < load.early_connects]
+            delivery.first_requests, delivery.late_requests = n, len(late)
+            delivery.request_wait_seconds = sum(late)
+            # The same path loses the clients' ACKs as often: the server resends for those (an RTO each).
+            acks = sum(1 for _ in range(n) if rng.random() < load.request_loss)
+            delivery.retransmits += acks
+            delivery.rto_stall_seconds += 0.2 * acks
     return Window(
         target=target, pid=4242, start=start, end=start + interval, delivery=delivery,
         syscalls=SyscallReading(counts={"futex": int(n * load.syscalls_per_request * 0.8),

@@ -14,7 +14,15 @@ Conditions: the delivery probe with the server as its target (every segment of t
 a reply opens at each send and is delivered at the next segment), with another process as its target
 (the host's cost for flows that are not a target's: one hash miss per segment, the target filter per
 send/receive), the tcpretrans probe, and bcc's `tcpretrans-bpfcc` (launched, waited for until attached).
-No segment is lost here: the two retransmit tools pay only for being attached.
+No segment is lost here: the two retransmit tools pay only for being attached. And the delivery probe without
+the first request's wait (`DeliveryConfig(first_request=False)`), the same probe as before that was added.
+
+`--connections`: a connection per op instead (connect, a byte each way, close; the server's child accepts in a
+loop): ns per connection, where the first request's wait adds its work (a `flows` entry made at the handshake, a
+branch at the first segment). `--only TEXT` (repeatable) keeps the conditions whose name contains TEXT:
+
+    .venv/bin/python tests/probes/bench_delivery.py --connections --round-trips 2000 --rounds 6 \
+        --only "ours delivery (target" --only "without the first"
 
 Not collected by pytest (the name does not start with test_).
 """
@@ -34,7 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from probes.delivery import DeliveryProbe
+from probes.delivery import DeliveryConfig, DeliveryProbe
 from probes.tcpretrans import TcpRetransProbe
 
 WORKLOAD_C = r"""
@@ -42,6 +50,7 @@ WORKLOAD_C = r"""
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +77,7 @@ static int cmp_double(const void *x, const void *y)
 int main(int argc, char **argv)
 {
     long n = atol(argv[1]), chunk = atol(argv[3]), pct = atol(argv[4]), chunks = n / chunk;
+    int conn_mode = argc > 5 && argv[5][0] == 'c';
     double *per_op = calloc(chunks, sizeof *per_op);
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -77,11 +87,22 @@ int main(int argc, char **argv)
     int one = 1, lst = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof addr;
-    if (bind(lst, (struct sockaddr *)&addr, sizeof addr) || listen(lst, 1) ||
+    if (bind(lst, (struct sockaddr *)&addr, sizeof addr) || listen(lst, 128) ||
         getsockname(lst, (struct sockaddr *)&addr, &len))
         return 4;
     pid_t child = fork();
     char c = 'x';
+    if (child == 0 && conn_mode) {
+        for (;;) {
+            int t = accept(lst, NULL, NULL);
+            if (t < 0)
+                _exit(5);
+            setsockopt(t, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            if (read(t, &c, 1) == 1 && write(t, &c, 1) != 1)
+                _exit(5);
+            close(t);
+        }
+    }
     if (child == 0) {
         int s = accept(lst, NULL, NULL);  // the listener stays open: the server's port is a listening port
         setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -96,6 +117,30 @@ int main(int argc, char **argv)
         return 6;
     printf("ready %d %d\n", getpid(), (int)child);
     fflush(stdout);
+    if (conn_mode) {
+        // A connection per op: connect, one byte each way, close (the server side closes after its answer).
+        close(s);
+        while (read(0, &c, 1) == 1 && c == 'g') {
+            for (long k = 0; k < chunks; k++) {
+                long t0 = now_ns();
+                for (long i = 0; i < chunk; i++) {
+                    int t = socket(AF_INET, SOCK_STREAM, 0);
+                    setsockopt(t, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                    if (connect(t, (struct sockaddr *)&addr, sizeof addr) || write(t, &c, 1) != 1 ||
+                        read(t, &c, 1) != 1)
+                        return 8;
+                    close(t);
+                }
+                per_op[k] = (double)(now_ns() - t0) / chunk;
+            }
+            qsort(per_op, chunks, sizeof *per_op, cmp_double);
+            printf("%.3f\n", per_op[chunks * pct / 100]);
+            fflush(stdout);
+        }
+        kill(child, SIGTERM);
+        waitpid(child, NULL, 0);
+        return 0;
+    }
     while (read(0, &c, 1) == 1 && c == 'g') {
         for (long k = 0; k < chunks; k++) {
             long t0 = now_ns();
@@ -119,7 +164,8 @@ SEGMENTS_PER_OP = 2
 
 class Workload:
     def __init__(self, binary: Path, args: argparse.Namespace) -> None:
-        self.proc = subprocess.Popen([str(binary), str(args.round_trips), str(args.cpu), "100", "10"],
+        mode = ["conn"] if args.connections else []
+        self.proc = subprocess.Popen([str(binary), str(args.round_trips), str(args.cpu), "100", "10", *mode],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         _, client, server = self._line(30).split()
         self.client, self.server = int(client), int(server)
@@ -165,6 +211,8 @@ def _bcc_tcpretrans(w: Workload) -> Callable[[], None]:
 
 CONDITIONS: dict[str, Callable[[Workload], Callable[[], None]]] = {
     "ours delivery (target: the server)": _probe(DeliveryProbe, lambda w: [w.server]),
+    "ours delivery without the first request's wait (target: the server)":
+        _probe(lambda: DeliveryProbe(DeliveryConfig(first_request=False)), lambda w: [w.server]),
     "ours delivery (non-target)": _probe(DeliveryProbe, lambda w: [os.getpid()]),
     "ours tcpretrans (host-wide)": _probe(TcpRetransProbe, lambda w: [w.server]),
     "tcpretrans-bpfcc": _bcc_tcpretrans,
@@ -183,23 +231,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--connections", action="store_true",
+                        help="a connection per op (connect, a byte each way, close) instead of a ping-pong on one")
+    parser.add_argument("--only", action="append", help="run only the conditions whose name contains this")
     args = parser.parse_args(argv)
+    conditions = {k: v for k, v in CONDITIONS.items() if not args.only or any(o in k for o in args.only)}
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         src, binary = Path(tmp) / "w.c", Path(tmp) / "w"
         src.write_text(WORKLOAD_C)
         subprocess.run(["cc", "-O2", "-o", str(binary), str(src)], check=True)
         w = Workload(binary, args)
-        diffs: dict[str, list[float]] = {name: [] for name in CONDITIONS}
-        base: dict[str, list[float]] = {name: [] for name in CONDITIONS}
+        diffs: dict[str, list[float]] = {name: [] for name in conditions}
+        base: dict[str, list[float]] = {name: [] for name in conditions}
         cpu0 = time.process_time()
         try:
             block(w, 1)  # warm up
             for _ in range(args.rounds):
-                for name in rng.sample(list(CONDITIONS), len(CONDITIONS)):
+                for name in rng.sample(list(conditions), len(conditions)):
                     order = rng.random() < 0.5
                     none = block(w, args.runs) if order else None
-                    detach = CONDITIONS[name](w)
+                    detach = conditions[name](w)
                     try:
                         with_probe = block(w, args.runs)
                     finally:
@@ -210,8 +262,9 @@ def main(argv: list[str] | None = None) -> int:
                     base[name].append(none)
         finally:
             w.kill()
-    print(f"| condition | ns per round trip: median [p25..p75] | ns per segment received | "
-          f"round trip without ({SEGMENTS_PER_OP} segments) |")
+    unit = "connection" if args.connections else "round trip"
+    print(f"| condition | ns per {unit}: median [p25..p75] | ns per segment received | "
+          f"{unit} without ({SEGMENTS_PER_OP if not args.connections else 'SYN, ACK, data, FIN: ~5'} segments) |")
     print("|---|---|---|---|")
     out = {}
     for name, ds in diffs.items():

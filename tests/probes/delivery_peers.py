@@ -4,10 +4,12 @@
     python -m tests.probes.delivery_peers client HOST PORT CONNECTIONS REQUESTS SIZE INTERVAL [--delayed-ack]
     python -m tests.probes.delivery_peers idle HOST PORT CONNECTIONS    # one small reply each, then idle
     python -m tests.probes.delivery_peers stall HOST PORT SIZE          # asks for SIZE bytes, never reads
+    python -m tests.probes.delivery_peers early HOST PORT CONNECTIONS DELAY  # a pool: connect, DELAY s, request
 
 Request: "ID SIZE\\n". Reply: SIZE bytes, the last one "\\n". The server prints "w ID T" after each reply is
 written (T: CLOCK_MONOTONIC ns, the clock of bpf_ktime_get_ns); the client prints "r ID T" when it holds a
-reply's last byte, and "c FIRST NS" after each connect (its duration). Unless --delayed-ack, the client asks for an immediate ACK (TCP_QUICKACK) before each read,
+reply's last byte, "c FIRST NS T" after each connect (its duration, its end), and "s ID T" as each connection's
+first request leaves. Unless --delayed-ack, the client asks for an immediate ACK (TCP_QUICKACK) before each read,
 so that its kernel's ACK goes out when the bytes arrive, not on its delayed-ACK timer.
 """
 
@@ -49,9 +51,13 @@ def _client_conn(host: str, port: int, first: int, requests: int, size: int, int
                  lock: threading.Lock) -> None:
     t0 = time.monotonic_ns()
     with socket.create_connection((host, port), timeout=120) as conn:
+        end = time.monotonic_ns()
         with lock:
-            print(f"c {first} {time.monotonic_ns() - t0}", flush=True)  # connect's duration, ns
+            print(f"c {first} {end - t0} {end}", flush=True)  # connect's duration, ns, and its end
         for ident in range(first, first + requests):
+            if ident == first:
+                with lock:
+                    print(f"s {ident} {time.monotonic_ns()}", flush=True)  # the first request leaves
             conn.sendall(f"{ident} {size}\n".encode())
             got = 0
             while got < size:
@@ -76,6 +82,32 @@ def client(host: str, port: int, connections: int, requests: int, size: int, int
     for t in threads:
         t.start()
         time.sleep(interval / connections)
+    for t in threads:
+        t.join()
+    print("done", flush=True)
+
+
+def _early_conn(host: str, port: int, ident: int, delay: float, lock: threading.Lock) -> None:
+    with socket.create_connection((host, port), timeout=60) as conn:
+        time.sleep(delay)
+        with lock:
+            print(f"s {ident} {time.monotonic_ns()}", flush=True)
+        conn.sendall(f"{ident} 100\n".encode())
+        got = 0
+        while got < 100:
+            chunk = conn.recv(4096)
+            if not chunk:
+                raise SystemExit(f"server closed the connection after {got} of 100 bytes")
+            got += len(chunk)
+
+
+def early(host: str, port: int, connections: int, delay: float) -> None:
+    """A pool that connects ahead of use: CONNECTIONS connections opened at once, each sending its first request
+    DELAY seconds after its handshake (one small request and reply each)."""
+    lock = threading.Lock()
+    threads = [threading.Thread(target=_early_conn, args=(host, port, i, delay, lock)) for i in range(connections)]
+    for t in threads:
+        t.start()
     for t in threads:
         t.join()
     print("done", flush=True)
@@ -112,6 +144,8 @@ if __name__ == "__main__":
         server(int(sys.argv[2]))
     elif sys.argv[1] == "idle":
         idle(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1] == "early":
+        early(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
     elif sys.argv[1] == "stall":
         stall(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:

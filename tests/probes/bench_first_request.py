@@ -1,0 +1,120 @@
+"""What the first request's wait costs the delivery probe, per BPF program run, with and without it.
+
+Run as root from the repository root, under the exclusive lock (about a minute; docs/BENCHMARKS.md "The first
+request's wait, cost"):
+
+    .venv/bin/python -m tests.probes.bench_first_request [--rounds 4] [--connections 3000] [--json]
+
+The delivery probe (target: the workload's server) is attached with `DeliveryConfig(first_request=True)` and
+`False` in alternation, `--rounds` times each. While it is attached, the workload of tests/probes/bench_delivery.py
+runs in its connection mode (a connection per op: connect, a byte each way, close; client and server pinned to one
+CPU) and then in its ping-pong mode (one connection, a byte each way per round trip). The kernel's own BPF
+statistics (`kernel.bpf_stats_enabled`, on for the run and restored after; each program fd's fdinfo) give each program's
+run count and run time: ns per run of each hook, and ns per connection and per segment summed over the hooks,
+the kernel's figure rather than a wall-clock difference. With the wait, a completed handshake makes the new
+socket's `flows` entry (`inet_sock_set_state`), and the first segment after it takes one more branch and a few
+counter increments (`tcp_probe`); every other segment pays one load and a branch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from probes.delivery import DeliveryConfig, DeliveryProbe
+from tests.probes.bench_delivery import WORKLOAD_C, Workload
+
+HOOKS = ("tcp_probe", "inet_sock_set_state", "sock_send_length", "sock_recv_length", "tcp_destroy_sock")
+
+
+def prog_stats(bpf) -> dict[str, tuple[int, int]]:
+    """Hook -> (run_cnt, run_time_ns) of the probe's own program on it, from its fd's fdinfo (the kernel truncates
+    program names to 15 characters, so bpftool's names do not tell the tcp tracepoints apart)."""
+    got: dict[str, tuple[int, int]] = {}
+    for name, fn in bpf.funcs.items():
+        hook = next((h for h in HOOKS if (name.decode() if isinstance(name, bytes) else name).endswith(h)), None)
+        if hook is None:
+            continue
+        info = dict(line.split(":", 1) for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
+                    if ":" in line)
+        got[hook] = (int(info.get("run_cnt", "0")), int(info.get("run_time_ns", "0")))
+    for hook in HOOKS:
+        got.setdefault(hook, (0, 0))
+    return got
+
+
+def measure(binary: Path, mode: str, ops: int, first_request: bool) -> dict:
+    args = argparse.Namespace(round_trips=ops, cpu=1, connections=mode == "conn")
+    w = Workload(binary, args)
+    probe = DeliveryProbe(DeliveryConfig(first_request=first_request))
+    try:
+        probe.start([w.server])
+        before = prog_stats(probe._bpf)
+        w.go()
+        after = prog_stats(probe._bpf)
+        reading = probe.read().get(w.server)
+    finally:
+        probe.stop()
+        w.kill()
+    runs = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in HOOKS}
+    return {"runs": runs, "total_ns": sum(t for _, t in runs.values()),
+            "first_requests": reading.first_requests if reading else None,
+            "late_requests": reading.late_requests if reading else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--connections", type=int, default=3000)
+    parser.add_argument("--round-trips", type=int, default=20000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    stats_path = Path("/proc/sys/kernel/bpf_stats_enabled")
+    was = stats_path.read_text().strip()
+    results: dict[str, dict[str, list[dict]]] = {m: {"on": [], "off": []} for m in ("conn", "pingpong")}
+    with tempfile.TemporaryDirectory() as tmp:
+        src, binary = Path(tmp) / "w.c", Path(tmp) / "w"
+        src.write_text(WORKLOAD_C)
+        subprocess.run(["cc", "-O2", "-o", str(binary), str(src)], check=True)
+        stats_path.write_text("1")
+        try:
+            for _ in range(args.rounds):
+                for on in (True, False):
+                    results["conn"]["on" if on else "off"].append(
+                        measure(binary, "conn", args.connections, on))
+                    results["pingpong"]["on" if on else "off"].append(
+                        measure(binary, "pingpong", args.round_trips, on))
+        finally:
+            stats_path.write_text(was)
+    summary = {}
+    for mode, per in results.items():
+        ops = args.connections if mode == "conn" else args.round_trips
+        for cond, rs in per.items():
+            hooks = {}
+            for h in HOOKS:
+                cnt = sum(r["runs"][h][0] for r in rs)
+                t = sum(r["runs"][h][1] for r in rs)
+                hooks[h] = {"runs_per_op": round(cnt / ops / len(rs), 2), "ns_per_run": round(t / cnt, 1) if cnt else None}
+            per_op = [r["total_ns"] / ops for r in rs]
+            summary[f"{mode} {cond}"] = {"ns_per_op_median": round(statistics.median(per_op), 1),
+                                         "ns_per_op": [round(x, 1) for x in per_op], "hooks": hooks,
+                                         "first_requests": [r["first_requests"] for r in rs],
+                                         "late_requests": [r["late_requests"] for r in rs]}
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        for name, r in summary.items():
+            hooks = ", ".join(f"{h} {v['ns_per_run']} ns x{v['runs_per_op']}" for h, v in r["hooks"].items()
+                              if v["runs_per_op"])
+            print(f"{name}: {r['ns_per_op_median']} ns per op (BPF, all hooks) {r['ns_per_op']}; {hooks}; "
+                  f"first requests {r['first_requests']} late {r['late_requests']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
