@@ -130,13 +130,22 @@ SIGNALS: tuple[Signal, ...] = (
            0.1, "s/s", 1, "pressure"),
 )
 
-BY_NAME = {s.name: s for s in SIGNALS}
+# Witnesses: read every window and kept in the baseline's rows beside the signals (so each has a median and a usual
+# high), but not ranked as causes on their own. The CPU stall of the server's cgroup counts only beside a named
+# neighbour (LatencyDetector._contention): where the server runs in the root cgroup it is the host's figure, which
+# any busy neighbour raises, the server's latency moved or not. Floor 5 % of the time; a rise counts from 0.1 s/s.
+WITNESSES: tuple[Signal, ...] = (
+    Signal("cpu_pressure", "cpu_contention", "CPU stall of the server's cgroup (PSI some)", _pressure("cpu_some"),
+           0.05, 0.1, "s/s", 1, "pressure"),
+)
+
+BY_NAME = {s.name: s for s in SIGNALS + WITNESSES}
 
 
 def read_all(f: Features) -> dict[str, float | None]:
-    """Every signal of one window; a value that is not a finite number is unmeasured (None), never kept as NaN."""
+    """Every signal and witness of one window; a value that is not a finite number is unmeasured (None), never kept as NaN."""
     out: dict[str, float | None] = {}
-    for s in SIGNALS:
+    for s in SIGNALS + WITNESSES:
         v = s.read(f)
         out[s.name] = float(v) if v is not None and math.isfinite(v) else None
     return out

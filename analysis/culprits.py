@@ -87,3 +87,54 @@ def named(cause: Cause, samples: Sequence[dict[str, Any]]) -> Cause:
     words = "; ".join(describe(Culprit(pid=n.pid, comm=n.comm, seconds=n.seconds, cmdline=n.cmdline, user=n.user),
                                wait, duration) for n in found[:NAMED])
     return dataclasses.replace(cause, evidence=f"{cause.evidence}; {words}", neighbours=found)
+
+
+@dataclasses.dataclass(frozen=True)
+class Leader:
+    """The neighbour the target's run-queue wait was charged to most over a run of windows (see `leader`)."""
+
+    pid: int
+    comm: str
+    cmdline: str | None
+    user: str | None
+    seconds: float  # of the target's wait charged to it, summed over the windows
+    wait: float  # the target's wait (less the agent's share), summed over the same windows
+    windows: int  # windows in which it was among the target's neighbours
+    measured: int  # windows with culprits measured
+    runner_up: float  # seconds charged to the next neighbour
+
+    def words(self) -> str:
+        ahead = f"x{self.seconds / self.runner_up:.1f} the next one's" if self.runner_up > 0 else "no other neighbour"
+        return (f"one neighbour led the server's run-queue wait: pid {self.pid} `{self.comm}`, among its neighbours "
+                f"in {self.windows} of {self.measured} windows ({ahead})")
+
+
+def leader(samples: Sequence[dict[str, Any]], min_windows: int, lead: float) -> Leader | None:
+    """The one neighbour behind the target's run-queue wait over these windows, or None: the process charged the
+    most of it (summed by pid over the windows that measured culprits), present among the neighbours in at least
+    min_windows windows (a process that persisted, not one burst), and charged at least `lead` times the next
+    neighbour (one process to blame, not a crowd of tenants that come and go). Never the target's own processes, the
+    agent or the idle task: `top` holds neighbours only (see `sample`)."""
+    kept = [s["culprits"] for s in samples if isinstance(s.get("culprits"), dict)]
+    if len(kept) < min_windows:
+        return None
+    rows: dict[int, dict[str, Any]] = {}
+    for k in kept:
+        for c in k["top"]:
+            row = rows.setdefault(c["pid"], {**c, "seconds": 0.0, "windows": 0})
+            row["seconds"] += c["seconds"]
+            row["windows"] += 1
+    ranked = sorted(rows.values(), key=lambda r: (-r["seconds"], r["pid"]))
+    if not ranked or ranked[0]["seconds"] <= 0 or ranked[0]["windows"] < min_windows:
+        return None
+    top, runner_up = ranked[0], ranked[1]["seconds"] if len(ranked) > 1 else 0.0
+    if top["seconds"] < lead * runner_up:
+        return None
+    return Leader(pid=top["pid"], comm=top["comm"], cmdline=top["cmdline"], user=top["user"], seconds=top["seconds"],
+                  wait=sum(k["wait"] for k in kept), windows=top["windows"], measured=len(kept), runner_up=runner_up)
+
+
+def present(sample: dict[str, Any], pid: int) -> bool:
+    """Whether `pid` is among the neighbours of one window's kept culprits (False where none were measured)."""
+    kept = sample.get("culprits")
+    return isinstance(kept, dict) and any(c["pid"] == pid for c in kept["top"])

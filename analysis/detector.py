@@ -7,16 +7,16 @@ import math
 from collections import deque
 
 from analysis import culprits, memory_growers
-from analysis.attribution import Attributor
+from analysis.attribution import Attributor, Moved, evidence
 from analysis.baseline import Baseline, BaselineRow, cpu_wait
-from analysis.cause_signals import SIGNALS, read_all
+from analysis.cause_signals import BY_NAME, SIGNALS, read_all
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
 from analysis.members import MemberBaseline, locate, member_measures, rank_in_members
 from analysis.network_part import INDIRECT, PARTS, direct_strength, network_z
 from analysis.profile import leaf_counts, merge, top_shifts
 from analysis.regression import Cause, FunctionShift, Regression
-from analysis.robust import median
+from analysis.robust import median, robust_z
 from analysis.steady_stacks import SteadyStacks
 from analysis.verdict import Verdict
 from analysis.window import Window
@@ -41,7 +41,8 @@ class LatencyDetector:
                  rto_min_seconds: float = 0.2, min_net_scale: float = 0.2, sustained_windows: int = 6,
                  sustained_min_windows: int = 5, sustained_shift: float = 0.75, sustained_change_fraction: float = 0.1,
                  sustained_min_z: float = 6.0, high_quantile: float = 0.9, cause_change_windows: int = 2,
-                 sustained_close_shift: float = 0.375) -> None:
+                 sustained_close_shift: float = 0.375, contention_stall_ratio: float = 2.0,
+                 contention_lead: float = 2.0, contention_onset_windows: int = 12) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
         self.open_score = open_score
@@ -82,6 +83,9 @@ class LatencyDetector:
         self.sustained_min_z = sustained_min_z
         self.high_quantile = high_quantile
         self.cause_change_windows = cause_change_windows
+        self.contention_stall_ratio = contention_stall_ratio
+        self.contention_lead = contention_lead
+        self.contention_onset_windows = contention_onset_windows
         self._check_params()
         self.reset()
 
@@ -106,6 +110,11 @@ class LatencyDetector:
                              f"{self.sustained_min_windows!r}, {self.sustained_windows!r}")
         if not 0.5 <= self.high_quantile < 1:
             raise ValueError(f"high_quantile must be in [0.5, 1), got {self.high_quantile!r}")
+        if self.contention_onset_windows < self.sustained_windows:
+            raise ValueError(f"contention_onset_windows must be >= sustained_windows, got {self.contention_onset_windows!r}")
+        if self.contention_stall_ratio < 1 or self.contention_lead < 1:
+            raise ValueError("contention_stall_ratio and contention_lead must be >= 1, got "
+                             f"{self.contention_stall_ratio!r}, {self.contention_lead!r}")
         if self.baseline_windows < self.warmup_windows:
             raise ValueError(f"baseline_windows must be >= warmup_windows, got {self.baseline_windows!r}")
 
@@ -139,6 +148,11 @@ class LatencyDetector:
         self.moved_leaves_: list[dict[str, float]] = []  # those windows' stacks: the next regression's functions
         self.last_id_: str | None = None
         self.members_base_ = MemberBaseline(self.high_quantile)
+        # Scored windows in a row, up to this one, whose CPU stall was the stall's min_change above the baseline's
+        # median: how long ago the stall began (the contention rule opens only on a stall that began with the latency
+        # shift). The median, not the usual high: the high climbs as a stall that stays joins the baseline, and a
+        # window that dips under it would make an old stall look new.
+        self.stalled_for_ = 0
 
     def get_state(self) -> dict:
         """JSON-serialisable: baseline rows, profile, and the open episode with its debouncing state."""
@@ -162,6 +176,7 @@ class LatencyDetector:
             "members_base": self.members_base_.to_dict(),
             "members_rows": self.members_base_.rows_to_dict(),
             "recent": list(self.recent_),
+            "stalled_for": self.stalled_for_,
             "pending": [{"row": row.to_dict(), "leaves": leaves} for row, leaves in self.pending_],
         }
 
@@ -201,6 +216,7 @@ class LatencyDetector:
         self.last_id_ = state.get("last_id")
         self.members_base_.load(state.get("members_base", {}), state.get("members_rows", {}))
         self.recent_.extend(state.get("recent", []))
+        self.stalled_for_ = int(state.get("stalled_for", 0))
         self.pending_.extend((BaselineRow.from_dict(p["row"]), p.get("leaves")) for p in state.get("pending", []))
 
     def interrupt(self, at: float) -> Regression | None:
@@ -267,9 +283,10 @@ class LatencyDetector:
             self.history_.append(anomalous)
         if score is not None:
             self.recent_.append({"score": score, **values})
+            self.stalled_for_ = self.stalled_for_ + 1 if self._cpu_stalled(values.get("cpu_pressure"), False) else 0
         # A small shift that no single window shows: latency a little above its usual level over the last windows,
         # with a cause signal above its baseline's usual high in nearly all of them.
-        sustained = self._sustained(self.sustained_shift) if score is not None and not anomalous else []
+        sustained = self._sustained(self.sustained_shift, True) if score is not None and not anomalous else []
         if anomalous:
             self.run_.append({**values, "leaves": leaves or {}})
         elif not any(self.history_):
@@ -350,7 +367,7 @@ class LatencyDetector:
         net = model.z_net(server_mean, wait, n, expected_mean)
         return round(gross if net is None else max(gross, net), 4)
 
-    def _sustained(self, min_shift: float) -> list[Cause]:
+    def _sustained(self, min_shift: float, opening: bool = False) -> list[Cause]:
         """The causes of a sustained small shift over the last sustained_windows scored windows, [] when there is
         none: their mean score at least min_shift (sustained_shift to open, sustained_close_shift to stay open) above
         the baseline windows' own median score, and a cause signal persistently above its baseline's high quantile
@@ -360,7 +377,55 @@ class LatencyDetector:
         causes = self._attributor().rank_persistent(list(self.recent_), self.baseline_.stats(),
                                                     self.sustained_min_windows, self.sustained_change_fraction,
                                                     self.sustained_min_z)
-        return [] if causes[0].label == "unknown" else causes
+        if causes[0].label != "unknown":
+            return causes
+        if opening and self.stalled_for_ > self.contention_onset_windows:
+            return []  # the stall was there long before the latency moved: not what moved it (see _contention)
+        found = self._contention(list(self.recent_), self.sustained_min_windows)
+        return [] if found is None else [found]
+
+    def _cpu_stalled(self, x: float | None, above_high: bool = True) -> bool:
+        """This CPU stall (s/s) lies the stall's min_change above the baseline's median and (above_high) above its
+        usual high."""
+        sig = BY_NAME["cpu_pressure"]
+        stats = self.baseline_.stats().get(sig.name)
+        return (stats is not None and stats.high is not None and x is not None and math.isfinite(x)
+                and (x > stats.high or not above_high) and x - stats.median >= sig.min_change)
+
+    def _contention(self, samples: list[dict], min_windows: int) -> Cause | None:
+        """`cpu_contention` from direct evidence over a run of windows, None without it: the CPU stall of the server's
+        cgroup (PSI some; the host's where the server runs in the root cgroup) above its baseline's usual high and
+        min_change above its median in at least min_windows of them, their median contention_stall_ratio times the
+        baseline's; and one neighbour that led the server's run-queue wait (analysis.culprits.leader: present in
+        min_windows of them, charged contention_lead times the next neighbour). Neither alone: the stall is any busy
+        tenant's, and a shared host always has a neighbour that leads. The latency shift is the caller's test (the
+        sustained bar): a busier host with a named neighbour is not a regression unless the server's latency moved.
+        Both must hold in the newest window too: a fault that has already passed is not one to open now. To open
+        (not to name), the stall must also have begun at most contention_onset_windows windows ago: a stall that
+        was there while the latency stayed as usual did not move it, and a busy neighbour that stays would otherwise
+        be named at every chance latency shift until the baseline learnt it.
+        No z gate (the sustained test's sustained_min_z): on a host whose tenants come and go the stall's baseline
+        spread is wide, and the neighbour named by the kernel is the corroboration the z gate stood in for."""
+        sig = BY_NAME["cpu_pressure"]
+        stats = self.baseline_.stats().get(sig.name)
+        if stats is None or stats.high is None:
+            return None
+        xs = [x for x in (s.get(sig.name) for s in samples) if x is not None and math.isfinite(x)]
+        above = sum(map(self._cpu_stalled, xs))
+        # Still there in the newest window: a burst of tenants that has passed is no fault to open now.
+        if above < min_windows or not samples or not self._cpu_stalled(samples[-1].get(sig.name)):
+            return None
+        value = median(xs)
+        ratio = value / max(stats.median, sig.floor)
+        if ratio < self.contention_stall_ratio:
+            return None
+        who = culprits.leader(samples, min_windows, self.contention_lead)
+        if who is None or not culprits.present(samples[-1], who.pid):
+            return None
+        moved = Moved(sig, value, stats.median, ratio, robust_z(value, stats.median, stats.sigma, sig.min_change / 4))
+        words = (f"{evidence(moved)}, above the baseline's usual high ({stats.high:.3g} s/s) in {above} of "
+                 f"{len(samples)} windows; {who.words()}")
+        return Cause("cpu_contention", round(moved.score, 4), words, value, stats.median)
 
     def _recent_shift(self) -> float:
         """How far the last scored windows' mean score lies above the baseline windows' own median score."""
@@ -511,7 +576,11 @@ class LatencyDetector:
         persistent = self._attributor().rank_persistent(samples, stats, max(2, len(samples) - allowed_misses),
                                                         self.sustained_change_fraction, self.sustained_min_z,
                                                         not_measured)
-        return persistent if persistent[0].label != "unknown" else causes
+        if persistent[0].label != "unknown":
+            return persistent
+        # Nor by persisting: the direct evidence of an outside CPU hog, the stall and the neighbour behind it.
+        found = self._contention(samples, max(2, len(samples) - allowed_misses))
+        return causes if found is None else [found]
 
     def _functions(self) -> list[FunctionShift]:
         if not self.episode_leaves_ or not self.baseline_.profile:
