@@ -15,17 +15,23 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from agent.sources.pyspy import find_pyspy
 from benchmarks.harness import AgentProcess, agent_config, free_port
 from benchmarks.openloop import OpenLoop
 from benchmarks.overhead import _wait_healthy
 from benchmarks.procstat import usage
+
+
+def _pyspy() -> str:
+    """The py-spy installed beside this interpreter (the venv's), else the one on PATH (as the agent finds it)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() else shutil.which("py-spy") or "py-spy"
 
 
 def _frame(f: str) -> str:
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"for {args.seconds:.0f} s", file=sys.stderr)
             u0, t0 = usage(agent.pid), time.monotonic()
             folded = out / "agent.folded"
-            subprocess.run([find_pyspy() or "py-spy", "record", "--pid", str(agent.pid), "--rate", str(args.hz), "--duration",
+            subprocess.run([_pyspy(), "record", "--pid", str(agent.pid), "--rate", str(args.hz), "--duration",
                             str(int(args.seconds)), "--format", "raw", "--function", "--threads", "--nonblocking",
                             "--output", str(folded)], check=True, stdout=subprocess.DEVNULL)
             u1, t1 = usage(agent.pid), time.monotonic()
