@@ -226,7 +226,8 @@ class LatencyDetector:
     def update(self, window: Window) -> Verdict:
         f = extract(window)
         leaves = leaf_counts(window.stacks.active) if window.stacks is not None and window.stacks.active else None
-        carried = self.steady_stacks_.read(window, f.app_wait_threads, leaves, read_all(f)["blocked"])
+        own = read_all(f)
+        carried = self.steady_stacks_.read(window, f.app_wait_threads, leaves, own["blocked"])
         span = self.steady_stacks_.span  # windows this window's recording spanned (analysis.steady_stacks)
         usable = (f.requests is not None and f.requests >= self.min_requests and f.mean_seconds is not None
                   and f.mean_seconds > 0)
@@ -242,7 +243,7 @@ class LatencyDetector:
         model = self.model_
         expected_all = model.expected(f.request_rate, f.tokens_per_request)
         expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
-        values = {**read_all(f), "jsd": self.baseline_.jsd(leaves, span)}
+        values = {**own, "jsd": self.baseline_.jsd(leaves, span)}
         # The lock signal net of the threads the kernel saw in non-lock waits over the windows its recording spanned
         # (analysis.steady_stacks.lock_waits): a recording taken while threads stalled on page faults is no lock.
         usual = self.baseline_.stats().get("blocked")
