@@ -17,7 +17,7 @@ from analysis.network_part import INDIRECT, PARTS, direct_strength, network_z
 from analysis.profile import leaf_counts, merge, top_shifts
 from analysis.regression import Cause, FunctionShift, Regression
 from analysis.robust import median, robust_z
-from analysis.steady_stacks import SteadyStacks
+from analysis.steady_stacks import SteadyStacks, lock_waits
 from analysis.verdict import Verdict
 from analysis.window import Window
 
@@ -242,7 +242,8 @@ class LatencyDetector:
     def update(self, window: Window) -> Verdict:
         f = extract(window)
         leaves = leaf_counts(window.stacks.active) if window.stacks is not None and window.stacks.active else None
-        carried = self.steady_stacks_.read(window, f.app_wait_threads, leaves)
+        own = read_all(f)
+        carried = self.steady_stacks_.read(window, f.app_wait_threads, leaves, own["blocked"])
         span = self.steady_stacks_.span  # windows this window's recording spanned (analysis.steady_stacks)
         usable = (f.requests is not None and f.requests >= self.min_requests and f.mean_seconds is not None
                   and f.mean_seconds > 0)
@@ -258,11 +259,17 @@ class LatencyDetector:
         model = self.model_
         expected_all = model.expected(f.request_rate, f.tokens_per_request)
         expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
-        values = {**read_all(f), "jsd": self.baseline_.jsd(leaves, span)}
+        values = {**own, "jsd": self.baseline_.jsd(leaves, span)}
+        # The lock signal net of the threads the kernel saw in non-lock waits over the windows its recording spanned
+        # (analysis.steady_stacks.lock_waits): a recording taken while threads stalled on page faults is no lock.
+        usual = self.baseline_.stats().get("blocked")
+        usual_blocked = None if usual is None else usual.median
+        values["app_wait"] = lock_waits(values["app_wait"], self.steady_stacks_.span_blocked, usual_blocked)
         if carried is not None:
             # Signals only: the baseline learns each recording once, from the window it came with.
             values.update(read_all(dataclasses.replace(f, app_wait_threads=carried.app_wait_threads)),
                           jsd=self.baseline_.jsd(carried.leaves, carried.span), stacks_carried_from=carried.at)
+            values["app_wait"] = lock_waits(values["app_wait"], carried.blocked, usual_blocked)
         if window.members:
             values["members"] = member_measures(window, f)  # where a family's causes live (analysis.members)
         if (kept := culprits.sample(window)) is not None:

@@ -47,10 +47,12 @@ DEFAULT_BURST_RATE_HZ = 49
 DEFAULT_SEGMENT_SECONDS = 5
 # Steady (non-burst) recordings run longer: each attach costs ~15 ms of CPU, a third of the steady cost at 5 s
 # (docs/BENCHMARKS.md "Steady segments of 15 s, bursts of 5 s"). A burst trigger cuts a steady recording short.
-# One window, as before 2026-12-04: 15 s costs a third of the attaches (docs/BENCHMARKS.md) but changes what the
-# detector names in replays even with the windows between reading the latest recording (analysis.steady_stacks):
-# its profile shift is measured on fewer, larger samples (docs/BENCHMARKS.md "Steady segments ...: replayed").
-DEFAULT_STEADY_SEGMENT_SECONDS = 5
+# Three windows: a third of the attaches. The detector reads the latest recording's lock signal for the windows
+# between (analysis.steady_stacks) and its profile shift at one window's share of its samples (analysis.baseline),
+# so replayed as 15 s recordings the recorded scenarios name the same causes (docs/BENCHMARKS.md); its lock signal is
+# read net of the kernel's blocked waits over the windows it spanned (analysis.steady_stacks.lock_waits), so idle stacks
+# taken while threads stalled on page faults are not carried on as a lock.
+DEFAULT_STEADY_SEGMENT_SECONDS = 15
 # How often a steady recording longer than a burst segment asks the burst trigger whether to end early.
 TRIGGER_POLL_SECONDS = 1.0
 DEFAULT_BURST_HOLD_SEGMENTS = 3

@@ -56,7 +56,7 @@ def test_no_file_gives_defaults_with_the_bundled_workload_target() -> None:
     assert c == Config()
     assert (c.interval_seconds, c.listen) == (5.0, "127.0.0.1:9464")
     assert c.stacks == StacksConfig(enabled=True, rate_hz=3, burst_rate_hz=49, burst_hold_segments=3,
-                                    segment_seconds=5, steady_segment_seconds=5, nonblocking=True)
+                                    segment_seconds=5, steady_segment_seconds=15, nonblocking=True)
     assert c.store_dir == Path("/var/lib/infersight")
     assert c.probes.enabled() == ["syscalls", "offcpu", "gc", "tcp", "runqueue", "delivery"]
     (t,) = c.targets

@@ -97,3 +97,59 @@ def test_a_recording_that_ended_just_after_a_window_spans_the_windows_its_ticks_
         carry.read(_window(i, errors=RUNNING), None, None)
     carry.read(_window(4, StackReading(rate_hz=3, samples=45)), 0.0, {"a": 9.0})
     assert carry.span == 3
+
+
+def test_the_lock_signal_is_net_of_the_threads_the_kernel_saw_in_non_lock_waits() -> None:
+    from analysis.steady_stacks import lock_waits
+
+    assert lock_waits(0.6, 0.7, 0.0) == 0.0  # every idle thread is accounted for by sleeps, disk or page faults
+    assert abs(lock_waits(0.6, 0.25, 0.05) - 0.4) < 1e-9  # beyond the baseline's usual blocked waits only
+    assert lock_waits(0.6, 0.01, 0.05) == 0.6  # fewer than usual: nothing to take away
+    assert lock_waits(0.6, None, 0.0) == 0.6 and lock_waits(0.6, 0.7, None) == 0.6  # unmeasured: unchanged
+    assert lock_waits(None, 0.7, 0.0) is None
+
+
+def test_a_recording_carries_the_kernels_blocked_waits_over_the_windows_it_spanned() -> None:
+    carry = SteadyStacks()
+    carry.read(_window(0, StackReading(rate_hz=3, samples=15)), 0.0, None, 5.0)  # before the span: not counted
+    carry.read(_window(1, errors=RUNNING), None, None, 0.9)
+    carry.read(_window(2, errors=RUNNING), None, None, 0.0)
+    carry.read(_window(3, StackReading(rate_hz=3, samples=45)), 0.3, None, 0.0)
+    assert carry.latest is not None and carry.latest.span == 3
+    assert abs(carry.latest.blocked - 0.3) < 1e-9 and carry.span_blocked == carry.latest.blocked
+    carry.read(_window(4, StackReading(rate_hz=3, samples=15)), 0.0, None, None)  # unmeasured: no account
+    assert carry.latest.blocked is None
+
+
+def _carried_lock_signal(fault_blocked: float) -> float:
+    """The lock signal a window reads after a recording of three windows whose first window had threads waiting in
+    their own code 0.9 of the time, while the kernel saw `fault_blocked` threads in disk waits in that window."""
+    from analysis.detector import LatencyDetector
+    from tests.analysis import synth
+    from tests.analysis.synth import Load
+
+    det = LatencyDetector()
+    seen: list[dict] = []
+    real = det._corroboration
+    det._corroboration = lambda values: (seen.append(values), real(values))[1]  # type: ignore[method-assign]
+    for w in synth.windows(0, 40, seed=1):
+        det.update(w)
+    # The recording's idle samples: 0.9 extra thread in the first of its three windows, as a recording sums them.
+    first = synth.window(40, Load(lock_wait_threads=0.9, fsync=fault_blocked), seed=1)
+    det.update(replace(first, stacks=None, errors=RUNNING))
+    det.update(replace(synth.window(41, seed=1), stacks=None, errors=RUNNING))
+    third = synth.window(42, seed=1)
+    s = first.stacks
+    spanned = StackReading(active=s.active, rate_hz=s.rate_hz, samples=3 * s.samples,
+                           idle={k: v + 2 * third.stacks.idle.get(k, 0) for k, v in s.idle.items()})
+    det.update(replace(third, stacks=spanned))
+    det.update(replace(synth.window(43, seed=1), stacks=None, errors=RUNNING))
+    assert seen[-1]["stacks_carried_from"] == third.end
+    return seen[-1]["app_wait"]
+
+
+def test_a_recording_taken_while_threads_stalled_on_disk_or_page_faults_carries_no_lock_signal() -> None:
+    # Without the kernel's blocked waits the recording's idle threads are a lock's: 0.3 extra thread over its span.
+    assert _carried_lock_signal(0.0) > 0.35
+    # With the kernel seeing as many threads in disk waits over the same span, they are accounted for.
+    assert _carried_lock_signal(0.9) < 0.15
