@@ -143,31 +143,30 @@ class ProcSockets:
         if kept is not None and now - kept[0] < self.ttl:
             return kept[1]
         net = self.proc_root / str(pid) / "net"
-        try:
-            in_use = sockets_in_use((net / sockstat).read_text(), prefix)
-        except FileNotFoundError:
-            in_use = None  # no sockstat here (IPv6 off, or a test's /proc): read the table to know
-        except ProcessLookupError as exc:
-            raise TargetGone(f"process {pid} is gone (reading {net / sockstat})") from exc
-        except PermissionError as exc:
-            raise AccessDenied(f"cannot read {net / sockstat}: {exc}") from exc
+        # No sockstat (IPv6 off, or a test's /proc): read the table to know.
+        stat = _read_proc(pid, net / sockstat)
         text: str | None = ""
-        if in_use != 0:
-            path = net / table
-            try:
-                text = path.read_text()
+        if stat is None or sockets_in_use(stat, prefix) != 0:
+            text = _read_proc(pid, net / table)  # None: no IPv6 in this kernel or namespace
+            if text is not None:
                 self.table_reads += 1
-            except FileNotFoundError:
-                text = None  # no IPv6 in this kernel or namespace
-            except ProcessLookupError as exc:
-                raise TargetGone(f"process {pid} is gone (reading {path})") from exc
-            except PermissionError as exc:
-                raise AccessDenied(f"cannot read {path}: {exc}") from exc
         if key is not None and text is not None:
             with self._lock:
                 self._tables = {k: v for k, v in self._tables.items() if now - v[0] < self.ttl}  # live namespaces only
                 self._tables[key] = (now, text)
         return text
+
+
+def _read_proc(pid: int, path: Path) -> str | None:
+    """The text of a file under /proc/PID, None where it does not exist; a gone or unreadable process raises."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+    except ProcessLookupError as exc:
+        raise TargetGone(f"process {pid} is gone (reading {path})") from exc
+    except PermissionError as exc:
+        raise AccessDenied(f"cannot read {path}: {exc}") from exc
 
 
 def shared(proc_root: Path = Path("/proc")) -> ProcSockets:
