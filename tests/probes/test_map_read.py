@@ -1,8 +1,9 @@
-"""percpu_array_sums reads a real BPF per-CPU array: the same sums as bcc's per-entry batch, at a fraction of the CPU."""
+"""percpu_array_sums reads a real BPF per-CPU array: the same sums as bcc's per-entry batch.
+
+What it saves in CPU is a benchmark, not a test (a timed assertion fails on a busy host):
+`python -m tests.probes.bench_map_read`, figures in docs/BENCHMARKS.md."""
 
 from __future__ import annotations
-
-import resource
 
 import pytest
 
@@ -11,11 +12,6 @@ from probes.map_read import percpu_array_sums
 pytestmark = [pytest.mark.bpf, pytest.mark.root]
 
 N = 64 * 512  # the syscalls probe's counters at its default max_targets
-
-
-def _cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 def test_sums_every_entry_over_cpus_as_bcc_does(require_bpf) -> None:
@@ -34,15 +30,5 @@ def test_sums_every_entry_over_cpus_as_bcc_does(require_bpf) -> None:
         sums = percpu_array_sums(table)
         assert sums == expected and type(sums[N - 1]) is int
         assert sums[N - 1] == sum((N - 1) * 10 + c + 1 for c in range(ncpu)) and sums[2] == 0
-        # The point of it: bcc builds a ctypes key and value per entry; best of three each way.
-        cost_bcc, cost_ours = [], []
-        for _ in range(3):
-            c = _cpu()
-            dict(table.items_lookup_batch())
-            cost_bcc.append(_cpu() - c)
-            c = _cpu()
-            percpu_array_sums(table)
-            cost_ours.append(_cpu() - c)
-        assert min(cost_ours) < min(cost_bcc) / 2, (cost_ours, cost_bcc)
     finally:
         bpf.cleanup()
