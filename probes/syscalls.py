@@ -27,6 +27,7 @@ is the same as snapshot-then-clear but exact.
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,8 @@ class SyscallsProbe(SlottedProbe):
     def __init__(self, config: SyscallsConfig | None = None, proc_root: Path = Path("/proc"),
                  machine: str = platform.machine()) -> None:
         super().__init__(config or SyscallsConfig(), proc_root)
-        self._counts_seen: list[int] = [0] * (self.config.max_targets * SYSCALL_SLOTS)
+        # slot -> its SYSCALL_SLOTS counters as last read (the baseline of the next reading)
+        self._counts_seen: dict[int, list[int]] = {}
         self._latency_seen: dict[tuple[int, int], int] = {}
         self.machine = machine
         self._health.detail["syscall_names"] = (
@@ -190,12 +192,11 @@ class SyscallsProbe(SlottedProbe):
         return render(self.config)
 
     def _take_baseline(self, added: list[tuple[int, int]]) -> None:
-        counts = self._read_counts()
+        counts = self._read_counts(slot for _, slot in added)
         latency = self._read_latency() if self.config.latency else {}
         for _, slot in added:
-            base = slot * SYSCALL_SLOTS
             # Baseline = whatever the slot's previous owner left: the new owner starts at zero.
-            self._counts_seen[base:base + SYSCALL_SLOTS] = counts[base:base + SYSCALL_SLOTS]
+            self._counts_seen[slot] = counts[slot]
             for key, value in latency.items():
                 if key[0] // SYSCALL_SLOTS == slot:
                     self._latency_seen[key] = value
@@ -203,10 +204,10 @@ class SyscallsProbe(SlottedProbe):
     def _read_slots(self) -> dict[int, SyscallReading]:
         if self.config.latency:
             self._prune_start()
-        counts = self._read_counts()
+        counts = self._read_counts(slot for _, slot in self._slots.items())
         latency = self._read_latency() if self.config.latency else {}
-        readings = {tgid: self._reading(slot, counts, latency) for tgid, slot in self._slots.items()}
-        self._counts_seen = counts
+        readings = {tgid: self._reading(slot, counts[slot], latency) for tgid, slot in self._slots.items()}
+        self._counts_seen.update(counts)
         self._latency_seen.update(latency)
         return readings
 
@@ -220,17 +221,21 @@ class SyscallsProbe(SlottedProbe):
                 except KeyError:
                     pass  # gone already: nothing to prune
 
-    def _read_counts(self) -> list[int]:
-        return percpu_array_sums(self._bpf[b"counts"])
+    def _read_counts(self, slots: Iterable[int]) -> dict[int, list[int]]:
+        """The counters of these slots only: the array holds max_targets x SYSCALL_SLOTS of them (32,768 by
+        default), and a read of all costs ~11 ms of CPU per window where one slot's costs ~0.2 ms
+        (docs/BENCHMARKS.md "Where the agent process's own CPU goes after warm-up")."""
+        table = self._bpf[b"counts"]
+        return {slot: percpu_array_sums(table, slot * SYSCALL_SLOTS, (slot + 1) * SYSCALL_SLOTS) for slot in slots}
 
     def _read_latency(self) -> dict[tuple[int, int], int]:
         return {(k.idx, k.bucket): _percpu_sum(v) for k, v in self._bpf[b"latency"].items_lookup_batch()}
 
     def _reading(self, slot: int, counts: list[int], latency: dict[tuple[int, int], int]) -> SyscallReading:
-        base = slot * SYSCALL_SLOTS
+        seen = self._counts_seen[slot]
         by_name: dict[str, int] = {}
         for nr in range(SYSCALL_SLOTS):
-            delta = counts[base + nr] - self._counts_seen[base + nr]
+            delta = counts[nr] - seen[nr]
             if delta:
                 by_name[syscall_name(nr, self.machine)] = delta
         reading = SyscallReading(counts=by_name)
