@@ -1,10 +1,12 @@
-"""Which TCP endpoints a process holds, from /proc (fd links -> socket inodes -> /proc/PID/net/tcp{,6})."""
+"""Which TCP endpoints a process holds: fd links -> socket inodes -> the namespace's TCP sockets, from sock_diag
+(probes/sock_diag.py) in the agent's own network namespace, else from /proc/PID/net/tcp{,6}."""
 
 from __future__ import annotations
 
 import functools
 import ipaddress
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from analysis.errors import AccessDenied, TargetGone
 from analysis.window import TcpFlow
+from probes import sock_diag
 
 TCP_LISTEN = 10
 
@@ -82,18 +85,50 @@ def sockets_in_use(sockstat: str, prefix: str) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Table:
+    """One namespace's table of one family: the text of /proc/PID/net/tcp{,6}, or sock_diag's sockets by inode."""
+
+    text: str | None = None
+    by_inode: dict[int, Endpoint] | None = None
+
+    def select(self, inodes: set[int]) -> Iterable[Endpoint]:
+        if self.by_inode is not None:
+            return [self.by_inode[i] for i in inodes if i in self.by_inode]
+        return parse_proc_net_tcp(self.text or "", only=inodes).values()
+
+
+EMPTY = _Table(by_inode={})
+FAMILIES = {"tcp": socket.AF_INET, "tcp6": socket.AF_INET6}
+
+
+def _own_netns() -> int | None:
+    try:
+        return os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return None
+
+
 class ProcSockets:
-    """Local TCP endpoints of a process, from /proc (root injectable for tests)."""
+    """Local TCP endpoints of a process (root injectable for tests: a fake /proc is always read as files).
+
+    `sock_diag` (default: on for the real /proc) reads the tables of the agent's own network namespace through
+    NETLINK_SOCK_DIAG; a target in another namespace is read from its /proc/PID/net/tcp{,6}, and so is everything
+    once the kernel refuses a dump (no tcp_diag), with the reason kept in `sock_diag_off`."""
 
     def __init__(self, proc_root: Path = Path("/proc"), ttl: float = TABLE_TTL_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, sock_diag: bool | None = None) -> None:
         self.proc_root = proc_root
         self.ttl = ttl
         self.clock = clock
-        # (network namespace inode, table) -> (read at, text): shared by every pid of one namespace.
-        self._tables: dict[tuple[int, str], tuple[float, str]] = {}
+        self.sock_diag = (Path(proc_root) == Path("/proc")) if sock_diag is None else sock_diag
+        self.sock_diag_off: str | None = None
+        self._own_netns = _own_netns() if self.sock_diag else None
+        # (network namespace inode, table) -> (read at, table): shared by every pid of one namespace.
+        self._tables: dict[tuple[int, str], tuple[float, _Table]] = {}
         self._lock = threading.Lock()  # the probes of one agent share an instance (`shared`)
         self.table_reads = 0  # tables read from /proc: what the cache saves is measured against the calls
+        self.diag_dumps = 0  # tables read through sock_diag
 
     def socket_inodes(self, pid: int) -> set[int]:
         fd_dir = self.proc_root / str(pid) / "fd"
@@ -122,9 +157,9 @@ class ProcSockets:
         netns = self._netns(pid)
         now = self.clock()
         for table, sockstat, prefix in TABLES:
-            text = self._table(pid, netns, table, sockstat, prefix, now)
-            if text is not None:
-                found.update(parse_proc_net_tcp(text, only=inodes).values())
+            view = self._table(pid, netns, table, sockstat, prefix, now)
+            if view is not None:
+                found.update(view.select(inodes))
         return found
 
     def _netns(self, pid: int) -> int | None:
@@ -134,9 +169,10 @@ class ProcSockets:
         except OSError:
             return None
 
-    def _table(self, pid: int, netns: int | None, table: str, sockstat: str, prefix: str, now: float) -> str | None:
-        """The text of /proc/PID/net/<table>, from this namespace's read of the last `ttl` seconds if there is one;
-        None where the table does not exist or its namespace holds no socket of its family."""
+    def _table(self, pid: int, netns: int | None, table: str, sockstat: str, prefix: str,
+               now: float) -> _Table | None:
+        """`pid`'s namespace's table, from this namespace's read of the last `ttl` seconds if there is one;
+        None where the table does not exist (no IPv6)."""
         key = (netns, table) if netns is not None else None
         with self._lock:
             kept = self._tables.get(key) if key is not None else None
@@ -145,16 +181,32 @@ class ProcSockets:
         net = self.proc_root / str(pid) / "net"
         # No sockstat (IPv6 off, or a test's /proc): read the table to know.
         stat = _read_proc(pid, net / sockstat)
-        text: str | None = ""
+        view: _Table | None = EMPTY
         if stat is None or sockets_in_use(stat, prefix) != 0:
-            text = _read_proc(pid, net / table)  # None: no IPv6 in this kernel or namespace
-            if text is not None:
-                self.table_reads += 1
-        if key is not None and text is not None:
+            view = self._dump(table) if netns is not None and netns == self._own_netns else None
+            if view is None:
+                text = _read_proc(pid, net / table)  # None: no IPv6 in this kernel or namespace
+                view = None if text is None else _Table(text=text)
+                if text is not None:
+                    self.table_reads += 1
+        if key is not None and view is not None:
             with self._lock:
                 self._tables = {k: v for k, v in self._tables.items() if now - v[0] < self.ttl}  # live namespaces only
-                self._tables[key] = (now, text)
-        return text
+                self._tables[key] = (now, view)
+        return view
+
+    def _dump(self, table: str) -> _Table | None:
+        """The agent's own namespace's table through sock_diag; None (and /proc from then on) where refused."""
+        if self.sock_diag_off is not None:
+            return None
+        try:
+            sockets = sock_diag.tcp_sockets(FAMILIES[table])
+        except OSError as exc:
+            self.sock_diag_off = f"sock_diag refused ({exc}): TCP tables are read from /proc"
+            return None
+        self.diag_dumps += 1
+        return _Table(by_inode={inode: Endpoint(normalize_ip(addr), port, listening=state == TCP_LISTEN)
+                                for inode, state, addr, port in sockets})
 
 
 def _read_proc(pid: int, path: Path) -> str | None:
