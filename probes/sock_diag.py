@@ -17,6 +17,7 @@ import errno
 import os
 import socket
 import struct
+from typing import NamedTuple
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -34,19 +35,32 @@ TCP_TIME_WAIT, TCP_NEW_SYN_RECV = 6, 12
 # request sockets of half-open connections.
 STATES = sum(1 << s for s in range(1, 12) if s != TCP_TIME_WAIT)
 
+TCP_LISTEN = 10
 RECV_BYTES = 1 << 16
+TIMEOUT_SECONDS = 2.0
 
 
-def tcp_sockets(family: int) -> list[tuple[int, int, bytes, int]]:
-    """(inode, state, local address packed, local port) of every TCP socket of `family` (AF_INET or AF_INET6) in
-    this process's network namespace that a process holds (inode non-zero).
+class DiagSocket(NamedTuple):
+    inode: int
+    state: int
+    address: bytes  # the local address, packed: 4 bytes for AF_INET, 16 for AF_INET6
+    port: int       # the local port
+    uid: int
 
-    Raises OSError where the kernel has no sock_diag for TCP (module inet_diag/tcp_diag absent) or refuses."""
+
+def tcp_sockets(family: int, states: int = STATES) -> list[DiagSocket]:
+    """Every TCP socket of `family` (AF_INET or AF_INET6) in this process's network namespace that a process holds
+    (inode non-zero), in the states of the bit mask `states` (1 << state; `1 << TCP_LISTEN` walks only the
+    listening table).
+
+    Raises OSError where the kernel has no sock_diag for TCP (module inet_diag/tcp_diag absent), a sandbox forbids
+    netlink, or the kernel refuses or does not answer."""
     addr_len = 4 if family == socket.AF_INET else 16
-    request = INET_DIAG_REQ_V2.pack(family, socket.IPPROTO_TCP, 0, STATES, 0, 0, b"", b"", 0, b"")
+    request = INET_DIAG_REQ_V2.pack(family, socket.IPPROTO_TCP, 0, states, 0, 0, b"", b"", 0, b"")
     header = NLMSGHDR.pack(NLMSGHDR.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
-    found: list[tuple[int, int, bytes, int]] = []
+    found: list[DiagSocket] = []
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(TIMEOUT_SECONDS)
         nl.sendto(header + request, (0, 0))
         while True:
             data = nl.recv(RECV_BYTES)
@@ -64,7 +78,7 @@ def tcp_sockets(family: int) -> list[tuple[int, int, bytes, int]]:
                     raise OSError(-code, f"sock_diag dump refused: {os.strerror(-code)}")
                 if kind == SOCK_DIAG_BY_FAMILY:
                     fields = INET_DIAG_MSG.unpack_from(data, offset + NLMSGHDR.size)
-                    state, sport, src, inode = fields[1], fields[4], fields[6], fields[-1]
-                    if inode:
-                        found.append((inode, state, src[:addr_len], int.from_bytes(sport, "big")))
+                    if fields[14]:
+                        found.append(DiagSocket(inode=fields[14], state=fields[1], address=fields[6][:addr_len],
+                                                port=int.from_bytes(fields[4], "big"), uid=fields[13]))
                 offset += (length + 3) & ~3  # NLMSG_ALIGN

@@ -205,8 +205,8 @@ class ProcSockets:
             self.sock_diag_off = f"sock_diag refused ({exc}): TCP tables are read from /proc"
             return None
         self.diag_dumps += 1
-        return _Table(by_inode={inode: Endpoint(normalize_ip(addr), port, listening=state == TCP_LISTEN)
-                                for inode, state, addr, port in sockets})
+        return _Table(by_inode={s.inode: Endpoint(normalize_ip(s.address), s.port, listening=s.state == TCP_LISTEN)
+                                for s in sockets})
 
 
 def _read_proc(pid: int, path: Path) -> str | None:

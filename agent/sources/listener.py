@@ -14,7 +14,6 @@ import ipaddress
 import os
 import re
 import socket
-import struct
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from analysis.errors import ReadingError
+from probes import sock_diag
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _V4_LOOPBACK, _V6_LOOPBACK = ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")
@@ -38,44 +38,11 @@ class Listener:
     inode: int
 
 
-# sock_diag (linux/sock_diag.h, linux/inet_diag.h): what `ss -ltn` asks the kernel.
-_NETLINK_SOCK_DIAG = 4
-_SOCK_DIAG_BY_FAMILY = 20
-_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_TCP_LISTEN = 10
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
-# inet_diag_msg: family, state, timer, retrans; sockid: sport (be), dport (be), src[16], dst[16], if, cookie[2];
-# expires, rqueue, wqueue, uid, inode.
-_DIAG_MSG = struct.Struct("=BBBB2s2s16s16sI8sIIIII")
-
-
 def _diag_listeners(family: int) -> list[tuple[int, Address, int, int]]:
     """(port, address, uid, inode) of every TCP socket listening in `family`, from the kernel's sock_diag: only the
     listening table is walked, however many connections the host has."""
-    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN) + bytes(48)
-    found = []
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG) as nl:
-        nl.settimeout(2.0)
-        nl.sendall(_HEADER.pack(_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP,
-                                1, 0) + request)
-        while True:
-            data = nl.recv(1 << 16)
-            offset = 0
-            while offset + _HEADER.size <= len(data):
-                length, kind = _HEADER.unpack_from(data, offset)[:2]
-                if kind == _NLMSG_DONE:
-                    return found
-                if kind == _NLMSG_ERROR:
-                    errno = -struct.unpack_from("=i", data, offset + _HEADER.size)[0]
-                    raise OSError(errno, f"sock_diag: {os.strerror(errno)}")
-                fields = _DIAG_MSG.unpack_from(data, offset + _HEADER.size)
-                sport, src, uid, inode = fields[4], fields[6], fields[13], fields[14]
-                raw = src[:4] if family == socket.AF_INET else src
-                found.append((int.from_bytes(sport, "big"), ipaddress.ip_address(raw), uid, inode))
-                offset += (length + 3) & ~3
-            if not data:
-                return found
+    return [(s.port, ipaddress.ip_address(s.address), s.uid, s.inode)
+            for s in sock_diag.tcp_sockets(family, 1 << sock_diag.TCP_LISTEN)]
 
 
 def _proc_address(hex_text: bytes) -> Address:

@@ -149,8 +149,8 @@ def test_sock_diag_gives_what_proc_net_tcp_gives():
         mine = _own_socket_inodes()
         assert len(mine) >= len(held)
         for table, family in FAMILIES.items():
-            by_diag = {inode: Endpoint(normalize_ip(addr), port, state == TCP_LISTEN)
-                       for inode, state, addr, port in sock_diag.tcp_sockets(family)}
+            by_diag = {s.inode: Endpoint(normalize_ip(s.address), s.port, s.state == TCP_LISTEN)
+                       for s in sock_diag.tcp_sockets(family)}
             by_proc = parse_proc_net_tcp(Path(f"/proc/self/net/{table}").read_text())
             assert {i: e for i, e in by_diag.items() if i in mine} == {i: e for i, e in by_proc.items() if i in mine}
         expected = {Endpoint("127.0.0.1", v4.getsockname()[1], True), Endpoint("::", dual.getsockname()[1], True)}
@@ -166,7 +166,7 @@ def test_the_whole_namespace_agrees_too():
     """Every socket of the namespace, not just ours; other processes open and close sockets between the two reads,
     so one of a few tries must match exactly."""
     for _ in range(5):
-        by_diag = {inode for inode, *_ in sock_diag.tcp_sockets(socket.AF_INET)}
+        by_diag = {s.inode for s in sock_diag.tcp_sockets(socket.AF_INET)}
         by_proc = set(parse_proc_net_tcp(Path("/proc/self/net/tcp").read_text()))
         if by_diag == by_proc:
             return
