@@ -127,6 +127,10 @@ class ProcSockets:
                 found.update(parse_proc_net_tcp(text, only=inodes).values())
         return found
 
+    def netns(self, pid: int) -> int | None:
+        """The inode of `pid`'s network namespace (the kernel's `net->ns.inum`); None where /proc does not show it."""
+        return self._netns(pid)
+
     def _netns(self, pid: int) -> int | None:
         """The inode of `pid`'s network namespace, None where /proc does not show it (then nothing is shared)."""
         try:
