@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from probes import delivery
+from probes.btf import BtfError, NetnsOffsets
 from probes.delivery import DEFAULT_BOUNDS, DeliveryConfig, DeliveryProbe, bucket_key, render
 from tests.probes.netns_helper import NetnsPair, netns_pair_context
 from workload.metrics import E2E_BUCKETS
@@ -34,6 +36,28 @@ def test_render_places_each_bound_in_the_bucket_chain():
     assert "#define FIRST_REQUEST 1" in text and "#define REQUEST_LATE_MIN_NS 200000000ULL" in text
     assert "#define FIRST_REQUEST" not in render(DeliveryConfig(first_request=False), err_field=False)
     assert "#define MAX_FLOWS 64" in text
+
+
+def test_the_namespace_offsets_are_rendered_only_where_known():
+    assert "#define NETNS_SK_NET" not in render(DeliveryConfig(), err_field=False)
+    text = render(DeliveryConfig(), err_field=False, netns=NetnsOffsets(sk_net=48, net_inum=176))
+    assert "#define NETNS_SK_NET 48" in text and "#define NETNS_NET_INUM 176" in text
+
+
+@pytest.mark.parametrize(("config", "offsets", "said"), [
+    (DeliveryConfig(err_field=False), BtfError("no struct 'net'"), "not read (no struct 'net')"),
+    (DeliveryConfig(err_field=False), NetnsOffsets(48, 176), "keyed"),
+    (DeliveryConfig(err_field=False, netns=False), NetnsOffsets(48, 176), "off (config)")])
+def test_without_btf_offsets_ports_are_keyed_alone_and_health_says_so(monkeypatch, config, offsets, said):
+    def found():
+        if isinstance(offsets, Exception):
+            raise offsets
+        return offsets
+    monkeypatch.setattr(delivery, "netns_offsets", found)
+    probe = DeliveryProbe(config)
+    text = probe._render()
+    assert probe.health().detail["netns"].startswith(said)
+    assert ("#define NETNS_SK_NET" in text) == (said == "keyed")
 
 
 @pytest.mark.parametrize("bad", [(), (0.1, 0.1), (0.2, 0.1), (-1.0,), tuple(range(1, 50))])
