@@ -12,8 +12,10 @@ in a random order, a pair (this tree, REV) in a random order, on the workload of
 
 - `conn`: a connection per op (connect, a byte each way, close), the server a target: each handshake on the
   target's port reads the socket's namespace (two `bpf_probe_read_kernel`) and looks up (namespace, port);
-- `pingpong`: one connection, a byte each way per round trip, the server a target: a reply delivered per round
-  trip (the namespace read once per flow, kept in its entry);
+- `pingpong`: one connection, a byte each way per round trip, the server a target: every segment's `tcp_probe`
+  finds the flow (the per-segment path). Its replies complete only when the connection ends (each inbound segment
+  both acknowledges a reply and asks for the next, and `tcp_probe` sees `snd_una` before the segment moves it), so
+  the per-reply test of the port is in `conn`, where each connection's reply is delivered;
 - `conn-other`: a connection per op with another process as the target: handshakes on a port no target listens
   on, what every other server on the host pays (this tree: an array load; REV: a hash miss).
 
