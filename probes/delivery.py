@@ -5,7 +5,9 @@ flow becomes known), ``tcp:tcp_probe`` (every segment an
 established socket receives, with ``snd_una``/``snd_nxt``/``snd_wnd``/``srtt`` as fields),
 ``inet_sock_set_state`` (our FIN acknowledged), ``tcp:tcp_retransmit_skb``, ``tcp:tcp_cong_state_set``
 (an RTO puts the flow in ``TCP_CA_Loss``), ``tcp:tcp_destroy_sock`` and ``task:task_newtask`` (families).
-Only tracepoint fields are read; the socket address is used as an opaque key, never dereferenced.
+Tracepoint fields are read, and one thing more: a socket's network namespace inode, only for events on a port a
+target listens on, with ``bpf_probe_read_kernel`` at the running kernel's own offsets (its BTF, probes/btf.py; no
+BTF: ports keyed alone, host-wide). The socket's address is otherwise an opaque key.
 
 How: a write of a target on a TCP socket (``sock_send_length``, process context, filtered by the target
 table first) opens or extends the flow's *pending reply*: ``flows[sk]`` records the time of the last write.
@@ -21,7 +23,8 @@ Per window and target (the slot of the process that wrote), cumulative per-CPU c
 a histogram of delivery time on the latency source's bucket bounds, replies, replies with a retransmit or
 an RTO while pending, the sum of delivery times and of the flow's smoothed RTT at completion, retransmits,
 and RTO stall time (at each RTO: time since the flow last progressed). Only flows whose local port is a
-listening port of a target (user space writes ``server_ports`` at each read) count: its server sockets.
+listening port of a target in the target's network namespace (user space writes (namespace inode, port) into
+``server_ports`` at each read) count: its server sockets; a server on the same port in another namespace is not.
 
 The first request's wait (``first_request``, on by default; docs/delivery.md "The first request"): a handshake
 completing on a target's listening port makes the new socket's flow entry, stamped; its first inbound segment
@@ -49,6 +52,7 @@ from pathlib import Path
 from analysis.errors import AccessDenied, TargetGone
 from analysis.window import DeliveryReading
 from probes import c_helpers, target_filter
+from probes.btf import BtfError, NetnsOffsets, netns_offsets
 from probes.map_read import percpu_array_sums
 from probes.slotted import SlottedProbe
 from probes.sockets import ProcSockets, shared
@@ -100,6 +104,7 @@ struct flow_t {
     u64 t_est;     /* the handshake completed, nothing received or written since; 0 otherwise */
     u32 slot;
     u32 una;       /* snd_una at the last inbound segment */
+    u32 netns;     /* the socket's network namespace inode, once read; 0: not yet */
     u16 lport;
     u8 retrans;    /* the pending reply was retransmitted */
     u8 rto;        /* an RTO fired while it was pending */
@@ -109,8 +114,16 @@ struct flow_t {
    socket is not the child socket the handshake ends in, so the 4-tuple joins them). */
 struct hs_key_t {
     u8 daddr[16];
+    u32 netns;
     u16 sport;
     u16 dport;
+};
+/* A listening port of a target, in the target's network namespace: another namespace's server on the same port is
+   not the target's. */
+struct port_key_t {
+    u32 netns;
+    u16 port;
+    u16 pad;
 };
 struct hs_t {
     u64 t_first;   /* the first SYN-ACK retransmit */
@@ -118,7 +131,8 @@ struct hs_t {
 
 BPF_TABLE("lru_hash", u64, struct flow_t, flows, MAX_FLOWS);
 BPF_TABLE("lru_hash", struct hs_key_t, struct hs_t, handshakes, MAX_HANDSHAKES);
-BPF_HASH(server_ports, u16, u32, 1024);  /* a target's listening port -> its slot */
+BPF_HASH(server_ports, struct port_key_t, u32, 1024);  /* a target's (netns, listening port) -> its slot */
+BPF_ARRAY(listen_ports, u8, 65536);  /* port -> a target listens on it in some namespace: the cheap test first */
 BPF_PERCPU_ARRAY(counts, u64, MAX_TARGETS * N_FIELDS);
 
 static inline void add(u32 slot, u32 field, u64 n)
@@ -129,10 +143,43 @@ static inline void add(u32 slot, u32 field, u64 n)
         *c += n;
 }
 
-static inline void deliver(struct flow_t *f, u64 when, u32 srtt_us)
+/* The inode of socket `sk`'s network namespace, read at the running kernel's offsets (from its BTF, probes/btf.py):
+   sk->__sk_common.skc_net.net->ns.inum. 0 where it cannot be read, or where the offsets are unknown (then user
+   space keys every port with namespace 0 too: port alone, host-wide). */
+static inline u32 netns_of(u64 sk)
 {
-    u16 lport = f->lport;
-    if (!server_ports.lookup(&lport)) {
+#ifdef NETNS_SK_NET
+    u64 net = 0;
+    u32 inum = 0;
+    if (bpf_probe_read_kernel(&net, sizeof(net), (void *)(sk + NETNS_SK_NET)) || !net)
+        return 0;
+    if (bpf_probe_read_kernel(&inum, sizeof(inum), (void *)(net + NETNS_NET_INUM)))
+        return 0;
+    return inum;
+#else
+    return 0;
+#endif
+}
+
+/* The slot of the target listening on `port` in the namespace `*netns` (read from `sk` when 0 and cached there),
+   NULL when none: the port test costs an array load, the namespace's read only ports a target listens on. */
+static inline u32 *server_slot(u64 sk, u16 port, u32 *netns)
+{
+    u32 idx = port;
+    u8 *any = listen_ports.lookup(&idx);
+    if (!any || !*any)
+        return 0;
+    if (!*netns)
+        *netns = netns_of(sk);
+    struct port_key_t key = {};
+    key.netns = *netns;
+    key.port = port;
+    return server_ports.lookup(&key);
+}
+
+static inline void deliver(struct flow_t *f, u64 sk, u64 when, u32 srtt_us)
+{
+    if (!server_slot(sk, f->lport, &f->netns)) {
         add(f->slot, F_UNSERVED, 1);  /* a client socket of the target, or a port not listening */
     } else {
         u64 d = when - f->t_write;
@@ -226,7 +273,7 @@ TRACEPOINT_PROBE(tcp, tcp_probe)
         f->t_mark = f->t_in;  /* the previous segment moved snd_una */
     /* An ACK processed while the write still held the socket (t_in before t_write) completed it at once. */
     if (f->t_write && una == args->snd_nxt && args->snd_wnd)
-        deliver(f, f->t_in > f->t_write ? f->t_in : f->t_write, args->srtt);  /* srtt: already us */
+        deliver(f, sk, f->t_in > f->t_write ? f->t_in : f->t_write, args->srtt);  /* srtt: already us */
     f->una = una;
     f->t_in = now;
     return 0;
@@ -245,25 +292,28 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
     if (from == TCP_SYN_RECV_ && to == TCP_ESTABLISHED_) {
         /* A handshake on a target's listening port completed (the client's ACK, or its first data, arrived). */
         u16 port = args->sport;
-        u32 *slot = server_ports.lookup(&port);
+        u64 sk = (u64)args->skaddr;
+        u32 netns = 0;
+        u32 *slot = server_slot(sk, port, &netns);
         if (!slot)
             return 0;
         add(*slot, F_CONNECTS, 1);
 #ifdef FIRST_REQUEST
         {
             /* The wait for the first request starts: a flow entry for the new server socket. */
-            u64 sk = (u64)args->skaddr;
             struct flow_t fresh = {};
             fresh.slot = *slot;
             fresh.t_est = bpf_ktime_get_ns();
             fresh.t_mark = fresh.t_est;
             fresh.lport = port;
+            fresh.netns = netns;
             if (flows.update(&sk, &fresh))
                 count_lost();
         }
 #endif
         struct hs_key_t key = {};
         __builtin_memcpy(key.daddr, args->daddr_v6, 16);
+        key.netns = netns;
         key.sport = args->sport;
         key.dport = args->dport;
         struct hs_t *h = handshakes.lookup(&key);
@@ -285,7 +335,7 @@ TRACEPOINT_PROBE(sock, inet_sock_set_state)
         return 0;
     f->lport = args->sport;
     if (f->t_write)
-        deliver(f, bpf_ktime_get_ns(), 0);
+        deliver(f, sk, bpf_ktime_get_ns(), 0);
     return 0;
 }
 
@@ -300,8 +350,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
         return 0;  /* not sent (6.13+: given up before transmitting, or dropped on output) */
 #endif
     f->lport = args->sport;
-    u16 lport = f->lport;
-    if (!server_ports.lookup(&lport))
+    if (!server_slot(sk, f->lport, &f->netns))
         return 0;
     add(f->slot, F_RETRANSMITS, 1);
     f->retrans = 1;  /* everything before the last delivery was acknowledged: this is the next reply's data */
@@ -317,8 +366,7 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
     if (!f)
         return 0;
     u64 now = bpf_ktime_get_ns();
-    u16 lport = args->sport;
-    if (server_ports.lookup(&lport)) {
+    if (server_slot(sk, args->sport, &f->netns)) {
         f->rto = 1;
         if (now > f->t_mark)
             add(f->slot, F_STALL_NS, now - f->t_mark);
@@ -330,13 +378,14 @@ TRACEPOINT_PROBE(tcp, tcp_cong_state_set)
 /* The kernel resent a SYN-ACK (its timer, or the client's SYN came again): the client is still connecting. */
 TRACEPOINT_PROBE(tcp, tcp_retransmit_synack)
 {
-    u16 port = args->sport;
-    u32 *slot = server_ports.lookup(&port);
+    u32 netns = 0;
+    u32 *slot = server_slot((u64)args->skaddr, args->sport, &netns);  /* skaddr: the listener */
     if (!slot)
         return 0;
     add(*slot, F_SYNACK_RETRANSMITS, 1);
     struct hs_key_t key = {};
     __builtin_memcpy(key.daddr, args->daddr_v6, 16);
+    key.netns = netns;
     key.sport = args->sport;
     key.dport = args->dport;
     u64 now = bpf_ktime_get_ns();
@@ -369,6 +418,10 @@ class DeliveryConfig:
     bounds: tuple[float, ...] = field(default=DEFAULT_BOUNDS)  # histogram upper bounds, seconds
     # None: look at tcp_retransmit_skb's format in tracefs at start() (its `err` field is 6.13+).
     err_field: bool | None = None
+    # Key the targets' listening ports by their network namespace (the socket's, read at the running kernel's BTF
+    # offsets): another namespace's server on the same port is not the target's. False, or no BTF: by port alone,
+    # host-wide (the probe's health says which).
+    netns: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_targets <= 1024:
@@ -391,7 +444,7 @@ def bucket_key(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(float(bound)).removesuffix(".0")
 
 
-def render(config: DeliveryConfig, err_field: bool = True) -> str:
+def render(config: DeliveryConfig, err_field: bool = True, netns: NetnsOffsets | None = None) -> str:
     """The C text for `config`: #defines, the target filter, then the program."""
     bounds = tuple(config.bounds)
     nb = len(bounds)
@@ -405,6 +458,8 @@ def render(config: DeliveryConfig, err_field: bool = True) -> str:
     defines += [f"#define F_{name.upper()} {nb + 1 + i}" for i, name in enumerate(COUNTERS)]
     if err_field:
         defines.append("#define HAVE_ERR_FIELD 1")
+    if netns is not None:
+        defines += [f"#define NETNS_SK_NET {netns.sk_net}", f"#define NETNS_NET_INUM {netns.net_inum}"]
     if config.first_request:
         defines += ["#define FIRST_REQUEST 1", f"#define REQUEST_LATE_MIN_NS {round(REQUEST_LATE_MIN_S * 1e9)}ULL",
                     f"#define REQUEST_LATE_MAX_NS {round(REQUEST_LATE_MAX_S * 1e9)}ULL"]
@@ -428,8 +483,9 @@ class DeliveryProbe(SlottedProbe):
         self._fields = n_fields(tuple(self.config.bounds))
         self._seen = [0] * (self.config.max_targets * self._fields)
         self._sockets = sockets or shared(proc_root)
-        self._ports: set[int] = set()
-        self._port_slots: dict[int, int] = {}
+        self._ports: set[tuple[int, int]] = set()
+        self._port_slots: dict[tuple[int, int], int] = {}
+        self._netns: NetnsOffsets | None = None  # offsets a socket's namespace is read at; None: ports alone
 
     def _render(self) -> str:
         from probes.tcpretrans import tracepoint_has_field  # noqa: PLC0415 - shares tracefs parsing
@@ -437,7 +493,15 @@ class DeliveryProbe(SlottedProbe):
         err_field = self.config.err_field
         if err_field is None:
             err_field = tracepoint_has_field("tcp:tcp_retransmit_skb", "err")
-        return render(self.config, err_field)
+        self._netns = None
+        self._health.detail["netns"] = "off (config): ports keyed alone, host-wide"
+        if self.config.netns:
+            try:
+                self._netns = netns_offsets()
+                self._health.detail["netns"] = "keyed"
+            except BtfError as exc:
+                self._health.detail["netns"] = f"not read ({exc}): ports keyed alone, host-wide"
+        return render(self.config, err_field, self._netns)
 
     def set_targets(self, targets: Iterable[int]) -> None:
         super().set_targets(targets)
@@ -471,28 +535,40 @@ class DeliveryProbe(SlottedProbe):
                 late_requests=c["late_requests"],
                 request_wait_seconds=c["request_wait_ns"] / 1e9, idle_connects=c["idle_connects"])
         self._seen = counts
-        self._health.detail["server_ports"] = sorted(self._ports)
+        self._health.detail["server_ports"] = sorted({port for _, port in self._ports})
         return readings
 
     def _sync_ports(self) -> None:
-        """The listening ports of the targets into `server_ports`, each with the slot of the first target (in slot
-        order) that listens on it: their sockets there are server sockets, and its handshakes that target's."""
-        ports: dict[int, int] = {}
+        """The listening ports of the targets into `server_ports`, keyed by the target's network namespace (its
+        /proc/PID/ns/net inode, the kernel's `net->ns.inum`; 0 when not keyed by namespace), each with the slot of
+        the first target (in slot order) that listens on it there: their sockets there are server sockets, and its
+        handshakes that target's. `listen_ports` marks the ports alone, the programs' first test."""
+        ports: dict[tuple[int, int], int] = {}
         for tgid, slot in sorted(self._slots.items(), key=lambda kv: kv[1]):
+            netns = 0
+            if self._netns is not None:
+                found = self._sockets.netns(tgid)
+                if found is None:
+                    continue  # gone, or its namespace unreadable: its replies count as not served
+                netns = found
             try:
                 for port in listening_ports(self._sockets.endpoints(tgid)):
-                    ports.setdefault(port, slot)
+                    ports.setdefault((netns, port), slot)
             except (TargetGone, AccessDenied):
                 continue  # gone: dropped at read; unreadable: its replies count as not served
-        table = self._bpf[b"server_ports"]
-        for port in set(self._port_slots) - set(ports):
+        table, marks = self._bpf[b"server_ports"], self._bpf[b"listen_ports"]
+        for netns, port in set(self._port_slots) - set(ports):
             try:
-                del table[table.Key(port)]
+                del table[table.Key(netns, port)]
             except KeyError:
                 pass
-        for port, slot in ports.items():
-            if self._port_slots.get(port) != slot:
-                table[table.Key(port)] = table.Leaf(slot)
+        for (netns, port), slot in ports.items():
+            if self._port_slots.get((netns, port)) != slot:
+                table[table.Key(netns, port)] = table.Leaf(slot)
+        for port in {p for _, p in self._port_slots} - {p for _, p in ports}:
+            marks[marks.Key(port)] = marks.Leaf(0)
+        for port in {p for _, p in ports} - {p for _, p in self._port_slots}:
+            marks[marks.Key(port)] = marks.Leaf(1)
         self._port_slots = ports
         self._ports = set(ports)
 

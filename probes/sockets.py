@@ -162,6 +162,10 @@ class ProcSockets:
                 found.update(view.select(inodes))
         return found
 
+    def netns(self, pid: int) -> int | None:
+        """The inode of `pid`'s network namespace (the kernel's `net->ns.inum`); None where /proc does not show it."""
+        return self._netns(pid)
+
     def _netns(self, pid: int) -> int | None:
         """The inode of `pid`'s network namespace, None where /proc does not show it (then nothing is shared)."""
         try:

@@ -6,7 +6,8 @@ request's wait, cost"):
     .venv/bin/python -m tests.probes.bench_first_request [--rounds 4] [--connections 3000] [--json]
 
 The delivery probe (target: the workload's server) is attached with `DeliveryConfig(first_request=True)` and
-`False` in alternation, `--rounds` times each. While it is attached, the workload of tests/probes/bench_delivery.py
+`False` in alternation, `--rounds` pairs of each mode, the order within each pair drawn at random (`--seed`); the
+figure is each pair's difference (on - off), given as the median and the p10..p90 of the pairs. While it is attached, the workload of tests/probes/bench_delivery.py
 runs in its connection mode (a connection per op: connect, a byte each way, close; client and server pinned to one
 CPU) and then in its ping-pong mode (one connection, a byte each way per round trip). The kernel's own BPF
 statistics (`kernel.bpf_stats_enabled`, on for the run and restored after; each program fd's fdinfo) give each program's
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -67,13 +69,22 @@ def measure(binary: Path, mode: str, ops: int, first_request: bool) -> dict:
             "late_requests": reading.late_requests if reading else None}
 
 
+def _p10_p90(xs: list[float]) -> tuple[float, float]:
+    if len(xs) < 2:
+        return (xs[0], xs[0]) if xs else (float("nan"), float("nan"))
+    q = statistics.quantiles(xs, n=10, method="inclusive")
+    return q[0], q[-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--connections", type=int, default=3000)
     parser.add_argument("--round-trips", type=int, default=20000)
+    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
     stats_path = Path("/proc/sys/kernel/bpf_stats_enabled")
     was = stats_path.read_text().strip()
     results: dict[str, dict[str, list[dict]]] = {m: {"on": [], "off": []} for m in ("conn", "pingpong")}
@@ -84,24 +95,30 @@ def main(argv: list[str] | None = None) -> int:
         stats_path.write_text("1")
         try:
             for _ in range(args.rounds):
-                for on in (True, False):
-                    results["conn"]["on" if on else "off"].append(
-                        measure(binary, "conn", args.connections, on))
-                    results["pingpong"]["on" if on else "off"].append(
-                        measure(binary, "pingpong", args.round_trips, on))
+                for mode, ops in rng.sample([("conn", args.connections), ("pingpong", args.round_trips)], 2):
+                    for on in rng.sample([True, False], 2):  # a pair, in a random order
+                        results[mode]["on" if on else "off"].append(measure(binary, mode, ops, on))
         finally:
             stats_path.write_text(was)
     summary = {}
     for mode, per in results.items():
         ops = args.connections if mode == "conn" else args.round_trips
+        pairs = [(a["total_ns"] - b["total_ns"]) / ops for a, b in zip(per["on"], per["off"], strict=True)]
+        summary[f"{mode} on-off"] = {"ns_per_op_median": round(statistics.median(pairs), 1),
+                                     "p10_p90": [round(x, 1) for x in _p10_p90(pairs)],
+                                     "ns_per_op": [round(x, 1) for x in pairs]}
+        ops = args.connections if mode == "conn" else args.round_trips
         for cond, rs in per.items():
             hooks = {}
             for h in HOOKS:
                 cnt = sum(r["runs"][h][0] for r in rs)
-                t = sum(r["runs"][h][1] for r in rs)
-                hooks[h] = {"runs_per_op": round(cnt / ops / len(rs), 2), "ns_per_run": round(t / cnt, 1) if cnt else None}
+                per_run = [r["runs"][h][1] / r["runs"][h][0] for r in rs if r["runs"][h][0]]
+                hooks[h] = {"runs_per_op": round(cnt / ops / len(rs), 2),
+                            "ns_per_run": round(statistics.median(per_run), 1) if per_run else None,
+                            "ns_per_run_p10_p90": [round(x, 1) for x in _p10_p90(per_run)] if per_run else None}
             per_op = [r["total_ns"] / ops for r in rs]
             summary[f"{mode} {cond}"] = {"ns_per_op_median": round(statistics.median(per_op), 1),
+                                         "p10_p90": [round(x, 1) for x in _p10_p90(per_op)],
                                          "ns_per_op": [round(x, 1) for x in per_op], "hooks": hooks,
                                          "first_requests": [r["first_requests"] for r in rs],
                                          "late_requests": [r["late_requests"] for r in rs]}
@@ -109,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary, indent=1))
     else:
         for name, r in summary.items():
+            if name.endswith("on-off"):
+                print(f"{name}: {r['ns_per_op_median']} ns per op [p10..p90 {r['p10_p90']}] over {len(r['ns_per_op'])} "
+                      f"pairs")
+                continue
             hooks = ", ".join(f"{h} {v['ns_per_run']} ns x{v['runs_per_op']}" for h, v in r["hooks"].items()
                               if v["runs_per_op"])
             print(f"{name}: {r['ns_per_op_median']} ns per op (BPF, all hooks) {r['ns_per_op']}; {hooks}; "

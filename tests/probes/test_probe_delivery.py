@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from probes import delivery
+from probes.btf import BtfError, NetnsOffsets
 from probes.delivery import DEFAULT_BOUNDS, DeliveryConfig, DeliveryProbe, bucket_key, render
 from tests.probes.netns_helper import NetnsPair, netns_pair_context
 from workload.metrics import E2E_BUCKETS
@@ -34,6 +36,28 @@ def test_render_places_each_bound_in_the_bucket_chain():
     assert "#define FIRST_REQUEST 1" in text and "#define REQUEST_LATE_MIN_NS 200000000ULL" in text
     assert "#define FIRST_REQUEST" not in render(DeliveryConfig(first_request=False), err_field=False)
     assert "#define MAX_FLOWS 64" in text
+
+
+def test_the_namespace_offsets_are_rendered_only_where_known():
+    assert "#define NETNS_SK_NET" not in render(DeliveryConfig(), err_field=False)
+    text = render(DeliveryConfig(), err_field=False, netns=NetnsOffsets(sk_net=48, net_inum=176))
+    assert "#define NETNS_SK_NET 48" in text and "#define NETNS_NET_INUM 176" in text
+
+
+@pytest.mark.parametrize(("config", "offsets", "said"), [
+    (DeliveryConfig(err_field=False), BtfError("no struct 'net'"), "not read (no struct 'net')"),
+    (DeliveryConfig(err_field=False), NetnsOffsets(48, 176), "keyed"),
+    (DeliveryConfig(err_field=False, netns=False), NetnsOffsets(48, 176), "off (config)")])
+def test_without_btf_offsets_ports_are_keyed_alone_and_health_says_so(monkeypatch, config, offsets, said):
+    def found():
+        if isinstance(offsets, Exception):
+            raise offsets
+        return offsets
+    monkeypatch.setattr(delivery, "netns_offsets", found)
+    probe = DeliveryProbe(config)
+    text = probe._render()
+    assert probe.health().detail["netns"].startswith(said)
+    assert ("#define NETNS_SK_NET" in text) == (said == "keyed")
 
 
 @pytest.mark.parametrize("bad", [(), (0.1, 0.1), (0.2, 0.1), (-1.0,), tuple(range(1, 50))])
@@ -138,6 +162,8 @@ QUANTILE_SLACK_S = 0.005
 CLIENT_WAKEUP_SLACK_S = 0.050
 
 
+@pytest.mark.bpf
+@pytest.mark.netns
 @pytest.mark.usefixtures("require_bpf")
 @pytest.mark.parametrize(("reply_loss", "size", "delayed_ack"),
                          [(False, 20000, False), (True, 20000, False), (True, 300, True)],
@@ -186,6 +212,8 @@ def _wait(cond, deadline_s: float = 30.0) -> bool:
     return cond()
 
 
+@pytest.mark.bpf
+@pytest.mark.netns
 @pytest.mark.usefixtures("require_bpf")
 def test_idle_keepalive_and_zero_window_clients_give_no_slow_delivery_and_leave_nothing():
     """1,000 keep-alive connections that go idle after one reply, and a client that never reads a 4 MB reply
@@ -233,6 +261,8 @@ def test_idle_keepalive_and_zero_window_clients_give_no_slow_delivery_and_leave_
 SYNACK = "tcp flags & (syn|ack) == syn|ack"
 
 
+@pytest.mark.bpf
+@pytest.mark.netns
 @pytest.mark.usefixtures("require_bpf")
 @pytest.mark.parametrize("drop_first_synack", [False, True])
 def test_synack_retransmits_and_connect_wait_match_the_kernel_and_the_clients(drop_first_synack):
@@ -333,6 +363,8 @@ def _first_request_run(pair: NetnsPair, client_argv: list[str], drop_first_reque
     return reading, truth, lost
 
 
+@pytest.mark.bpf
+@pytest.mark.netns
 @pytest.mark.usefixtures("require_bpf")
 @pytest.mark.parametrize("drop_first_request", [False, True], ids=["clean", "first-request-lost"])
 def test_a_lost_first_request_is_timed_from_the_handshake_as_the_clients_saw_it(drop_first_request):
@@ -358,6 +390,8 @@ def test_a_lost_first_request_is_timed_from_the_handshake_as_the_clients_saw_it(
     assert sum(truth) - 0.05 * conns <= reading.request_wait_seconds <= sum(truth) + 0.05 * conns, (reading, truth)
 
 
+@pytest.mark.bpf
+@pytest.mark.netns
 @pytest.mark.usefixtures("require_bpf")
 @pytest.mark.parametrize(("delay", "late"), [(0.0, False), (4.0, False), (1.0, True)],
                          ids=["prompt", "pool-idle-4s", "pool-1s-ahead"])
@@ -381,3 +415,84 @@ def test_a_pool_that_connects_ahead_of_use_is_not_a_lost_request_unless_it_waits
         assert reading.idle_connects == 0
     else:
         assert reading.late_requests == 0 and reading.idle_connects == 0, reading
+
+
+# --- the target's network namespace ---------------------------------------------------------------------------
+
+def _netns_script(port: int) -> str:
+    """The other client's namespace: the first SYN-ACK of every connection dropped (a resent SYN-ACK, a slow
+    connect), and a fifth of the server's other segments (retransmitted replies)."""
+    return (f"table inet isns {{\n  set hit {{ type inet_service; flags dynamic; }}\n"
+            f"  chain input {{ type filter hook input priority 0; policy accept;\n"
+            f"    tcp sport {port} {SYNACK} tcp dport @hit accept\n"
+            f"    tcp sport {port} {SYNACK} add @hit {{ tcp dport }} drop\n"
+            f"    tcp sport {port} numgen random mod 10 < 2 drop\n  }}\n}}\n")
+
+
+def _truth(pair: NetnsPair) -> tuple[int, int]:
+    """(SYN-ACKs resent, data segments resent) by the server namespace of `pair` so far."""
+    synack = pair.netstat(pair.a)["TcpExt"]["TCPSynRetrans"]
+    return synack, pair.retrans_segs(pair.a) - synack
+
+
+@pytest.mark.bpf
+@pytest.mark.netns
+@pytest.mark.usefixtures("require_bpf")
+@pytest.mark.parametrize("other_is_target", [False, True], ids=["other-not-a-target", "both-targets"])
+def test_a_server_on_the_same_port_in_another_namespace_is_not_the_targets(other_is_target):
+    """Two servers on the same port, each in its own network namespace with its own clients, at the same time. Ours:
+    6 clean connections. The other's: 10 connections whose first SYN-ACK is dropped and a fifth of whose replies'
+    segments are lost. The target's reading counts its own connections, SYN-ACK resends, first requests and
+    retransmits only (its namespace's counters are the truth), never the other's; where the other server is a target
+    too, it gets its own, its namespace's counters again the truth. A probe keyed by port alone counted the other
+    server's connections as ours (16 for 6), or, both being targets, all of them as the first one's."""
+    conns, other_conns = 6, 10
+    with netns_pair_context(tag="isns") as ours, netns_pair_context(tag="isns") as other:
+        servers = [subprocess.Popen(p.exec_argv(p.a, [sys.executable, "-m", "tests.probes.delivery_peers", "server",
+                                                      str(PORT)]), stdout=subprocess.PIPE, text=True)
+                   for p in (ours, other)]
+        probe = DeliveryProbe(DeliveryConfig(bounds=FINE_BOUNDS, max_targets=4))
+        try:
+            assert all(s.stdout.readline().strip() == "ready" for s in servers)
+            proc = subprocess.run(other.exec_argv(other.b, ["nft", "-f", "-"]), input=_netns_script(PORT), text=True,
+                                  capture_output=True)
+            assert proc.returncode == 0, proc.stderr
+            probe.start([servers[0].pid] + ([servers[1].pid] if other_is_target else []))
+            probe.read()
+            assert probe.health().detail["netns"] == "keyed"
+            before = {"ours": _truth(ours), "other": _truth(other)}
+            base = [sys.executable, "-m", "tests.probes.delivery_peers", "client"]
+            theirs = subprocess.Popen(other.exec_argv(other.b, [*base, other.addr_a, str(PORT), str(other_conns), "4",
+                                                               "20000", "0.05"]),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            client = subprocess.run(ours.exec_argv(ours.b, [*base, ours.addr_a, str(PORT), str(conns), "3", "300",
+                                                            "0.05"]), capture_output=True, text=True, timeout=300)
+            assert client.returncode == 0, client.stderr
+            _, err = theirs.communicate(timeout=300)
+            assert theirs.returncode == 0, err
+            time.sleep(0.5)
+            readings = probe.read()
+            after = {"ours": _truth(ours), "other": _truth(other)}
+            lost = probe.health().lost_events
+        finally:
+            probe.stop()
+            for s in servers:
+                s.kill()
+                s.wait()
+    synacks = {k: after[k][0] - before[k][0] for k in after}
+    data = {k: after[k][1] - before[k][1] for k in after}
+    # The other namespace did what the test needs of it: resent SYN-ACKs and reply segments on the same port.
+    assert synacks["other"] >= other_conns and data["other"] > 0, (synacks, data)
+    mine = readings[servers[0].pid]
+    assert conns - lost <= mine.connects <= conns, mine
+    assert conns - lost <= mine.first_requests <= conns, mine
+    assert abs(mine.synack_retransmits - synacks["ours"]) <= lost, (mine, synacks)
+    assert mine.slow_connects <= synacks["ours"], (mine, synacks)
+    assert mine.retransmits <= data["ours"], (mine, data)
+    assert mine.replies <= conns * 3, mine
+    if other_is_target:
+        theirs_reading = readings[servers[1].pid]
+        assert other_conns - lost <= theirs_reading.connects <= other_conns, theirs_reading
+        assert abs(theirs_reading.synack_retransmits - synacks["other"]) <= lost, (theirs_reading, synacks)
+        assert other_conns - lost <= theirs_reading.slow_connects <= other_conns, theirs_reading
+        assert 0 < theirs_reading.retransmits <= data["other"], (theirs_reading, data)
