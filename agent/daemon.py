@@ -28,6 +28,7 @@ from agent.detection import Detection, DownState
 from agent.detection_metrics import DetectionCollector
 from agent.identity import IdentityReader
 from agent.loop import CollectionLoop
+from agent.memory import page_out_startup_files
 from agent.metrics import build_registry
 from agent.otlp.service import make_otlp_exporter, otlp_settings
 from agent.peers import peer_uid
@@ -218,6 +219,8 @@ class Agent:
             self.registry.register(ChangeCollector(self.changes.latest))
         self.detection: Detection | None = None
         self.burst: BurstPolicy | None = None
+        self._startup_paged_out = False
+        self._fit_paged_out = False
         if config.detector.enabled:
             warmup = config.detector.warmup_windows
             # With changes tracked, a new build keeps the old baseline: it is judged against it, and a regression
@@ -271,13 +274,25 @@ class Agent:
     def _sink(self, window: Window) -> None:
         self.store.add_window(window)
         self._observe_identity(window)
+        if not self._startup_paged_out:
+            # The first window is stored: the probes are compiled and every source runs, so what only starting
+            # touched (the compiler's data, the modules' initialisation) can go back to the kernel (agent/memory.py)
+            # before the detector's first fit loads scikit-learn on top of it.
+            self._startup_paged_out = True
+            page_out_startup_files()
         if self.detection is None:
             return
         try:
-            self.detection.observe(window)
+            verdict = self.detection.observe(window)
         except Exception:  # a detector fault must not cost the window, already stored; counted and shown
             self.state.count_error("detector")
             log.exception("detector failed on the window of %s", window.target)
+            return
+        if verdict is not None and verdict.state != "warmup" and not self._fit_paged_out:
+            # The first fit has run: scikit-learn and the scipy it imports are loaded, and most of what their
+            # import touched is never run again.
+            self._fit_paged_out = True
+            page_out_startup_files()
 
     def _observe_identity(self, window: Window) -> None:
         if self.changes is None:
