@@ -19,6 +19,36 @@ from pathlib import Path
 log = logging.getLogger("infersight.memory")
 
 MADV_PAGEOUT = 21  # Linux >= 5.4; older kernels answer EINVAL and nothing changes
+# glibc's mallopt parameters, and their defaults on 64-bit.
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+DEFAULT_THRESHOLD = 128 * 1024
+
+
+def pin_malloc_thresholds(threshold: int = DEFAULT_THRESHOLD) -> bool:
+    """Keep glibc's mmap and trim thresholds at their defaults for the agent's life; False where libc is not glibc.
+
+    glibc raises both by itself each time a large block it had mmap'd is freed (the mmap threshold to that block's
+    size, up to 32 MiB, and the trim threshold to twice that). After the BPF compile and the first windows freed a
+    few such blocks, every thread's malloc arena kept up to twice that size of freed memory resident at its top,
+    never trimmed: in a default agent the main heap held ~80 MiB and seven thread arenas exactly 2 MiB each
+    (docs/BENCHMARKS.md, "Memory"). Setting the thresholds (even to their defaults) turns the adjustment off: blocks
+    over 128 KiB are mmap'd and unmapped when freed, and a heap top over 128 KiB free is given back."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(M_MMAP_THRESHOLD, threshold)) and bool(mallopt(M_TRIM_THRESHOLD, threshold))
+
+
+def trim_heap() -> None:
+    """Give back the free pages inside every malloc arena (malloc_trim(0)), not only at the heaps' tops."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclass(frozen=True)
