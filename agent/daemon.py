@@ -28,6 +28,7 @@ from agent.detection import Detection, DownState
 from agent.detection_metrics import DetectionCollector
 from agent.identity import IdentityReader
 from agent.loop import CollectionLoop
+from agent.memory import page_out_startup_files, pin_malloc_thresholds, trim_heap
 from agent.metrics import build_registry
 from agent.otlp.service import make_otlp_exporter, otlp_settings
 from agent.peers import peer_uid
@@ -59,6 +60,9 @@ WANT_NOFILE = 8192
 # 3 s so that none is ever idle, used to fill the server and keep /metrics out for good. Root and the agent's
 # own user are not counted (they own the agent anyway).
 WEB_CONNECTIONS_PER_PEER = 64
+# malloc_trim every 12 windows (a minute at 5 s): ~1 ms of CPU each; what a minute's windows free inside the heaps
+# stays resident until then (~2 MiB measured; agent/memory.py).
+TRIM_EVERY_WINDOWS = 12
 
 
 def _is_loopback(host: str) -> bool:
@@ -218,6 +222,9 @@ class Agent:
             self.registry.register(ChangeCollector(self.changes.latest))
         self.detection: Detection | None = None
         self.burst: BurstPolicy | None = None
+        self._startup_paged_out = False
+        self._fit_paged_out = False
+        self._windows = 0
         if config.detector.enabled:
             warmup = config.detector.warmup_windows
             # With changes tracked, a new build keeps the old baseline: it is judged against it, and a regression
@@ -271,13 +278,30 @@ class Agent:
     def _sink(self, window: Window) -> None:
         self.store.add_window(window)
         self._observe_identity(window)
+        self._windows += 1
+        if not self._startup_paged_out:
+            # The first window is stored: the probes are compiled and every source runs, so what only starting
+            # touched (the compiler's freed heap, the modules' initialisation) can go back to the kernel
+            # (agent/memory.py) before the detector's first fit loads scikit-learn on top of it.
+            self._startup_paged_out = True
+            trim_heap()
+            page_out_startup_files()
+        elif self._windows % TRIM_EVERY_WINDOWS == 0:
+            trim_heap()  # ~1 ms: the free pages that windows' work left inside the heaps
         if self.detection is None:
             return
         try:
-            self.detection.observe(window)
+            verdict = self.detection.observe(window)
         except Exception:  # a detector fault must not cost the window, already stored; counted and shown
             self.state.count_error("detector")
             log.exception("detector failed on the window of %s", window.target)
+            return
+        if verdict is not None and verdict.state != "warmup" and not self._fit_paged_out:
+            # The first fit has run: scikit-learn and the scipy it imports are loaded, and most of what their
+            # import touched is never run again.
+            self._fit_paged_out = True
+            trim_heap()
+            page_out_startup_files()
 
     def _observe_identity(self, window: Window) -> None:
         if self.changes is None:
@@ -365,7 +389,9 @@ class Agent:
 
 def _latency_detector(warmup_windows: int):
     from analysis.detector import LatencyDetector  # scikit-learn: imported only by an agent that detects
+    from analysis.latency_model import set_import_step
 
+    set_import_step(page_out_startup_files)  # scikit-learn's import, at the first fit, in steps (agent/memory.py)
     return LatencyDetector(warmup_windows=warmup_windows)
 
 
@@ -381,6 +407,7 @@ def raise_nofile(want: int = WANT_NOFILE) -> int:
 
 
 def run(config: Config) -> int:
+    pin_malloc_thresholds()  # before the BPF compile's large blocks come and go (agent/memory.py)
     logs.setup(config.log_level)
     nofile = raise_nofile()
     if nofile != resource.RLIM_INFINITY and nofile < WEB_CONNECTION_LIMIT + 256:

@@ -50,6 +50,12 @@ def test_soak_slices_agree_with_proc_read_before_and_after(require_bpf) -> None:
     assert verdict["slices"] == len(cut) and set(verdict["goals"]) == {"steady_cpu<=1%", "peak_rss<=200MiB"}
     # The kernel's high-water mark (VmHWM), not a sampler, before the detector armed: the BPF compile at start must not
     # stack on scikit-learn, which loads at the detector's first fit (257 MiB when the page imported it at start;
-    # 174 MiB since). After the fit the agent holds ~183-202 MiB: issue 33's 200 MiB goal is reported by the verdict.
+    # 174 MiB since).
     before_fit = max(r.peak_rss_bytes for r in readings if not r.armed)
     assert before_fit <= soak.PEAK_RSS_GOAL_BYTES, before_fit / 2**20
+    # And over the whole soak, the steady phase after the fit included (issue 33): 201.5-203 MiB before the agent
+    # paged out the file pages only its start-up touched (agent/memory.py), which the first fit's readings show.
+    armed = [r for r in readings if r.armed]
+    assert max(r.peak_rss_bytes for r in readings) <= soak.PEAK_RSS_GOAL_BYTES, [
+        (round(r.t), round(r.rss_bytes / 2**20, 1), round(r.peak_rss_bytes / 2**20, 1)) for r in armed]
+    assert verdict["goals"]["peak_rss<=200MiB"], verdict
