@@ -189,6 +189,8 @@ class PressureSource:
         self._writes.tick()
         if _io_stalled(out, now.at - before.at):
             out.writers = self._writes.writers(self._pids())
+        elif out.cgroup is None and out.host is None:
+            out.reasons["writers"] = "not read: no I/O stall figure to read them by (no PSI)"
         else:
             out.reasons["writers"] = f"not read: I/O stalled under {IO_STALL_SHARE:.0%} of the window"
         return out

@@ -158,3 +158,26 @@ def test_a_window_without_an_io_stall_reads_nobody_and_says_so(tmp_path):
     r = source.read()
     assert [(w.pid, w.comm, w.member) for w in r.writers] == [(43, "backup", False)] and "writers" not in r.reasons
     assert r.writers[0].written_bytes >= 200 * MiB
+
+
+def test_a_writer_that_exits_within_the_window_is_charged_to_the_parent_that_reaped_it(tmp_path):
+    # The kernel adds a reaped child's I/O to its parent's: a backup script's short-lived dd is named by the script.
+    out = Path(os.environ.get("INFERSIGHT_DISK_TMP", "/var/tmp")) / f"infersight-test-{os.getpid()}-reaped"
+    code = ("import subprocess, sys\nprint('ready', flush=True); sys.stdin.readline()\n"
+            f"subprocess.run(['dd', 'if=/dev/zero', 'of={out}', 'bs=1M', 'count={WRITE // MiB}', 'conv=fsync'],"
+            " stderr=subprocess.DEVNULL, check=True)\n"
+            "print('done', flush=True); sys.stdin.readline()\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        tracker = WriteTracker(clock=Clock())
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "done"
+        found = tracker.writers(members=set())
+    finally:
+        parent.kill()
+        parent.wait()
+        out.unlink(missing_ok=True)
+    mine = [w for w in found if w.pid == parent.pid]
+    assert mine and WRITE <= mine[0].written_bytes <= WRITE + 4 * MiB, found
