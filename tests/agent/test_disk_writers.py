@@ -18,6 +18,26 @@ MiB = 1 << 20
 WRITE = 48 * MiB
 
 
+DISK_TMP = Path(os.environ.get("INFERSIGHT_DISK_TMP", "/var/tmp"))
+
+
+def _fs_type(path: Path) -> str:
+    """The filesystem type of the mount `path` is on (the longest mount point that holds it)."""
+    best, kind = "", "?"
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        point = left.split()[4]
+        if str(path.resolve()).startswith(point.rstrip("/") + "/") or str(path.resolve()) == point:
+            if len(point) >= len(best):
+                best, kind = point, right.split()[0]
+    return kind
+
+
+# tmpfs and ramfs pages are never written back, and /proc/PID/io counts none of them: these need a disk.
+on_a_disk = pytest.mark.skipif(_fs_type(DISK_TMP) in ("tmpfs", "ramfs", "?"),
+                               reason=f"{DISK_TMP} is not on a disk (set INFERSIGHT_DISK_TMP to a directory that is)")
+
+
 class Clock:
     def __init__(self, now: float = 1000.0) -> None:
         self.now = now
@@ -37,11 +57,11 @@ def _writer(sync: bool, directory: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True)
 
 
+@on_a_disk
 @pytest.mark.parametrize("sync", [True, False], ids=["fsyncs", "leaves-it-to-the-flusher"])
 def test_a_real_writer_is_named_with_the_bytes_it_wrote(sync, tmp_path):
-    # On a disk (not tmpfs: its pages are never written back, and /proc/PID/io counts none): /var/tmp as the
-    # scenario's diskhog.py uses it.
-    directory = Path(os.environ.get("INFERSIGHT_DISK_TMP", "/var/tmp")) / f"infersight-test-{os.getpid()}-{sync}"
+    # On a disk, /var/tmp as the scenario's diskhog.py uses it.
+    directory = DISK_TMP / f"infersight-test-{os.getpid()}-{sync}"
     directory.mkdir()
     child = _writer(sync, directory)
     try:
@@ -160,9 +180,10 @@ def test_a_window_without_an_io_stall_reads_nobody_and_says_so(tmp_path):
     assert r.writers[0].written_bytes >= 200 * MiB
 
 
+@on_a_disk
 def test_a_writer_that_exits_within_the_window_is_charged_to_the_parent_that_reaped_it(tmp_path):
     # The kernel adds a reaped child's I/O to its parent's: a backup script's short-lived dd is named by the script.
-    out = Path(os.environ.get("INFERSIGHT_DISK_TMP", "/var/tmp")) / f"infersight-test-{os.getpid()}-reaped"
+    out = DISK_TMP / f"infersight-test-{os.getpid()}-reaped"
     code = ("import subprocess, sys\nprint('ready', flush=True); sys.stdin.readline()\n"
             f"subprocess.run(['dd', 'if=/dev/zero', 'of={out}', 'bs=1M', 'count={WRITE // MiB}', 'conv=fsync'],"
             " stderr=subprocess.DEVNULL, check=True)\n"

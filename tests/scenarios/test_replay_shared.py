@@ -21,8 +21,8 @@ EXPECTED: dict[str, tuple[str, int, str]] = {
     # 2026-12-04 13:45-13:52 UTC, load average 0.2 before, 1.0 after): the server's p99 moved little (0.15-0.2 s
     # normal, 0.15-0.48 s in the phase: its fsyncs waited a little longer), but the I/O stall of its cgroup went
     # x4.4 over its baseline (0.077 s/s against 0.018) in every window; the regression opened after 6 windows (p99
-    # stayed under the expected 0.39 s: only the phase's mean moved), labelled `blocked` by that stall. Nothing names the writer yet (no block-layer naming,
-    # docs/BENCHMARKS.md "Who wrote to the disk?"), so the recorded culprit is not named.
+    # stayed under the expected 0.39 s: only the phase's mean moved), labelled `blocked` by that stall. The recording predates the writers (docs/detector.md "Who wrote":
+    # its windows' `writers` are null), so the recorded culprit is not named in replay.
     "disk": ("blocked", 6, "not named"),
     # A neighbour in the server's memory-limited family holding it at 50-200 major faults/s (recorded 2026-12-04
     # 13:53-14:01 UTC, load average 1.6 before, 0.2 after). The squeeze bites in bursts: the server's pages go, it
