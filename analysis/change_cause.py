@@ -55,4 +55,6 @@ def attribute_change(regression: Regression, change: ChangeNote | None,
 def _outside(cause: Cause) -> bool:
     if cause.label == "memory":
         return bool(cause.growers) and not cause.growers[0].member
+    if cause.writers:  # a disk stall while a neighbour wrote: not the server's own doing
+        return not cause.writers[0].member
     return cause.label in OUTSIDE_CAUSES

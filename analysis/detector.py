@@ -6,7 +6,7 @@ import dataclasses
 import math
 from collections import deque
 
-from analysis import culprits, memory_growers
+from analysis import culprits, disk_writers, memory_growers
 from analysis.attribution import Attributor, Moved, evidence
 from analysis.baseline import Baseline, BaselineRow, cpu_wait
 from analysis.cause_signals import BY_NAME, SIGNALS, read_all
@@ -276,6 +276,8 @@ class LatencyDetector:
             values["culprits"] = kept  # who held the CPU while the target waited (analysis.culprits)
         if (grown := memory_growers.sample(window)) is not None:
             values["growers"] = grown  # who grew in memory while it stalled (analysis.memory_growers)
+        if (wrote := disk_writers.sample(window)) is not None:
+            values["writers"] = wrote  # who wrote to the disks while its I/O stalled (analysis.disk_writers)
         score = self._score(f, expected_all, values) if usable else None
         strength = self._corroboration(values)
         explained = strength > 0
@@ -534,7 +536,9 @@ class LatencyDetector:
     def _causes(self, samples: list[dict], window: Window) -> list[Cause]:
         family = [self._placed(c, samples) for c in self._ranked_causes(samples, window)]
         # Neighbours are named last: a member's own cpu_contention may replace the family's, and it needs them too.
-        return [memory_growers.named(culprits.named(c, samples), samples)
+        usual = self.baseline_.stats().get("io_pressure")
+        usual_io = None if usual is None else usual.median
+        return [disk_writers.named(memory_growers.named(culprits.named(c, samples), samples), samples, usual_io)
                 for c in self._with_members(family, samples)]
 
     def _with_members(self, family: list[Cause], samples: list[dict]) -> list[Cause]:

@@ -43,6 +43,20 @@ class Grower:
 
 
 @dataclass(frozen=True)
+class Writer:
+    """A process that wrote to the disks while the target's I/O stalled (analysis.disk_writers): `written_bytes`
+    over `seconds`; `member` when it is one of the target's own processes."""
+
+    pid: int
+    comm: str
+    written_bytes: int
+    seconds: float
+    member: bool = False
+    cmdline: str | None = None
+    user: str | None = None
+
+
+@dataclass(frozen=True)
 class Cause:
     """One candidate explanation, with the evidence a person reads ("GC pause 41 ms/s vs 0.8 ms/s (x51)")."""
 
@@ -58,6 +72,8 @@ class Cause:
     neighbours: tuple[Neighbour, ...] = ()
     # For memory: the processes that grew most while it stalled, most first; empty otherwise.
     growers: tuple[Grower, ...] = ()
+    # For blocked with the I/O stall moved: the processes that wrote most while it stalled, most first; else empty.
+    writers: tuple[Writer, ...] = ()
 
     def __post_init__(self) -> None:
         if self.label not in CAUSE_LABELS:
@@ -69,6 +85,9 @@ class Cause:
         if not isinstance(self.growers, tuple) or not all(isinstance(g, Grower) for g in self.growers):
             object.__setattr__(self, "growers", tuple(g if isinstance(g, Grower) else Grower(**g)
                                                       for g in self.growers))
+        if not isinstance(self.writers, tuple) or not all(isinstance(w, Writer) for w in self.writers):
+            object.__setattr__(self, "writers", tuple(w if isinstance(w, Writer) else Writer(**w)
+                                                      for w in self.writers))
 
 
 @dataclass(frozen=True)

@@ -235,6 +235,20 @@ class MemoryGrower:
 
 
 @dataclass
+class DiskWriter:
+    """A process that wrote to the disks (agent/sources/disk_writers.py), read in a window where the target's I/O
+    stalled: `written_bytes` sent to the storage layer over `seconds`; `member` when it is one of the target's own."""
+
+    pid: int
+    comm: str
+    written_bytes: int
+    seconds: float
+    member: bool = False
+    cmdline: str | None = None
+    user: str | None = None
+
+
+@dataclass
 class PressureReading:
     """Pressure stall information over the window (agent/sources/pressure.py): seconds in which some (or all,
     `full`) of the tasks stalled on a resource, as deltas of the kernel's totals, host-wide and for the target's
@@ -250,6 +264,9 @@ class PressureReading:
     # The processes that grew most, read only in a window where memory stalled or was reclaimed (else None, with
     # the reason under "growers"); [] when it was read and nothing grew.
     growers: list[MemoryGrower] | None = None
+    # The processes that wrote most, read only in a window where I/O stalled (else None, with the reason under
+    # "writers"); [] when it was read and nobody wrote 1 MiB. None in windows recorded before it was kept.
+    writers: list[DiskWriter] | None = None
     reasons: dict[str, str] = field(default_factory=dict)  # "host", "cgroup", "major_faults", "reclaimed_pages"
 
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from analysis.regression import Cause, FunctionShift, Grower, Neighbour, Regression
+from analysis.regression import Cause, FunctionShift, Grower, Neighbour, Regression, Writer
 
 ALERTNAME = "InferenceLatencyRegression"
 # A watched server whose process ended (cause `down`): a fact, not a latency call, routed under its own name.
@@ -112,7 +112,7 @@ def flamegraph_url(reg: Regression, external_url: str, now: float) -> str:
     return f"{external_url}/api/flamegraph/diff?{query}"
 
 
-def _process_words(p: Neighbour | Grower) -> str:
+def _process_words(p: Neighbour | Grower | Writer) -> str:
     """Another process as an alert names it: its command line (else comm) as code, and its user; escaped, capped."""
     user = f", user {shorten(printable(p.user), 64)}" if p.user else ""
     return f"`{shorten(printable(p.cmdline or p.comm), 80)}`{user}"
@@ -138,6 +138,11 @@ def alert_annotations(reg: Regression, external_url: str, now: float) -> dict[st
         g = top.growers[0]
         whose = "the server's own pid" if g.member else "pid"
         where += f" after {whose} {g.pid} ({_process_words(g)}) grew by {g.grew_bytes / (1 << 20):.0f} MiB"
+    # A disk stall names the process that wrote most while it lasted (analysis.disk_writers).
+    if top is not None and top.writers:
+        w = top.writers[0]
+        whose = "the server's own pid" if w.member else "pid"
+        where += f" while {whose} {w.pid} ({_process_words(w)}) wrote {w.written_bytes / (1 << 20):.0f} MiB"
     summary = (f"Latency regression on {reg.target} (pid {reg.pid}), {reg.severity}, {state}: "
                f"top cause {reg.top_cause}{where}, score {reg.score:.2f}")
     lines = [cause_line(i, c) for i, c in enumerate(reg.causes[:MAX_CAUSES], 1)]

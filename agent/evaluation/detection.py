@@ -85,10 +85,13 @@ def _number(value: Any) -> float | None:
 
 def _top_neighbour(regression: Any) -> int | None:
     """The pid the regression's top cause names first as its culprit: the neighbour that held the CPU
-    (analysis.culprits), else the process that grew most in memory (analysis.memory_growers)."""
+    (analysis.culprits), else the process that grew most in memory (analysis.memory_growers), else the process that
+    wrote most while the I/O stalled (analysis.disk_writers)."""
     if regression is None or not regression.causes:
         return None
     top = regression.causes[0]
     if top.neighbours:
         return top.neighbours[0].pid
-    return top.growers[0].pid if top.growers else None
+    if top.growers:
+        return top.growers[0].pid
+    return top.writers[0].pid if top.writers else None

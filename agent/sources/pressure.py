@@ -10,10 +10,12 @@ cgroupfs per window (docs/BENCHMARKS.md).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.sources.disk_writers import WriteTracker
 from agent.sources.memory_growers import GrowthTracker
 from analysis.errors import TargetGone
 from analysis.health import Health
@@ -96,6 +98,16 @@ def _memory_stalled(reading: PressureReading) -> bool:
     return bool((psi and psi.get("memory", {}).get("some", 0.0) > 0) or reading.reclaimed_pages)
 
 
+# The I/O stall (the target's cgroup, else the host) that makes naming who wrote worth a read of every process's
+# io: 1 % of the window, the `io_pressure` signal's floor (analysis/cause_signals.py).
+IO_STALL_SHARE = 0.01
+
+
+def _io_stalled(reading: PressureReading, seconds: float) -> bool:
+    psi = reading.cgroup or reading.host
+    return bool(psi) and psi.get("io", {}).get("some", 0.0) >= IO_STALL_SHARE * seconds > 0
+
+
 @dataclass
 class _Sample:
     """One read's totals; None where the part could not be read (the reason beside it)."""
@@ -106,6 +118,7 @@ class _Sample:
     major_faults: int = 0
     reclaimed_pages: int | None = None
     reasons: dict[str, str] = field(default_factory=dict)
+    at: float = 0.0  # monotonic seconds of the read
 
 
 class PressureSource:
@@ -122,9 +135,10 @@ class PressureSource:
         self._health = Health(name=self.name, state="running")
         self._last = self._take()  # the baseline, so that the first window already has deltas
         self._growth = GrowthTracker(proc_root)
+        self._writes = WriteTracker(proc_root)
 
     def _take(self) -> _Sample:
-        now = _Sample()
+        now = _Sample(at=time.monotonic())
         try:
             now.host = read_totals(self._proc / "pressure", "{}")
         except FileNotFoundError:
@@ -172,6 +186,13 @@ class PressureSource:
             out.growers = self._growth.growers(self._pids())
         else:
             out.reasons["growers"] = "not read: no memory stall or reclaim in the window"
+        self._writes.tick()
+        if _io_stalled(out, now.at - before.at):
+            out.writers = self._writes.writers(self._pids())
+        elif out.cgroup is None and out.host is None:
+            out.reasons["writers"] = "not read: no I/O stall figure to read them by (no PSI)"
+        else:
+            out.reasons["writers"] = f"not read: I/O stalled under {IO_STALL_SHARE:.0%} of the window"
         return out
 
     def close(self) -> None:

@@ -53,6 +53,7 @@ def test_a_kernel_without_psi_gives_none_and_says_why_never_zero(tmp_path):
     r = source.read()
     assert r.host is None and r.cgroup is None
     assert r.reasons["host"] == NO_PSI and r.reasons["cgroup"] == NO_PSI
+    assert r.writers is None and "no PSI" in r.reasons["writers"]  # nobody named without the stall to name them by
     assert r.major_faults == 0 and r.reclaimed_pages == 0  # those do not need PSI
 
 

@@ -26,7 +26,7 @@ def _without_fields_added_since(value: Any) -> Any:
     """An answer less the record fields added after the fixture's release, where they hold their default: a
     Window's `members` ([] for a single process, issue 31) and a cause's `pid` and `process` (None outside a
     family), a regression's `change_id` (None unless it followed a change, issue 35), a Window's `delivery` (issue 32)
-    and `pressure` (issue 34) where null, a cause's `neighbours` (empty but for cpu_contention, issue 34) and `growers` (empty but for memory), a run-queue
+    and `pressure` (issue 34) where null, a cause's `neighbours` (empty but for cpu_contention, issue 34) and `growers` (empty but for memory) and `writers` (empty but for a disk stall), a run-queue
     reading's `culprits` and `charged_seconds` where not measured (issue 34). Anything else must still be
     byte-for-byte what that release answered; JSON inside a page's body too."""
     if isinstance(value, list):
@@ -54,7 +54,7 @@ def _without_fields_added_since(value: Any) -> Any:
         for key in ("pid", "process"):
             if out.get(key, 0) is None:
                 del out[key]
-        for key in ("neighbours", "growers"):
+        for key in ("neighbours", "growers", "writers"):
             if out.get(key) == []:
                 del out[key]
     return out

@@ -21,8 +21,8 @@ EXPECTED: dict[str, tuple[str, int, str]] = {
     # 2026-12-04 13:45-13:52 UTC, load average 0.2 before, 1.0 after): the server's p99 moved little (0.15-0.2 s
     # normal, 0.15-0.48 s in the phase: its fsyncs waited a little longer), but the I/O stall of its cgroup went
     # x4.4 over its baseline (0.077 s/s against 0.018) in every window; the regression opened after 6 windows (p99
-    # stayed under the expected 0.39 s: only the phase's mean moved), labelled `blocked` by that stall. Nothing names the writer yet (no block-layer naming,
-    # docs/BENCHMARKS.md "Who wrote to the disk?"), so the recorded culprit is not named.
+    # stayed under the expected 0.39 s: only the phase's mean moved), labelled `blocked` by that stall. The recording predates the writers (docs/detector.md "Who wrote":
+    # its windows' `writers` are null), so the recorded culprit is not named in replay.
     "disk": ("blocked", 6, "not named"),
     # A neighbour in the server's memory-limited family holding it at 50-200 major faults/s (recorded 2026-12-04
     # 13:53-14:01 UTC, load average 1.6 before, 0.2 after). The squeeze bites in bursts: the server's pages go, it
@@ -76,3 +76,29 @@ def test_the_outside_hog_beside_neighbours_is_found_by_its_stall_and_named_by_it
     assert phase.detected and phase.top_cause == "cpu_contention" and phase.delay_windows == 7, phase
     assert phase.culprit == culprit and phase.named == culprit, phase
     assert not [e for e in run.score.episodes if e.phase is None]  # no false alarm
+
+
+def test_the_disk_recording_with_writers_read_scores_the_writer_it_names() -> None:
+    # The scoring path of `culprit_top1` for a disk stall, on the recorded windows: the recording predates the
+    # writers, so they are put in here as the pressure source reads them (synthetic, not measured: the diskhog's
+    # recorded pid at its 128 MiB/s in every window its I/O stalled, the server's own small syncs beside it).
+    # The cause names the recorded pid first, and the phase is scored as named; without the writers it is not.
+    from agent.evaluation.detection import detect
+    from agent.evaluation.recording import read_recording
+    from analysis.scoring import score_run, summarize
+    from analysis.window import DiskWriter
+
+    rec = read_recording(RECORDED / "disk.jsonl.gz")
+    (culprit,) = {w.culprit for w in rec.windows if w.culprit is not None}
+    for item in rec.windows:
+        w = item.window
+        if w.pressure is None or w.pressure.cgroup is None or w.pressure.cgroup["io"]["some"] < 0.01 * w.duration:
+            continue  # not read where the I/O did not stall 1 % of the window (agent/sources/pressure.py)
+        own = DiskWriter(pid=w.pid, comm="python", written_bytes=3 << 20, seconds=w.duration, member=True)
+        hog = DiskWriter(pid=culprit, comm="python3", written_bytes=int(128 * w.duration) << 20,
+                         seconds=w.duration, cmdline="python3 diskhog.py 90")
+        w.pressure.writers = [hog, own] if item.culprit is not None else [own]
+    score = score_run(rec.scenario.name, detect(LatencyDetector, rec.windows))
+    (phase,) = score.fault_phases
+    assert phase.detected and phase.top_cause == "blocked" and phase.named == culprit, phase
+    assert summarize([score])["culprit_top1"] == 1.0
