@@ -307,7 +307,9 @@ def _idle_sockets(url: str, n: int) -> list[socket.socket]:
 
 def test_idle_connections_do_not_stall_metrics_or_the_page(served):
     url, _ = served
-    # waitress's default of 100 connections let any local user's 100 idle sockets keep /metrics out for 120 s.
+    # waitress's default of 100 connections let any local user's 100 idle sockets keep /metrics out for 120 s (its
+    # channel timeout). The bound is far below that stall and far above a busy host's slow answer: "/" took 0.35 s
+    # once in the full suite, beside other tests.
     idle = _idle_sockets(url, 150)
     try:
         time.sleep(0.5)
@@ -315,7 +317,7 @@ def test_idle_connections_do_not_stall_metrics_or_the_page(served):
             began = time.monotonic()
             code, _ = _get(url + path, timeout=10)
             took = time.monotonic() - began
-            assert code == 200 and took < 0.1, f"{path}: {code} after {took * 1000:.0f} ms with 150 idle sockets open"
+            assert code == 200 and took < 5.0, f"{path}: {code} after {took * 1000:.0f} ms with 150 idle sockets open"
     finally:
         for sock in idle:
             sock.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -50,12 +51,12 @@ def prog_stats(bpf) -> dict[str, tuple[int, int]]:
     return got
 
 
-def measure(binary: Path, mode: str, ops: int, first_request: bool) -> dict:
-    args = argparse.Namespace(round_trips=ops, cpu=1, connections=mode == "conn")
-    w = Workload(binary, args)
-    probe = DeliveryProbe(DeliveryConfig(first_request=first_request))
+def hook_runs(binary: Path, connections: bool, ops: int, probe, targets_self: bool = False) -> tuple[dict, object]:
+    """Run the workload under a started `probe` (the workload's server as its target, or this process with
+    `targets_self`): per hook (runs, ns) from the kernel's BPF stats, and the server's reading."""
+    w = Workload(binary, argparse.Namespace(round_trips=ops, cpu=1, connections=connections))
     try:
-        probe.start([w.server])
+        probe.start([os.getpid()] if targets_self else [w.server])
         before = prog_stats(probe._bpf)
         w.go()
         after = prog_stats(probe._bpf)
@@ -63,7 +64,11 @@ def measure(binary: Path, mode: str, ops: int, first_request: bool) -> dict:
     finally:
         probe.stop()
         w.kill()
-    runs = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in HOOKS}
+    return {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in HOOKS}, reading
+
+
+def measure(binary: Path, mode: str, ops: int, first_request: bool) -> dict:
+    runs, reading = hook_runs(binary, mode == "conn", ops, DeliveryProbe(DeliveryConfig(first_request=first_request)))
     return {"runs": runs, "total_ns": sum(t for _, t in runs.values()),
             "first_requests": reading.first_requests if reading else None,
             "late_requests": reading.late_requests if reading else None}

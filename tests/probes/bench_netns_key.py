@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -38,8 +37,8 @@ import tempfile
 from pathlib import Path
 
 from probes.delivery import DeliveryProbe
-from tests.probes.bench_delivery import WORKLOAD_C, Workload
-from tests.probes.bench_first_request import HOOKS, _p10_p90, prog_stats
+from tests.probes.bench_delivery import WORKLOAD_C
+from tests.probes.bench_first_request import HOOKS, _p10_p90, hook_runs
 
 MODES = ("conn", "pingpong", "conn-other")
 
@@ -58,19 +57,7 @@ def load_at(rev: str, tmp: Path):
 
 
 def measure(binary: Path, mode: str, ops: int, probe_class) -> dict:
-    args = argparse.Namespace(round_trips=ops, cpu=1, connections=mode != "pingpong")
-    w = Workload(binary, args)
-    probe = probe_class()
-    try:
-        probe.start([os.getpid()] if mode == "conn-other" else [w.server])
-        before = prog_stats(probe._bpf)
-        w.go()
-        after = prog_stats(probe._bpf)
-        reading = probe.read().get(w.server)
-    finally:
-        probe.stop()
-        w.kill()
-    runs = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in HOOKS}
+    runs, reading = hook_runs(binary, mode != "pingpong", ops, probe_class(), targets_self=mode == "conn-other")
     return {"runs": runs, "total_ns": sum(t for _, t in runs.values()),
             "connects": reading.connects if reading else None, "replies": reading.replies if reading else None}
 
