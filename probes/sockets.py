@@ -121,9 +121,10 @@ class ProcSockets:
         self.proc_root = proc_root
         self.ttl = ttl
         self.clock = clock
-        self.sock_diag = (Path(proc_root) == Path("/proc")) if sock_diag is None else sock_diag
+        if sock_diag is None:
+            sock_diag = Path(proc_root) == Path("/proc")
         self.sock_diag_off: str | None = None
-        self._own_netns = _own_netns() if self.sock_diag else None
+        self._own_netns = _own_netns() if sock_diag else None  # None: every table from /proc
         # (network namespace inode, table) -> (read at, table): shared by every pid of one namespace.
         self._tables: dict[tuple[int, str], tuple[float, _Table]] = {}
         self._lock = threading.Lock()  # the probes of one agent share an instance (`shared`)
@@ -154,7 +155,7 @@ class ProcSockets:
         if not inodes:
             return set()
         found: set[Endpoint] = set()
-        netns = self._netns(pid)
+        netns = self.netns(pid)
         now = self.clock()
         for table, sockstat, prefix in TABLES:
             view = self._table(pid, netns, table, sockstat, prefix, now)
@@ -163,11 +164,8 @@ class ProcSockets:
         return found
 
     def netns(self, pid: int) -> int | None:
-        """The inode of `pid`'s network namespace (the kernel's `net->ns.inum`); None where /proc does not show it."""
-        return self._netns(pid)
-
-    def _netns(self, pid: int) -> int | None:
-        """The inode of `pid`'s network namespace, None where /proc does not show it (then nothing is shared)."""
+        """The inode of `pid`'s network namespace (the kernel's `net->ns.inum`); None where /proc does not show it
+        (then none of its tables is shared)."""
         try:
             return os.stat(self.proc_root / str(pid) / "ns" / "net").st_ino
         except OSError:

@@ -224,7 +224,7 @@ class SyscallsProbe(SlottedProbe):
     def _read_counts(self, slots: Iterable[int]) -> dict[int, list[int]]:
         """The counters of these slots only: the array holds max_targets x SYSCALL_SLOTS of them (32,768 by
         default), and a read of all costs ~11 ms of CPU per window where one slot's costs ~0.2 ms
-        (docs/BENCHMARKS.md "Where the agent process's own CPU goes after warm-up")."""
+        (docs/BENCHMARKS.md "The syscalls probe reads the slots in use only")."""
         table = self._bpf[b"counts"]
         return {slot: percpu_array_sums(table, slot * SYSCALL_SLOTS, (slot + 1) * SYSCALL_SLOTS) for slot in slots}
 
