@@ -12,11 +12,8 @@ import ipaddress
 import socket
 import struct
 
-_NETLINK_SOCK_DIAG = 4
-_SOCK_DIAG_BY_FAMILY = 20
-_NLM_F_REQUEST = 0x1
-_NLMSG_ERROR = 2
-_NLMSG_HEADER = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+from probes.sock_diag import NETLINK_SOCK_DIAG, NLM_F_REQUEST, NLMSGHDR, SOCK_DIAG_BY_FAMILY
+
 _ANY_STATE = 0xFFFFFFFF
 _NO_COOKIE = 0xFFFFFFFF
 # struct inet_diag_msg: family, state, timer, retrans (4 bytes), inet_diag_sockid (48), then expires, rqueue,
@@ -35,7 +32,7 @@ def _request(family: int, local: tuple[str, int], peer: tuple[str, int]) -> byte
     sockid = (struct.pack("!HH", peer[1], local[1]) + _addr16(family, peer[0]) + _addr16(family, local[0])
               + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE))
     body = struct.pack("=BBBxI", family, socket.IPPROTO_TCP, 0, _ANY_STATE) + sockid
-    return _NLMSG_HEADER.pack(_NLMSG_HEADER.size + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0) + body
+    return NLMSGHDR.pack(NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + body
 
 
 def peer_uid(local: tuple[str, int], peer: tuple[str, int]) -> int | None:
@@ -47,14 +44,14 @@ def peer_uid(local: tuple[str, int], peer: tuple[str, int]) -> int | None:
         request = _request(family, local, peer)
     except (OSError, ValueError):
         return None
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG) as nl:
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG) as nl:
         nl.settimeout(1.0)
         nl.sendto(request, (0, 0))
         answer = nl.recv(8192)
-    if len(answer) < _NLMSG_HEADER.size:
+    if len(answer) < NLMSGHDR.size:
         return None
-    _, kind, _, _, _ = _NLMSG_HEADER.unpack_from(answer)
-    if kind != _SOCK_DIAG_BY_FAMILY or len(answer) < _NLMSG_HEADER.size + _UID_OFFSET + 4:
+    _, kind, _, _, _ = NLMSGHDR.unpack_from(answer)
+    if kind != SOCK_DIAG_BY_FAMILY or len(answer) < NLMSGHDR.size + _UID_OFFSET + 4:
         return None  # NLMSG_ERROR (ENOENT: not a socket of this host) or something unexpected
-    (uid,) = struct.unpack_from("=I", answer, _NLMSG_HEADER.size + _UID_OFFSET)
+    (uid,) = struct.unpack_from("=I", answer, NLMSGHDR.size + _UID_OFFSET)
     return uid
