@@ -58,26 +58,39 @@ def kind_of(tgid: int, target: int, agent_pids: Iterable[int]) -> str:
 AGENT_CHILDREN = ("py-spy",)
 
 
+def parse_stat(stat: str) -> tuple[str, list[str]]:
+    """(comm, the fields after comm) of a /proc/PID/stat text. comm may hold ')' and spaces: it ends at the last
+    ')'. The fields count from 0 at field 3 (state)."""
+    close = stat.rfind(")")
+    return stat[stat.find("(") + 1:close], stat[close + 2:].split()
+
+
 def proc_stats(proc_root: Path) -> Iterator[tuple[int, str, list[str]]]:
-    """(pid, comm, the fields after comm) of every process's /proc/PID/stat; one that exits meanwhile is skipped.
-    comm may hold ')' and spaces: it ends at the last ')'. The fields count from 0 at field 3 (state)."""
+    """(pid, comm, the fields after comm) of every process's /proc/PID/stat; one that exits meanwhile is skipped."""
     for entry in proc_root.iterdir():
         if not entry.name.isdigit():
             continue
         stat = read_or_none(entry / "stat")
         if stat is None:
             continue
-        close = stat.rfind(")")
-        yield int(entry.name), stat[stat.find("(") + 1:close], stat[close + 2:].split()
+        yield int(entry.name), *parse_stat(stat)
+
+
+def is_agent_sampler(comm: str, fields: list[str], agent: int) -> bool:
+    """Whether a process (its stat's comm and fields) is a sampler the agent started (a child in AGENT_CHILDREN)."""
+    return len(fields) > 1 and fields[1] == str(agent) and comm in AGENT_CHILDREN
 
 
 def agent_pids(proc_root: Path, agent: int) -> set[int]:
     """The agent and the samplers it started (children named in AGENT_CHILDREN)."""
-    pids = {agent}
-    for pid, comm, fields in proc_stats(proc_root):
-        if len(fields) > 1 and fields[1] == str(agent) and comm in AGENT_CHILDREN:
-            pids.add(pid)
-    return pids
+    return {agent} | {pid for pid, comm, fields in proc_stats(proc_root) if is_agent_sampler(comm, fields, agent)}
+
+
+def user_and_cmdline(proc_dir: Path) -> tuple[str | None, str | None]:
+    """The user name and the redacted command line of the process at /proc/PID; None for what it hides or lost."""
+    status, cmdline = read_or_none(proc_dir / "status"), read_or_none(proc_dir / "cmdline")
+    return (user_of(status) if status is not None else None,
+            redact_cmdline([a for a in cmdline.split("\0") if a]) if cmdline else None)
 
 
 def resolve(tgid: int, comm: str, seconds: float, kind: str, proc_root: Path) -> Culprit:
@@ -94,10 +107,9 @@ def resolve(tgid: int, comm: str, seconds: float, kind: str, proc_root: Path) ->
     if now_comm.rstrip("\n") != comm:
         culprit.reason = f"its pid now runs {now_comm.strip()!r}: it exited and the pid was reused"
         return culprit
-    status, cgroup, cmdline = (read_or_none(base / name) for name in ("status", "cgroup", "cmdline"))
-    culprit.user = user_of(status) if status is not None else None
+    culprit.user, culprit.cmdline = user_and_cmdline(base)
+    cgroup = read_or_none(base / "cgroup")
     culprit.cgroup = _cgroup(cgroup) if cgroup is not None else None
-    culprit.cmdline = redact_cmdline([a for a in cmdline.split("\0") if a]) if cmdline else None
     if culprit.user is None or culprit.cgroup is None:
         culprit.reason = "exited while it was read"
     return culprit

@@ -22,9 +22,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from analysis.redact import redact_cmdline
 from analysis.window import DiskWriter
-from probes.runq_culprits import AGENT_CHILDREN, read_or_none, user_of
+from probes.runq_culprits import is_agent_sampler, parse_stat, read_or_none, user_and_cmdline
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # A process that wrote less than this over the interval is not named: a log line, not a cause.
@@ -80,16 +79,14 @@ def writers(now: Scan, before: Scan, before_boot: float, members: set[int], agen
         stat = read_or_none(base / "stat")
         if stat is None:
             continue  # exited since the scan
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        if pid == agent or (len(fields) > 1 and fields[1] == str(agent) and comm in AGENT_CHILDREN):
+        comm, fields = parse_stat(stat)
+        if pid == agent or is_agent_sampler(comm, fields, agent):
             continue  # the agent's own writes (its store, a recording) are never a cause
         if len(fields) > 19 and pid in before and int(fields[19]) / CLK_TCK > before_boot:
             delta = now[pid]  # a new process under a reused pid: all of its bytes are new
-        status, cmdline = read_or_none(base / "status"), read_or_none(base / "cmdline")
+        user, cmdline = user_and_cmdline(base)
         out.append(DiskWriter(pid=pid, comm=comm, written_bytes=delta, seconds=round(seconds, 3),
-                              member=pid in members, user=user_of(status) if status is not None else None,
-                              cmdline=redact_cmdline([a for a in cmdline.split("\0") if a]) if cmdline else None))
+                              member=pid in members, user=user, cmdline=cmdline))
     out.sort(key=lambda w: -w.written_bytes)
     return out
 

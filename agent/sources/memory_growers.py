@@ -14,9 +14,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from analysis.redact import redact_cmdline
 from analysis.window import MemoryGrower
-from probes.runq_culprits import proc_stats, read_or_none, user_of
+from probes.runq_culprits import proc_stats, user_and_cmdline
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # A process that grew less than this over the reference period is not named: allocator noise, not a cause.
@@ -47,11 +46,9 @@ def growers(now: Scan, before: Scan, members: set[int], seconds: float, proc_roo
             grown.append((rss - was, key, comm, rss))
     out = []
     for grew, (pid, _), comm, rss in sorted(grown, reverse=True)[:top]:
-        base = proc_root / str(pid)
-        status, cmdline = read_or_none(base / "status"), read_or_none(base / "cmdline")
+        user, cmdline = user_and_cmdline(proc_root / str(pid))
         out.append(MemoryGrower(pid=pid, comm=comm, grew_bytes=grew, rss_bytes=rss, seconds=round(seconds, 3),
-                                member=pid in members, user=user_of(status) if status is not None else None,
-                                cmdline=redact_cmdline([a for a in cmdline.split("\0") if a]) if cmdline else None))
+                                member=pid in members, user=user, cmdline=cmdline))
     return out
 
 
