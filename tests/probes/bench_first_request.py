@@ -20,6 +20,7 @@ counter increments (`tcp_probe`); every other segment pays one load and a branch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -27,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from probes.delivery import DeliveryConfig, DeliveryProbe
@@ -81,6 +83,43 @@ def _p10_p90(xs: list[float]) -> tuple[float, float]:
     return q[0], q[-1]
 
 
+@contextlib.contextmanager
+def bpf_stats_and_workload() -> Iterator[Path]:
+    """The workload compiled into a scratch folder, with the kernel's BPF run statistics on while it is used (set
+    back as they were after)."""
+    stats_path = Path("/proc/sys/kernel/bpf_stats_enabled")
+    was = stats_path.read_text().strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        src, binary = Path(tmp) / "w.c", Path(tmp) / "w"
+        src.write_text(WORKLOAD_C)
+        subprocess.run(["cc", "-O2", "-o", str(binary), str(src)], check=True)
+        stats_path.write_text("1")
+        try:
+            yield binary
+        finally:
+            stats_path.write_text(was)
+
+
+def pair_summary(first: list[dict], second: list[dict], ops: int) -> dict:
+    """Per pair, the first run's BPF ns per op less the second's: median, p10..p90 and every pair."""
+    pairs = [(a["total_ns"] - b["total_ns"]) / ops for a, b in zip(first, second, strict=True)]
+    return {"ns_per_op_median": round(statistics.median(pairs), 1), "p10_p90": [round(x, 1) for x in _p10_p90(pairs)],
+            "ns_per_op": [round(x, 1) for x in pairs]}
+
+
+def condition_summary(rs: list[dict], ops: int) -> dict:
+    """One condition's runs: BPF ns per op (median, p10..p90) and, per hook, runs per op and ns per run."""
+    hooks = {}
+    for h in HOOKS:
+        per_run = [r["runs"][h][1] / r["runs"][h][0] for r in rs if r["runs"][h][0]]
+        hooks[h] = {"runs_per_op": round(sum(r["runs"][h][0] for r in rs) / ops / len(rs), 2),
+                    "ns_per_run": round(statistics.median(per_run), 1) if per_run else None,
+                    "ns_per_run_p10_p90": [round(x, 1) for x in _p10_p90(per_run)] if per_run else None}
+    per_op = [r["total_ns"] / ops for r in rs]
+    return {"ns_per_op_median": round(statistics.median(per_op), 1),
+            "p10_p90": [round(x, 1) for x in _p10_p90(per_op)], "hooks": hooks}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
@@ -90,41 +129,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
-    stats_path = Path("/proc/sys/kernel/bpf_stats_enabled")
-    was = stats_path.read_text().strip()
     results: dict[str, dict[str, list[dict]]] = {m: {"on": [], "off": []} for m in ("conn", "pingpong")}
-    with tempfile.TemporaryDirectory() as tmp:
-        src, binary = Path(tmp) / "w.c", Path(tmp) / "w"
-        src.write_text(WORKLOAD_C)
-        subprocess.run(["cc", "-O2", "-o", str(binary), str(src)], check=True)
-        stats_path.write_text("1")
-        try:
-            for _ in range(args.rounds):
-                for mode, ops in rng.sample([("conn", args.connections), ("pingpong", args.round_trips)], 2):
-                    for on in rng.sample([True, False], 2):  # a pair, in a random order
-                        results[mode]["on" if on else "off"].append(measure(binary, mode, ops, on))
-        finally:
-            stats_path.write_text(was)
+    with bpf_stats_and_workload() as binary:
+        for _ in range(args.rounds):
+            for mode, ops in rng.sample([("conn", args.connections), ("pingpong", args.round_trips)], 2):
+                for on in rng.sample([True, False], 2):  # a pair, in a random order
+                    results[mode]["on" if on else "off"].append(measure(binary, mode, ops, on))
     summary = {}
     for mode, per in results.items():
         ops = args.connections if mode == "conn" else args.round_trips
-        pairs = [(a["total_ns"] - b["total_ns"]) / ops for a, b in zip(per["on"], per["off"], strict=True)]
-        summary[f"{mode} on-off"] = {"ns_per_op_median": round(statistics.median(pairs), 1),
-                                     "p10_p90": [round(x, 1) for x in _p10_p90(pairs)],
-                                     "ns_per_op": [round(x, 1) for x in pairs]}
-        ops = args.connections if mode == "conn" else args.round_trips
+        summary[f"{mode} on-off"] = pair_summary(per["on"], per["off"], ops)
         for cond, rs in per.items():
-            hooks = {}
-            for h in HOOKS:
-                cnt = sum(r["runs"][h][0] for r in rs)
-                per_run = [r["runs"][h][1] / r["runs"][h][0] for r in rs if r["runs"][h][0]]
-                hooks[h] = {"runs_per_op": round(cnt / ops / len(rs), 2),
-                            "ns_per_run": round(statistics.median(per_run), 1) if per_run else None,
-                            "ns_per_run_p10_p90": [round(x, 1) for x in _p10_p90(per_run)] if per_run else None}
-            per_op = [r["total_ns"] / ops for r in rs]
-            summary[f"{mode} {cond}"] = {"ns_per_op_median": round(statistics.median(per_op), 1),
-                                         "p10_p90": [round(x, 1) for x in _p10_p90(per_op)],
-                                         "ns_per_op": [round(x, 1) for x in per_op], "hooks": hooks,
+            summary[f"{mode} {cond}"] = {**condition_summary(rs, ops),
+                                         "ns_per_op": [round(r["total_ns"] / ops, 1) for r in rs],
                                          "first_requests": [r["first_requests"] for r in rs],
                                          "late_requests": [r["late_requests"] for r in rs]}
     if args.json:

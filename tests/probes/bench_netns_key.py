@@ -30,15 +30,13 @@ import argparse
 import importlib.util
 import json
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from probes.delivery import DeliveryProbe
-from tests.probes.bench_delivery import WORKLOAD_C
-from tests.probes.bench_first_request import HOOKS, _p10_p90, hook_runs
+from tests.probes.bench_first_request import bpf_stats_and_workload, condition_summary, hook_runs, pair_summary
 
 MODES = ("conn", "pingpong", "conn-other")
 
@@ -72,41 +70,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
-    stats_path = Path("/proc/sys/kernel/bpf_stats_enabled")
-    was = stats_path.read_text().strip()
     results: dict[str, dict[str, list[dict]]] = {m: {"this": [], "rev": []} for m in MODES}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, bpf_stats_and_workload() as binary:
         classes = {"this": DeliveryProbe, "rev": load_at(args.against, Path(tmp))}
-        src, binary = Path(tmp) / "w.c", Path(tmp) / "w"
-        src.write_text(WORKLOAD_C)
-        subprocess.run(["cc", "-O2", "-o", str(binary), str(src)], check=True)
-        stats_path.write_text("1")
-        try:
-            for _ in range(args.rounds):
-                for mode in rng.sample(MODES, len(MODES)):
-                    ops = args.round_trips if mode == "pingpong" else args.connections
-                    for cond in rng.sample(["this", "rev"], 2):
-                        results[mode][cond].append(measure(binary, mode, ops, classes[cond]))
-        finally:
-            stats_path.write_text(was)
+        for _ in range(args.rounds):
+            for mode in rng.sample(MODES, len(MODES)):
+                ops = args.round_trips if mode == "pingpong" else args.connections
+                for cond in rng.sample(["this", "rev"], 2):
+                    results[mode][cond].append(measure(binary, mode, ops, classes[cond]))
     summary = {}
     for mode, per in results.items():
         ops = args.round_trips if mode == "pingpong" else args.connections
-        pairs = [(a["total_ns"] - b["total_ns"]) / ops for a, b in zip(per["this"], per["rev"], strict=True)]
-        summary[f"{mode} this-rev"] = {"ns_per_op_median": round(statistics.median(pairs), 1),
-                                       "p10_p90": [round(x, 1) for x in _p10_p90(pairs)],
-                                       "ns_per_op": [round(x, 1) for x in pairs]}
+        summary[f"{mode} this-rev"] = pair_summary(per["this"], per["rev"], ops)
         for cond, rs in per.items():
-            hooks = {}
-            for h in HOOKS:
-                per_run = [r["runs"][h][1] / r["runs"][h][0] for r in rs if r["runs"][h][0]]
-                hooks[h] = {"runs_per_op": round(sum(r["runs"][h][0] for r in rs) / ops / len(rs), 2),
-                            "ns_per_run": round(statistics.median(per_run), 1) if per_run else None,
-                            "ns_per_run_p10_p90": [round(x, 1) for x in _p10_p90(per_run)] if per_run else None}
-            per_op = [r["total_ns"] / ops for r in rs]
-            summary[f"{mode} {cond}"] = {"ns_per_op_median": round(statistics.median(per_op), 1),
-                                         "p10_p90": [round(x, 1) for x in _p10_p90(per_op)], "hooks": hooks,
-                                         "connects": [r["connects"] for r in rs], "replies": [r["replies"] for r in rs]}
+            summary[f"{mode} {cond}"] = {**condition_summary(rs, ops), "connects": [r["connects"] for r in rs],
+                                         "replies": [r["replies"] for r in rs]}
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
