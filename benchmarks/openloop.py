@@ -42,6 +42,8 @@ class OpenLoop:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._done: list[Done] = []
+        # Every arrival sent, with the tokens it asked for: what the load offered, finished or not.
+        self._asked: list[tuple[float, int]] = []
         self.dropped = 0
         self._thread = threading.Thread(target=self._run, name="openloop", daemon=True)
 
@@ -65,6 +67,14 @@ class OpenLoop:
         with self._lock:
             return sum(d.tokens for d in self._done if d.ok and since <= d.finished_at < until)
 
+    def tokens_asked(self, since: float, until: float) -> int:
+        """Tokens asked for by the requests sent in [since, until): the offered load of that stretch.
+
+        An open loop's output in a stretch follows its arrivals, so output is compared with this (served over
+        asked) rather than with another stretch's output, whose arrivals differ."""
+        with self._lock:
+            return sum(n for sent, n in self._asked if since <= sent < until)
+
     def _run(self) -> None:
         next_at = time.monotonic()
         while not self._stop.is_set():
@@ -76,6 +86,8 @@ class OpenLoop:
                 continue
             prompt = make_prompt(self._rng, self._rng.randint(*self._prompt_bytes))
             n = self._rng.randint(*self._max_tokens)
+            with self._lock:
+                self._asked.append((time.monotonic(), n))
             threading.Thread(target=self._send, args=(prompt, n, self._rng.randrange(2**31)), daemon=True).start()
 
     def _send(self, prompt: str, max_tokens: int, seed: int) -> None:

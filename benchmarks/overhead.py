@@ -53,6 +53,8 @@ class Phase:
     # Of the py-spy CPU, the share spent at the burst rate, and the bursts that started in the side.
     burst_share: float | None = None
     bursts: int | None = None
+    # Tokens asked for by the requests that arrived in the side (the open loop's offered load).
+    tokens_asked: float | None = None
     requests: list[Done] = field(default_factory=list)
 
     @property
@@ -76,12 +78,19 @@ def summarize(phases: list[Phase]) -> dict[str, Any]:
     by_pair: dict[int, dict[bool, Phase]] = {}
     for p in phases:
         by_pair.setdefault(p.pair, {})[p.agent_on] = p
-    tput, p50, p99, cpt, agent_cpu, own_cpu, burst_cpu = [], [], [], [], [], [], []
+    tput, arrivals, p50, p99, cpt, agent_cpu, own_cpu, burst_cpu = [], [], [], [], [], [], [], []
     for sides in by_pair.values():
         off, on = sides.get(False), sides.get(True)
         if off is None or on is None or not off.tokens or not on.tokens:
             continue
-        tput.append((on.tokens / on.seconds) / (off.tokens / off.seconds))
+        if on.tokens_asked and off.tokens_asked:
+            # Open loop: a side's output follows the arrivals that happened to fall in it, so each side's output
+            # is taken over what it was asked for; below saturation both are ~1, a server the agent slows
+            # past its capacity falls behind its asks.
+            tput.append((on.tokens / on.tokens_asked) / (off.tokens / off.tokens_asked))
+            arrivals.append((on.tokens_asked / on.seconds) / (off.tokens_asked / off.seconds))
+        else:
+            tput.append((on.tokens / on.seconds) / (off.tokens / off.seconds))
         cpt.append((on.server_cpu / on.tokens) / (off.server_cpu / off.tokens))
         for out, q in ((p50, 0.5), (p99, 0.99)):
             a, b = on.latency(q), off.latency(q)
@@ -94,7 +103,8 @@ def summarize(phases: list[Phase]) -> dict[str, Any]:
         if on.agent_cpu is not None and on.agent_own_cpu is not None:
             burst_cpu.append(100.0 * (on.burst_share or 0.0) * (on.agent_cpu - on.agent_own_cpu) / on.seconds)
     peaks = [p.agent_peak_rss for p in phases if p.agent_peak_rss is not None]
-    summary = {"pairs": len(tput), "throughput_ratio": _spread(tput), "p50_ratio": _spread(p50),
+    summary = {"pairs": len(tput), "throughput_ratio": _spread(tput), "asked_tokens_ratio": _spread(arrivals),
+               "p50_ratio": _spread(p50),
                "p99_ratio": _spread(p99), "cpu_per_token_ratio": _spread(cpt), "agent_cpu_percent": _spread(agent_cpu),
                "agent_process_cpu_percent": _spread(own_cpu),
                "agent_children_cpu_percent": _spread([a - b for a, b in zip(agent_cpu, own_cpu)]),
@@ -190,7 +200,8 @@ class Run:
                 scraper.__exit__()
         t1, cpu1 = time.monotonic(), usage(server.proc.pid).total_cpu
         phase = Phase(source=source, pair=pair, agent_on=agent is not None, start=t0, end=t1,
-                      tokens=float(self.load.tokens_finished(t0, t1)), server_cpu=cpu1 - cpu0)
+                      tokens=float(self.load.tokens_finished(t0, t1)), server_cpu=cpu1 - cpu0,
+                      tokens_asked=float(self.load.tokens_asked(t0, t1)))
         if agent is not None and u0 is not None:
             u1 = usage(agent.pid)
             phase.agent_cpu, phase.agent_peak_rss = u1.total_cpu - u0.total_cpu, u1.peak_rss_bytes
@@ -335,7 +346,7 @@ def run(pairs: int, seconds: float, conds: list[Condition], rate: float, settle:
     shutil.rmtree(bench.workdir, ignore_errors=True)  # kept when the run failed: the agents' logs are there
     per_source = {c.label: summarize([p for p in phases if p.source == c.label]) for c in conds}
     head = per_source["all"] if "all" in per_source else per_source[conds[0].label]
-    return {**{k: head[k] for k in ("throughput_ratio", "p50_ratio", "p99_ratio", "cpu_per_token_ratio",
+    return {**{k: head[k] for k in ("throughput_ratio", "asked_tokens_ratio", "p50_ratio", "p99_ratio", "cpu_per_token_ratio",
                                     "agent_cpu_percent", "agent_rss_bytes", "pairs", "goals")},
             "burst_cpu_percent": head["burst_cpu_percent"], "bursts_per_hour": head["bursts_per_hour"],
             "agent_process_cpu_percent": head["agent_process_cpu_percent"],
@@ -353,7 +364,7 @@ def _fmt(s: dict[str, float] | None, digits: int = 3) -> str:
 
 def table(result: dict[str, Any]) -> str:
     rows = ["| source | agent CPU % of one core (with children) | of which py-spy | of which bursts | bursts per hour "
-            "| agent peak RSS MiB | throughput on/off | p50 on/off | p99 on/off "
+            "| agent peak RSS MiB | throughput on/off (served ÷ asked) | p50 on/off | p99 on/off "
             "| server CPU per token on/off | pairs | requests off/on |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, s in result["sources"].items():

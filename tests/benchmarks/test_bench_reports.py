@@ -39,6 +39,27 @@ def test_summary_ratios_per_pair_and_goals() -> None:
                           "cpu_per_token_within_1%": False, "rss<=200MB": True}
 
 
+def test_open_loop_throughput_is_served_over_asked_not_the_sides_arrivals() -> None:
+    # The 'on' side happened to receive 8 % fewer arrivals and served all of them: no throughput lost. Its raw
+    # output ratio (0.92) is the arrivals' ratio, which the summary reports separately.
+    off, on = phase(0, False, 1000, 5.0, [1.0]), phase(0, True, 920, 4.6, [1.0], agent_cpu=0.1)
+    off.tokens_asked, on.tokens_asked = 1000.0, 920.0
+    s = summarize([off, on])
+    assert s["throughput_ratio"]["median"] == pytest.approx(1.0)
+    assert s["asked_tokens_ratio"]["median"] == pytest.approx(0.92)
+    assert s["goals"]["throughput_loss<=1%"] is True
+    # A server that falls behind its asks on the 'on' side shows it.
+    on.tokens = 850.0
+    assert summarize([off, on])["throughput_ratio"]["median"] == pytest.approx(850 / 920, abs=1e-4)
+
+
+def test_open_loop_counts_the_tokens_each_arrival_asked_for() -> None:
+    from benchmarks.openloop import OpenLoop
+    load = OpenLoop("http://127.0.0.1:9", rate=1.0)
+    load._asked = [(1.0, 16), (2.0, 30), (3.0, 48)]
+    assert load.tokens_asked(1.0, 3.0) == 46 and load.tokens_asked(0.0, 10.0) == 94 and load.tokens_asked(4, 5) == 0
+
+
 def test_pair_missing_a_side_is_not_counted() -> None:
     assert summarize([phase(0, False, 1000, 5.0, [1.0])])["pairs"] == 0
 
