@@ -81,9 +81,18 @@ def is_agent_sampler(comm: str, fields: list[str], agent: int) -> bool:
     return len(fields) > 1 and fields[1] == str(agent) and comm in AGENT_CHILDREN
 
 
-def agent_pids(proc_root: Path, agent: int) -> set[int]:
-    """The agent and the samplers it started (children named in AGENT_CHILDREN)."""
-    return {agent} | {pid for pid, comm, fields in proc_stats(proc_root) if is_agent_sampler(comm, fields, agent)}
+def agent_pids(proc_root: Path, agent: int, among: Iterable[int]) -> set[int]:
+    """The agent and, of the processes `among`, the samplers it started (children named in AGENT_CHILDREN).
+
+    Only the charged processes are asked, one /proc/PID/stat each: a scan of every process's stat each window was
+    a third of the agent's main-thread CPU in steady state (docs/BENCHMARKS.md "Where the agent process's own CPU
+    goes"). The stat's comm is the process's, not the thread's that ran (py-spy's signal thread is "ctrl-c")."""
+    found = {agent}
+    for pid in set(among) - {0, agent}:
+        stat = read_or_none(proc_root / str(pid) / "stat")
+        if stat is not None and is_agent_sampler(*parse_stat(stat), agent):
+            found.add(pid)
+    return found
 
 
 def user_and_cmdline(proc_dir: Path) -> tuple[str | None, str | None]:

@@ -322,7 +322,8 @@ class RunqlatProbe(SlottedProbe):
         hist, totals = self._read_arrays()
         charged = self._read_charged() if self.config.culprits else None
         by_slot = self._drain_culprits() if self.config.culprits else {}
-        agent = runq_culprits.agent_pids(self._proc_root, os.getpid()) if by_slot else set()
+        agent = (runq_culprits.agent_pids(self._proc_root, os.getpid(), {t for c in by_slot.values() for t in c})
+                 if by_slot else set())
         readings: dict[int, RunQueueReading] = {}
         for tgid, slot in self._slots.items():
             base = slot * HIST_SLOTS

@@ -173,3 +173,18 @@ def test_top_keeps_n_neighbours_and_every_idle_self_and_agent_charge(tmp_path):
     charges = {0: ("swapper/0", 9), 10: ("a", 5), 11: ("b", 4), 12: ("c", 3), 99: ("infersight", 2), 7: ("srv", 1)}
     kept = runq_culprits.top(charges, target=7, agent={99}, n=2, proc_root=tmp_path)
     assert [(c.pid, c.kind) for c in kept] == [(0, "idle"), (10, ""), (11, ""), (99, "agent"), (7, "self")]
+
+
+def _fake_stat(root: Path, pid: int, comm: str, ppid: int) -> None:
+    (root / str(pid)).mkdir()
+    (root / str(pid) / "stat").write_text(f"{pid} ({comm}) S {ppid} {pid} {pid} 0 -1 4194560 0 0 0 0 1 2 0 0\n")
+
+
+def test_agent_pids_asks_only_the_charged_processes(tmp_path):
+    # The agent (pid 50) started py-spy 60; 61 is someone else's py-spy; 62 is the agent's child but not a
+    # sampler; 70 is the agent's py-spy that was not charged this window (not asked: it cannot be in the culprits);
+    # 80 exited before the read.
+    for pid, comm, ppid in ((60, "py-spy", 50), (61, "py-spy", 1), (62, "sh", 50), (70, "py-spy", 50)):
+        _fake_stat(tmp_path, pid, comm, ppid)
+    assert runq_culprits.agent_pids(tmp_path, 50, [0, 50, 60, 61, 62, 80]) == {50, 60}
+    assert runq_culprits.agent_pids(tmp_path, 50, []) == {50}
