@@ -51,6 +51,8 @@ class Reading:
     cpu_own: float | None = None
     # The detector has learned its baseline (past warm-up); None when the agent does not say.
     armed: bool | None = None
+    # Regressions the agent opened since it started (`infersight_regressions_total`); None when not scraped.
+    regressions: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class Slice:
     burst_percent: float | None
     bursts: int
     bursts_per_hour: float
+    # Regressions opened in the slice; with none, every burst in it was a false one. None when not scraped.
+    regressions: int | None = None
 
 
 def slices(readings: list[Reading], bursts: Callable[[float, float], tuple[float | None, int]],
@@ -87,10 +91,12 @@ def slices(readings: list[Reading], bursts: Callable[[float, float], tuple[float
         total = 100 * (r.cpu_total - start.cpu_total) / span  # type: ignore[operator]
         own = 100 * (r.cpu_own - start.cpu_own) / span  # type: ignore[operator]
         share, started = bursts(start.t, r.t)
+        opened = (r.regressions - start.regressions
+                  if r.regressions is not None and start.regressions is not None else None)
         out.append(Slice(start_min=round(start.t / 60, 2), seconds=round(span, 1), cpu_percent=round(total, 3),
                          own_percent=round(own, 3), children_percent=round(total - own, 3),
                          burst_percent=None if share is None else round(share * (total - own), 3), bursts=started,
-                         bursts_per_hour=round(started * 3600 / span, 2)))
+                         bursts_per_hour=round(started * 3600 / span, 2), regressions=opened))
         start = r
     return out
 
@@ -107,6 +113,11 @@ def steady_verdict(cut: list[Slice], peak_rss_bytes: int) -> dict[str, Any]:
             "children_percent_median": round(_median_f([s.children_percent for s in cut]), 3),
             "burst_percent_median": round(_median_f([s.burst_percent or 0.0 for s in cut]), 3),
             "bursts_per_hour": round(sum(s.bursts for s in cut) * 3600 / sum(s.seconds for s in cut), 2),
+            # A slice's bursts are false when no regression opened in it (a burst's hold is 20 s, a slice 10 min).
+            "regressions_opened": None if any(s.regressions is None for s in cut) else sum(s.regressions or 0
+                                                                                            for s in cut),
+            "false_bursts_per_hour": None if any(s.regressions is None for s in cut) else
+            round(sum(s.bursts for s in cut if not s.regressions) * 3600 / sum(s.seconds for s in cut), 2),
             "goals": {"steady_cpu<=1%": med <= STEADY_CPU_GOAL_PERCENT,
                       "peak_rss<=200MiB": peak_rss_bytes <= PEAK_RSS_GOAL_BYTES}}
 
@@ -256,7 +267,9 @@ def run(minutes: float, every: float, rate: float, restart_every: float | None =
                         dropped_windows=metric("infersight_agent_dropped_windows_total"),
                         tick_seconds=m.get("infersight_agent_window_duration_seconds"),
                         cpu_total=u.total_cpu, cpu_own=u.own_cpu,
-                        armed=m["infersight_detector_armed"] >= 1 if "infersight_detector_armed" in m else None)
+                        armed=m["infersight_detector_armed"] >= 1 if "infersight_detector_armed" in m else None,
+                        # The counter has no sample until the first regression opens: 0 once the agent answered.
+                        regressions=metric("infersight_regressions_total") or 0 if m else None)
             readings.append(r)
             if observe is not None:
                 observe(r, agent.pid)
@@ -282,11 +295,12 @@ def run(minutes: float, every: float, rate: float, restart_every: float | None =
 
 def slice_table(cut: list[Slice]) -> str:
     lines = ["| slice from min | minutes | agent CPU % of one core (with children) | agent process | py-spy "
-             "| of which bursts | bursts |", "|---|---|---|---|---|---|---|"]
+             "| of which bursts | bursts | regressions opened |", "|---|---|---|---|---|---|---|---|"]
     for s in cut:
         burst = "n/a" if s.burst_percent is None else f"{s.burst_percent:.2f}"
         lines.append(f"| {s.start_min:.1f} | {s.seconds / 60:.1f} | {s.cpu_percent:.2f} | {s.own_percent:.2f} | "
-                     f"{s.children_percent:.2f} | {burst} | {s.bursts} |")
+                     f"{s.children_percent:.2f} | {burst} | {s.bursts} | "
+                     f"{'n/a' if s.regressions is None else s.regressions} |")
     return "\n".join(lines)
 
 

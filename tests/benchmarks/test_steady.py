@@ -12,10 +12,10 @@ from benchmarks.soak import Reading, slices, steady_verdict
 TICK = 100  # SC_CLK_TCK on Linux
 
 
-def reading(t: float, cpu_total: float, cpu_own: float, armed: bool | None) -> Reading:
+def reading(t: float, cpu_total: float, cpu_own: float, armed: bool | None, regressions: int | None = None) -> Reading:
     return Reading(t=t, rss_bytes=2**20, peak_rss_bytes=2**20, fds=20, threads=12, children=1, cpu_percent=None,
                    store_bytes=0, windows=None, late_ticks=0, dropped_windows=0, tick_seconds=None,
-                   cpu_total=cpu_total, cpu_own=cpu_own, armed=armed)
+                   cpu_total=cpu_total, cpu_own=cpu_own, armed=armed, regressions=regressions)
 
 
 def test_slices_start_at_the_armed_detector_and_split_the_cpu() -> None:
@@ -39,6 +39,21 @@ def test_slices_start_at_the_armed_detector_and_split_the_cpu() -> None:
     assert v["cpu_percent_median"] == pytest.approx(0.8) and v["goals"] == {"steady_cpu<=1%": True,
                                                                            "peak_rss<=200MiB": True}
     assert steady_verdict(cut, peak_rss_bytes=250 * 2**20)["goals"]["peak_rss<=200MiB"] is False
+
+
+def test_bursts_in_a_slice_without_an_opened_regression_are_false() -> None:
+    # One regression opens at 15 min (the second slice); each slice has one burst.
+    rs = [reading(t, 0.01 * t, 0.005 * t, armed=t >= 120, regressions=0 if t < 900 else 1)
+          for t in range(0, 1921, 60)]
+    cut = slices(rs, lambda a, b: (0.5, 1), seconds=600.0)
+    assert [c.regressions for c in cut] == [0, 1, 0]
+    v = steady_verdict(cut, peak_rss_bytes=2**20)
+    assert v["regressions_opened"] == 1 and v["false_bursts_per_hour"] == pytest.approx(2 * 3600 / 1800)
+    # An agent that was never scraped says nothing about its regressions: not zero, unknown.
+    unscraped = slices([reading(t, 0.01 * t, 0.005 * t, armed=t >= 120) for t in range(0, 1921, 60)],
+                       lambda a, b: (0.5, 1), seconds=600.0)
+    assert unscraped[0].regressions is None
+    assert steady_verdict(unscraped, 2**20)["false_bursts_per_hour"] is None
 
 
 def test_no_slice_before_the_detector_is_armed() -> None:
