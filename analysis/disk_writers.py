@@ -29,7 +29,7 @@ def sample(window: Window) -> dict[str, Any] | None:
         return None
     return {"seconds": max((w.seconds for w in p.writers), default=window.duration),
             "top": [{"pid": w.pid, "comm": w.comm, "written_bytes": w.written_bytes, "member": w.member,
-                     "cmdline": w.cmdline, "user": w.user} for w in p.writers]}
+                     "cmdline": w.cmdline, "user": w.user, "seconds": w.seconds} for w in p.writers]}
 
 
 def io_moved(samples: Sequence[dict[str, Any]], usual: float | None) -> bool:
@@ -52,20 +52,21 @@ def describe(w: Writer) -> str:
 
 def named(cause: Cause, samples: Sequence[dict[str, Any]], usual_io: float | None) -> Cause:
     """A `blocked` cause whose I/O stall moved (io_moved) with the processes that wrote most over the episode's
-    windows (bytes summed by pid, over the seconds of the windows that read them), in its evidence and its
-    `writers`; any other cause, or one with no writer read, as it is."""
+    windows (bytes summed by pid, over the seconds of the readings that named that process, each reading's seconds
+    the writer's own: a neighbour that started within the episode is not said to have written its bytes over time
+    before it ran), in its evidence and its `writers`; any other cause, or one with no writer read, as it is."""
     if cause.label != "blocked" or not io_moved(samples, usual_io):
         return cause
     kept = [s["writers"] for s in samples if isinstance(s.get("writers"), dict)]
-    seconds = sum(k["seconds"] for k in kept)
     rows: dict[int, dict[str, Any]] = {}
     for k in kept:
         for w in k["top"]:
-            row = rows.setdefault(w["pid"], {**w, "written_bytes": 0})
+            row = rows.setdefault(w["pid"], {**w, "written_bytes": 0, "seconds": 0.0})
             row["written_bytes"] += w["written_bytes"]
+            row["seconds"] += w.get("seconds", k["seconds"])  # a state saved before per-writer seconds: the read's
     if not rows:
         return cause
-    found = tuple(Writer(**{**r, "seconds": round(seconds, 3)})
+    found = tuple(Writer(**{**r, "seconds": round(r["seconds"], 3)})
                   for r in sorted(rows.values(), key=lambda r: -r["written_bytes"])[:TOP])
     words = "; ".join(describe(w) for w in found[:NAMED])
     return dataclasses.replace(cause, evidence=f"{cause.evidence}; {words}", writers=found)

@@ -68,7 +68,8 @@ def writers(now: Scan, before: Scan, before_boot: float, members: set[int], agen
             proc_root: Path, top: int = TOP, min_bytes: int = MIN_BYTES) -> list[DiskWriter]:
     """The `top` processes that wrote most from `before` to `now` (at least `min_bytes`), named as /proc shows them;
     `member` when the process is one of the target's own. `before_boot`: when `before` was taken, in seconds since
-    boot; a process started after it is charged all its bytes."""
+    boot; a process started after it is charged all its bytes, over the `seconds` it ran (from its start time)
+    rather than the whole interval."""
     # A process's counters never go down: a total below the earlier one is another process under the same pid.
     deltas = ((total - before.get(pid, 0) if total >= before.get(pid, 0) else total, pid) for pid, total in now.items())
     out: list[DiskWriter] = []
@@ -82,10 +83,15 @@ def writers(now: Scan, before: Scan, before_boot: float, members: set[int], agen
         comm, fields = parse_stat(stat)
         if pid == agent or is_agent_sampler(comm, fields, agent):
             continue  # the agent's own writes (its store, a recording) are never a cause
-        if len(fields) > 19 and pid in before and int(fields[19]) / CLK_TCK > before_boot:
-            delta = now[pid]  # a new process under a reused pid: all of its bytes are new
+        started = int(fields[19]) / CLK_TCK if len(fields) > 19 else None
+        own = seconds
+        if started is not None and started > before_boot:
+            if pid in before:
+                delta = now[pid]  # a new process under a reused pid: all of its bytes are new
+            # It wrote them in the part of the interval it ran: its rate is not spread over time before it started.
+            own = min(seconds, max(0.0, before_boot + seconds - started))
         user, cmdline = user_and_cmdline(base)
-        out.append(DiskWriter(pid=pid, comm=comm, written_bytes=delta, seconds=round(seconds, 3),
+        out.append(DiskWriter(pid=pid, comm=comm, written_bytes=delta, seconds=round(own, 3),
                               member=pid in members, user=user, cmdline=cmdline))
     out.sort(key=lambda w: -w.written_bytes)
     return out

@@ -114,8 +114,8 @@ def test_a_reused_pid_is_a_new_process_and_small_writers_and_the_agent_are_left_
     _proc(proc, 15, written=0, comm="dd")            # a neighbour
     before = scan(proc)
     before_boot = 10.0  # seconds since boot of that scan: start ticks after it are a new process
-    _proc(proc, 10, written=big + 8 * MiB, start_ticks=int(20 * CLK_TCK), comm="new")
-    _proc(proc, 11, written=4 * MiB, start_ticks=int(20 * CLK_TCK), comm="newer")
+    _proc(proc, 10, written=big + 8 * MiB, start_ticks=int(12 * CLK_TCK), comm="new")
+    _proc(proc, 11, written=4 * MiB, start_ticks=int(12 * CLK_TCK), comm="newer")
     _proc(proc, 12, written=MIN_BYTES - 1)
     _proc(proc, 13, written=500 * MiB)
     _proc(proc, 14, written=400 * MiB, comm="py-spy", ppid=13)
@@ -124,6 +124,16 @@ def test_a_reused_pid_is_a_new_process_and_small_writers_and_the_agent_are_left_
     assert [(w.pid, w.comm, w.written_bytes, w.member) for w in found] == [
         (15, "dd", 200 * MiB, False), (10, "new", big + 8 * MiB, False), (11, "newer", 4 * MiB, True)]
     assert found[0].cmdline is None and found[0].user is None  # no cmdline or status in this /proc: not invented
+
+
+def test_a_process_that_started_within_the_interval_wrote_its_bytes_in_the_time_it_ran(tmp_path):
+    proc = tmp_path / "proc"
+    _proc(proc, 40, written=0, start_ticks=int(5 * CLK_TCK))  # there all along
+    before = scan(proc)
+    _proc(proc, 40, written=50 * MiB, start_ticks=int(5 * CLK_TCK))
+    _proc(proc, 41, written=100 * MiB, start_ticks=int(22 * CLK_TCK), comm="new")  # started 3 s before the read
+    found = writers(scan(proc), before, 10.0, set(), 1, 15.0, proc)  # the scan before: 10 s after boot, 15 s ago
+    assert [(w.pid, w.written_bytes, w.seconds) for w in found] == [(41, 100 * MiB, 3.0), (40, 50 * MiB, 15.0)]
 
 
 def test_a_writer_that_exits_before_the_read_is_not_named(tmp_path):

@@ -46,9 +46,10 @@ def test_a_disk_stall_names_the_neighbour_that_wrote_and_keeps_it_through_json_a
     top = reg.causes[0]
     assert top.label == "blocked", reg.causes
     assert [(w.pid, w.member) for w in top.writers] == [(9911, False), (faulty[0].pid, True)]
-    windows = sum(1 for s in det.episode_values_ if isinstance(s.get("writers"), dict))
+    named = [s["writers"]["top"] for s in det.episode_values_ if isinstance(s.get("writers"), dict)]
+    windows = sum(1 for top_ in named if any(w["pid"] == 9911 for w in top_))
     assert top.writers[0].written_bytes == 600 * MiB * windows  # summed over the episode's windows
-    assert top.writers[0].seconds == faulty[0].duration * windows
+    assert top.writers[0].seconds == faulty[0].duration * windows  # over the windows it wrote in, not all
     assert "pid 9911 `python3 diskhog.py 90 --token ***` (user bob) wrote" in top.evidence
     assert "MiB/s" in top.evidence and "the server's own pid" in top.evidence
     back = regression_from_dict(json.loads(json.dumps(regression_to_dict(reg))))
@@ -81,6 +82,27 @@ def test_a_stall_that_did_not_move_the_io_names_nobody():
     assert disk_writers.named(blocked, [{"io_pressure": None, "writers": read}] * 4, usual_io=None) == blocked
     moved = disk_writers.named(blocked, [{"io_pressure": 0.09, "writers": read}] * 4, usual_io=0.04)
     assert [w.pid for w in moved.writers] == [7] and moved.writers[0].written_bytes == 3600 * MiB
+
+
+def test_a_writer_that_started_within_the_episode_is_said_at_its_own_rate():
+    # The live disk take (docs/BENCHMARKS.md, session 20): 3,184 MiB the diskhog wrote in its first 25 s was said
+    # "in 45 s, 70.8 MiB/s": the episode's earlier readings of the server alone, and its first reading's 25 s since
+    # the scan before (it started 5 s before that reading), counted as its time. It wrote 128 MiB/s.
+    own = {"pid": 8, "comm": "srv", "written_bytes": 20 * MiB, "member": True, "cmdline": None, "user": None}
+    hog = {"pid": 7, "comm": "dd", "written_bytes": 640 * MiB, "member": False, "cmdline": None, "user": None}
+    samples = ([{"io_pressure": 0.05, "writers": {"seconds": 5.0, "top": [{**own, "seconds": 5.0}]}}] * 4
+               + [{"io_pressure": 0.05, "writers": {"seconds": 25.0, "top": [{**hog, "seconds": 5.0},
+                                                                          {**own, "seconds": 25.0}]}}]
+               + [{"io_pressure": 0.05, "writers": {"seconds": 5.0, "top": [{**hog, "seconds": 5.0},
+                                                                         {**own, "seconds": 5.0}]}}] * 4)
+    moved = disk_writers.named(Cause("blocked", 3.0, "I/O stall x5"), samples, usual_io=0.01)
+    assert [(w.pid, w.written_bytes, w.seconds) for w in moved.writers] == [(7, 3200 * MiB, 25.0), (8, 180 * MiB, 65.0)]
+    assert "wrote 3200 MiB in 25 s, 128.0 MiB/s" in moved.evidence
+    # A state saved before the readings kept their own seconds: each reading's seconds, as before.
+    old = [{**s, "writers": {**s["writers"], "top": [{k: v for k, v in w.items() if k != "seconds"}
+                                                    for w in s["writers"]["top"]]}} for s in samples]
+    back = disk_writers.named(Cause("blocked", 3.0, "I/O stall x5"), old, usual_io=0.01)
+    assert [(w.pid, w.seconds) for w in back.writers] == [(7, 45.0), (8, 65.0)]
 
 
 def test_other_causes_and_windows_that_read_no_writers_are_left_as_they_are():
