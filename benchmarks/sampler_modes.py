@@ -40,12 +40,16 @@ class Mode:
 ALL = ("--idle", "--threads", "--function", "--nonblocking")
 GIL = ("--gil", "--threads", "--function", "--nonblocking")
 MODES = (
-    Mode("now: every thread at 3 Hz, 5 s segments", (Recorder(3, 5, ALL),), "everything (the reference)"),
+    Mode("every thread at 3 Hz, 5 s segments", (Recorder(3, 5, ALL),), "everything (the default before 15 s segments)"),
     Mode("--gil at 3 Hz, 5 s segments", (Recorder(3, 5, GIL),),
          "the GIL holder only: no idle stacks (the lock signal), no GIL-free torch threads"),
     Mode("every thread at 1 Hz, 5 s segments", (Recorder(1, 5, ALL),), "everything, a third of the samples"),
     Mode("every thread at 3 Hz, 15 s segments", (Recorder(3, 15, ALL),),
-         "everything, a third of the attaches; a window's stacks arrive up to 10 s later"),
+         "everything, a third of the attaches; a window's stacks arrive up to 10 s later (the steady default)"),
+    Mode("every thread at 2 Hz, 15 s segments", (Recorder(2, 15, ALL),),
+         "everything, two thirds of the 15 s default's samples"),
+    Mode("every thread at 1 Hz, 15 s segments", (Recorder(1, 15, ALL),),
+         "everything, a third of the 15 s default's samples"),
     Mode("--gil at 3 Hz (5 s) + every thread at 1 Hz (15 s)", (Recorder(3, 5, GIL), Recorder(1, 15, ALL)),
          "the GIL holder at 3 Hz, idle stacks at a third of the rate"),
 )
@@ -100,18 +104,23 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=45.0, help="seconds per mode per round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rate", type=float, default=4.0, help="requests per second to the server")
+    ap.add_argument("--only", nargs="+", metavar="TEXT",
+                    help="measure only the modes whose name contains one of these (e.g. '15 s segments')")
     args = ap.parse_args()
+    modes = tuple(m for m in MODES if not args.only or any(t in m.name for t in args.only))
+    if not modes:
+        ap.error(f"no mode's name contains any of {args.only}")
     from workload.launch import launched_server
 
     pyspy = str(Path(sys.executable).parent / "py-spy")
-    results: dict[str, list[dict[str, float]]] = {m.name: [] for m in MODES}
+    results: dict[str, list[dict[str, float]]] = {m.name: [] for m in modes}
     with launched_server() as srv, tempfile.TemporaryDirectory() as tmp:
         load = OpenLoop(srv.url, args.rate)
         load.start()
         try:
             time.sleep(10)
             for r in range(args.rounds):
-                for mode in (MODES if r % 2 == 0 else tuple(reversed(MODES))):
+                for mode in (modes if r % 2 == 0 else tuple(reversed(modes))):
                     got = measure(mode, pyspy, srv.proc.pid, args.seconds, Path(tmp))
                     results[mode.name].append(got)
                     print(f"round {r + 1} {mode.name}: {got}", file=sys.stderr, flush=True)
@@ -119,7 +128,7 @@ def main() -> int:
             load.stop()
     print("| mode | py-spy CPU % of one core (per round) | samples per minute | attaches per minute | keeps |")
     print("|---|---|---|---|---|")
-    for mode in MODES:
+    for mode in modes:
         rows = results[mode.name]
         cpu = " / ".join(f"{x['cpu_percent']:.2f}" for x in rows)
         smp = sum(x["samples_per_min"] for x in rows) / len(rows)
