@@ -47,7 +47,8 @@ which RetransSegs does not count: those go to ``not_sent`` instead. An attempt t
 reached the IP layer but failed there (e.g. -EPERM from a netfilter drop on output) is a
 retransmit for RetransSegs and here, and is also counted in ``send_failed``.
 
-Overhead: nothing on the fast path; one hash update per retransmit.
+Overhead: nothing on the fast path; per retransmit sent, two `bpf_probe_read_kernel` (its namespace) and one hash
+update (docs/BENCHMARKS.md "tcpretrans keyed by network namespace").
 
 Caveats: on 6.18 under CPU contention a few retransmits in ten thousand are counted by the
 kernel without the tracepoint firing (no program runs for them; docs/tcpretrans.md,

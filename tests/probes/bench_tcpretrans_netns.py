@@ -3,7 +3,7 @@ by namespace against the same probe with the namespace not read (`TcpRetransConf
 before the namespace was keyed, which read the tracepoint's fields only), side by side.
 
 Run as root from the repository root, under the exclusive lock (a few minutes; docs/BENCHMARKS.md "tcpretrans keyed
-by network namespace, cost"):
+by network namespace"):
 
     .venv/bin/python -m tests.probes.bench_tcpretrans_netns [--against REV] [--rounds 8] [--json]
 
