@@ -1,10 +1,13 @@
 """TCP retransmits per window, by flow (addresses, ports, TCP state), host-wide and per target.
 
 Traces: tracepoints ``tcp:tcp_retransmit_skb`` (data, SYN and FIN retransmits, tail-loss
-probes) and ``tcp:tcp_retransmit_synack`` (a listener's SYN-ACK retransmits). Only the
-tracepoints' own fields are read; no kernel struct is dereferenced.
+probes) and ``tcp:tcp_retransmit_synack`` (a listener's SYN-ACK retransmits). The tracepoints'
+own fields are read, plus one fact no tracepoint carries: the socket's network namespace
+(``skaddr->__sk_common.skc_net.net->ns.inum``, two ``bpf_probe_read_kernel`` at the running
+kernel's offsets from its BTF, probes/btf.py; the exception docs/kernel.md states, shared with
+probes/delivery.py). Without BTF the namespace is not read (0), and health says so.
 
-How: each event increments ``flows[(parity, family, saddr, daddr, sport, dport, state)]`` and a
+How: each event increments ``flows[(parity, netns, family, saddr, daddr, sport, dport, state)]`` and a
 per-CPU ``totals`` counter. ``parity`` is the window's, flipped by ``read()``. A read (1) takes
 the parity that closed at the previous read, which no program has written for a whole
 interval, credits what arrived there after that read (a program that loaded the old parity
@@ -15,10 +18,19 @@ increments that land between the copy and the delete. ``totals`` is never zeroed
 its difference.
 
 Attribution happens in user space at read time: a flow
-belongs to a target when its local address and port are those of one of the target's TCP
+belongs to a target when it happened in the target's network namespace (its /proc/PID/ns/net
+inode) and its local address and port are those of one of the target's TCP
 sockets (``/proc/PID/fd`` socket inodes matched in ``/proc/PID/net/tcp{,6}``, which is the
 target's own network namespace view), or of a socket seen there at the previous read, so a
 connection closed within a window still counts for its owner.
+
+Why the namespace is read in BPF, not matched in user space: a flow key without it cannot be
+told apart afterwards. Two namespaces' servers on 0.0.0.0:8000 with clients on the same
+addresses (each namespace's own 10.0.0.2, or loopback) give the same 4-tuples; a table lookup
+per namespace at read time could only ask "does this 4-tuple exist here now", which fails for a
+connection closed within the window and is ambiguous for a 4-tuple that exists in both. The
+read costs two ``bpf_probe_read_kernel`` per retransmit, only on retransmits (docs/BENCHMARKS.md
+"tcpretrans keyed by network namespace").
 
 Why no in-kernel tgid filter: retransmits run in softirq and timer context, where the
 current task is whoever was interrupted; the tgid there says nothing about the socket's
@@ -35,14 +47,18 @@ which RetransSegs does not count: those go to ``not_sent`` instead. An attempt t
 reached the IP layer but failed there (e.g. -EPERM from a netfilter drop on output) is a
 retransmit for RetransSegs and here, and is also counted in ``send_failed``.
 
-Overhead: nothing on the fast path; one hash update per retransmit.
+Overhead: nothing on the fast path; per retransmit sent, two `bpf_probe_read_kernel` (its namespace) and one hash
+update (docs/BENCHMARKS.md "tcpretrans keyed by network namespace").
 
 Caveats: on 6.18 under CPU contention a few retransmits in ten thousand are counted by the
 kernel without the tracepoint firing (no program runs for them; docs/tcpretrans.md,
 tests/probes/tcpretrans_gaps.py). -EHOSTUNREACH is taken as "not sent", which is wrong when
 the route vanished between the route check and the IP layer (seen at namespace teardown).
-Flows are host-wide, across network namespaces; a flow in another namespace
-with the same local address and port as a target's socket is attributed to the target.
+Flows are host-wide, across network namespaces (``last_host`` sums a flow's counts over
+namespaces). Where the namespace is not read (no BTF, ``TcpRetransConfig.netns`` off, or a read
+that failed: ``netns_unread`` in health's detail) a flow is matched on local address and port
+alone, so a flow in another namespace with the same local address and port as a target's socket
+is attributed to the target, as before the namespace was keyed.
 When ``flows`` is full, new flows are counted in the totals and in ``lost`` (health's
 ``lost_events``) but not listed.
 """
@@ -59,6 +75,7 @@ from analysis.errors import AccessDenied, ProbeUnavailable, TargetGone, Tracepoi
 from analysis.health import Health
 from analysis.window import TcpFlow, TcpReading
 from probes.base import load_bpf, recursion_misses, require_tracepoints, tracefs_root
+from probes.btf import BtfError, NetnsOffsets, netns_offsets
 from probes.sockets import Endpoint, ProcSockets, normalize_ip, owns, shared
 
 TRACEPOINT_SKB = "tcp:tcp_retransmit_skb"
@@ -93,6 +110,7 @@ BPF_TEXT = r"""
 
 struct flow_t {
     u32 parity;
+    u32 netns;     /* the socket's network namespace inode; 0: not read (no offsets, or the read failed) */
     u8 saddr[16];
     u8 daddr[16];
     u16 sport;
@@ -118,6 +136,24 @@ static inline void count_total(u32 idx)
     u64 *n = totals.lookup(&idx);
     if (n)
         (*n)++;
+}
+
+/* The inode of socket `sk`'s network namespace, sk->__sk_common.skc_net.net->ns.inum, at the running kernel's
+   offsets (its BTF, probes/btf.py; the same read as probes/delivery.py). 0 where it cannot be read, or where the
+   offsets are unknown (then every flow is matched on address and port alone). */
+static inline u32 netns_of(const void *sk)
+{
+#ifdef NETNS_SK_NET
+    u64 net = 0;
+    u32 inum = 0;
+    if (bpf_probe_read_kernel(&net, sizeof(net), (void *)((u64)sk + NETNS_SK_NET)) || !net)
+        return 0;
+    if (bpf_probe_read_kernel(&inum, sizeof(inum), (void *)(net + NETNS_NET_INUM)))
+        return 0;
+    return inum;
+#else
+    return 0;
+#endif
 }
 
 static inline void count_flow(struct flow_t *key)
@@ -163,6 +199,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb)
     key.sport = args->sport;
     key.dport = args->dport;
     key.state = args->state;
+    key.netns = netns_of(args->skaddr);
     FILL_ADDRS(key, args);
     count_total(TOTAL_RETRANSMITS);
     count_flow(&key);
@@ -178,6 +215,7 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_synack)
     key.sport = args->sport;
     key.dport = args->dport;
     key.state = TCP_SYN_RECV_;
+    key.netns = netns_of(args->skaddr);  /* the listener's: its requests live in its namespace */
     FILL_ADDRS(key, args);
     count_total(TOTAL_RETRANSMITS);
     count_flow(&key);
@@ -194,15 +232,20 @@ class TcpRetransConfig:
     # None: look at the tracepoint's format in tracefs at start().
     err_field: bool | None = None
     tracefs: Path | None = None
+    # Read each retransmit's network namespace (BTF offsets): a flow is a target's only in its namespace.
+    netns: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_flows <= 1 << 20:
             raise ValueError(f"max_flows must be within [1, 1048576], got {self.max_flows!r}")
 
 
-def render(config: TcpRetransConfig) -> str:
-    """The C text for `config`: #defines first, then the program. `err_field` None renders as absent."""
+def render(config: TcpRetransConfig, netns: NetnsOffsets | None = None) -> str:
+    """The C text for `config`: #defines first, then the program. `err_field` None renders as absent; `netns` None
+    renders no namespace read (every flow's netns 0)."""
     defines = [f"#define MAX_FLOWS {config.max_flows}"]
+    if netns is not None:
+        defines += [f"#define NETNS_SK_NET {netns.sk_net}", f"#define NETNS_NET_INUM {netns.net_inum}"]
     if config.err_field:
         defines.append("#define HAVE_ERR_FIELD 1")
     if config.count_synack:
@@ -246,8 +289,9 @@ def flow_from_key(family: int, saddr: bytes, daddr: bytes, sport: int, dport: in
 
 
 def _flow_ident(key: Any) -> tuple:
-    """The fields of a kernel `struct flow_t` key without its parity, in flow_from_key's order."""
-    return (int(key.family), bytes(key.saddr), bytes(key.daddr), int(key.sport), int(key.dport), int(key.state))
+    """The fields of a kernel `struct flow_t` key without its parity: its netns, then flow_from_key's order."""
+    return (int(key.netns), int(key.family), bytes(key.saddr), bytes(key.daddr), int(key.sport), int(key.dport),
+            int(key.state))
 
 
 @dataclass
@@ -281,6 +325,8 @@ class TcpRetransProbe:
         self._targets: set[int] = set()
         self._seen: dict[int, set[Endpoint]] = {}
         self._previous = _Counters()
+        self._netns: NetnsOffsets | None = None  # offsets a socket's namespace is read at; None: not read
+        self._netns_unread = 0  # flows whose namespace read failed though keyed, since start
         self._health = Health(name=self.name)
 
     def start(self, targets: Iterable[int]) -> None:
@@ -288,12 +334,12 @@ class TcpRetransProbe:
             raise ProbeUnavailable("tcpretrans probe is already started; use set_targets() to change targets")
         try:
             config = self._resolved_config()
-            self._bpf = load_bpf(render(config))
+            self._bpf = load_bpf(render(config, self._resolve_netns(config)))
         except ProbeUnavailable as exc:
             self._health.state, self._health.reason = "failed", str(exc)
             raise
         self.config = config
-        self._parity, self._reported, self._errors_seen = 0, {}, {}
+        self._parity, self._reported, self._errors_seen, self._netns_unread = 0, {}, {}, 0
         self._previous = self._read_totals()
         self._health.state, self._health.reason = "running", None
         self.set_targets(targets)
@@ -317,15 +363,15 @@ class TcpRetransProbe:
     def read(self) -> dict[int, TcpReading]:
         if self._bpf is None:
             raise ProbeUnavailable("tcpretrans probe is not started")
-        flows = self._drain_flows()
+        by_netns = self._drain_flows()
         totals = self._read_totals()
         previous, self._previous = self._previous, totals
-        self.last_host = TcpReading(retransmits=totals.retransmits - previous.retransmits, flows=flows)
+        self.last_host = TcpReading(retransmits=totals.retransmits - previous.retransmits, flows=_merged(by_netns))
         self.last_not_sent = totals.not_sent - previous.not_sent
         self.last_send_failed = totals.send_failed - previous.send_failed
         self.last_errors = self._read_errors()
         self._health.lost_events = totals.lost + self.missed_runs()
-        return self._attribute(flows)
+        return self._attribute(by_netns)
 
     def host(self) -> TcpReading | None:
         return self.last_host
@@ -358,10 +404,29 @@ class TcpRetransProbe:
         if err_field is None:
             err_field = tracepoint_has_field(TRACEPOINT_SKB, "err", root)
         return TcpRetransConfig(max_flows=self.config.max_flows, count_synack=count_synack,
-                                err_field=err_field, tracefs=root)
+                                err_field=err_field, tracefs=root, netns=self.config.netns)
 
-    def _attribute(self, flows: list[TcpFlow]) -> dict[int, TcpReading]:
+    def _resolve_netns(self, config: TcpRetransConfig) -> NetnsOffsets | None:
+        """The offsets the namespace is read at, and health's word on it; None: flows matched on address and port
+        alone (the behaviour before the namespace was keyed)."""
+        self._netns = None
+        detail = "off (config): flows matched on local address and port alone, across namespaces"
+        if config.netns:
+            try:
+                self._netns = netns_offsets()
+                detail = "keyed"
+            except BtfError as exc:
+                detail = f"not read ({exc}): flows matched on local address and port alone, across namespaces"
+        self._health.detail["netns"] = detail
+        return self._netns
+
+    def _attribute(self, flows: list[tuple[int, TcpFlow]]) -> dict[int, TcpReading]:
+        """Each target's flows: in its namespace (where read; see the module docstring), from its endpoints."""
         readings: dict[int, TcpReading] = {}
+        if self._netns is not None:
+            self._netns_unread += sum(1 for ns, _ in flows if ns == 0)
+            if self._netns_unread:
+                self._health.detail["netns_unread"] = self._netns_unread
         for tgid in sorted(self._targets):
             try:
                 current = self.sockets.endpoints(tgid)
@@ -376,15 +441,18 @@ class TcpRetransProbe:
             self._health.unsupported.pop(tgid, None)
             known = current | self._seen.get(tgid, set())
             self._seen[tgid] = current
-            mine = [f for f in flows if owns(known, f)]
+            # Its namespace; None (not keyed, or /proc does not show it): any namespace, as an unread flow's 0 is.
+            own_ns = self.sockets.netns(tgid) if self._netns is not None else None
+            mine = [f for ns, f in flows if (own_ns is None or ns in (0, own_ns)) and owns(known, f)]
             readings[tgid] = TcpReading(retransmits=sum(f.retransmits for f in mine), flows=mine)
         self._health.targets = len(self._targets)
         if self.sockets.sock_diag_off is not None:  # /proc's tables instead: correct, ~5 ms a read dearer
             self._health.detail["tcp_tables"] = self.sockets.sock_diag_off
         return readings
 
-    def _drain_flows(self) -> list[TcpFlow]:
-        """The window's flows: the parity closing now, plus late arrivals in the one closed before."""
+    def _drain_flows(self) -> list[tuple[int, TcpFlow]]:
+        """The window's flows, each with its namespace's inode (0: not read): the parity closing now, plus late
+        arrivals in the one closed before."""
         table = self._bpf[b"flows"]
         counts: dict[tuple, int] = {}
         # (1) Quiet for a whole interval: nothing writes it any more, so its entries can go.
@@ -408,8 +476,9 @@ class TcpRetransProbe:
             ident = _flow_ident(key)
             self._reported[ident] = int(value)
             counts[ident] = counts.get(ident, 0) + int(value)
-        flows = [flow_from_key(*ident, count) for ident, count in counts.items()]
-        flows.sort(key=lambda f: (-f.retransmits, f.saddr, f.sport, f.daddr, f.dport, f.state))
+        flows = [(ident[0], flow_from_key(*ident[1:], count)) for ident, count in counts.items()]
+        flows.sort(key=lambda nf: (-nf[1].retransmits, nf[1].saddr, nf[1].sport, nf[1].daddr, nf[1].dport,
+                                   nf[1].state, nf[0]))
         return flows
 
     def _read_errors(self) -> dict[str, int]:
@@ -429,3 +498,14 @@ class TcpRetransProbe:
             values[int(key)] = int(sum(per_cpu))
         return _Counters(retransmits=values[TOTAL_RETRANSMITS], not_sent=values[TOTAL_NOT_SENT],
                          send_failed=values[TOTAL_SEND_FAILED], lost=values[TOTAL_LOST])
+
+
+def _merged(flows: list[tuple[int, TcpFlow]]) -> list[TcpFlow]:
+    """The host-wide flows: one per (addresses, ports, state), its counts summed over namespaces, most first."""
+    merged: dict[tuple, TcpFlow] = {}
+    for _, f in flows:
+        key = (f.saddr, f.sport, f.daddr, f.dport, f.state)
+        kept = merged.get(key)
+        merged[key] = f if kept is None else TcpFlow(saddr=f.saddr, sport=f.sport, daddr=f.daddr, dport=f.dport,
+                                                     state=f.state, retransmits=kept.retransmits + f.retransmits)
+    return sorted(merged.values(), key=lambda f: (-f.retransmits, f.saddr, f.sport, f.daddr, f.dport, f.state))

@@ -37,18 +37,18 @@ from tests.probes.bench_delivery import WORKLOAD_C, Workload
 HOOKS = ("tcp_probe", "inet_sock_set_state", "sock_send_length", "sock_recv_length", "tcp_destroy_sock")
 
 
-def prog_stats(bpf) -> dict[str, tuple[int, int]]:
+def prog_stats(bpf, hooks: tuple[str, ...] = HOOKS) -> dict[str, tuple[int, int]]:
     """Hook -> (run_cnt, run_time_ns) of the probe's own program on it, from its fd's fdinfo (the kernel truncates
     program names to 15 characters, so bpftool's names do not tell the tcp tracepoints apart)."""
     got: dict[str, tuple[int, int]] = {}
     for name, fn in bpf.funcs.items():
-        hook = next((h for h in HOOKS if (name.decode() if isinstance(name, bytes) else name).endswith(h)), None)
+        hook = next((h for h in hooks if (name.decode() if isinstance(name, bytes) else name).endswith(h)), None)
         if hook is None:
             continue
         info = dict(line.split(":", 1) for line in Path(f"/proc/self/fdinfo/{fn.fd}").read_text().splitlines()
                     if ":" in line)
         got[hook] = (int(info.get("run_cnt", "0")), int(info.get("run_time_ns", "0")))
-    for hook in HOOKS:
+    for hook in hooks:
         got.setdefault(hook, (0, 0))
     return got
 

@@ -41,17 +41,17 @@ from tests.probes.bench_first_request import bpf_stats_and_workload, condition_s
 MODES = ("conn", "pingpong", "conn-other")
 
 
-def load_at(rev: str, tmp: Path):
-    """The DeliveryProbe class of probes/delivery.py at `rev` (its imports resolve to this tree's modules)."""
-    text = subprocess.run(["git", "show", f"{rev}:probes/delivery.py"], capture_output=True, text=True,
-                          check=True).stdout
-    path = tmp / "delivery_at_rev.py"
+def load_at(rev: str, tmp: Path, source: str = "probes/delivery.py", name: str = "DeliveryProbe"):
+    """Class `name` of `source` at `rev` (its imports resolve to this tree's modules): the delivery probe by default."""
+    text = subprocess.run(["git", "show", f"{rev}:{source}"], capture_output=True, text=True, check=True).stdout
+    module_name = Path(source).stem + "_at_rev"
+    path = tmp / f"{module_name}.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location("delivery_at_rev", path)
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
-    return module.DeliveryProbe
+    return getattr(module, name)
 
 
 def measure(binary: Path, mode: str, ops: int, probe_class) -> dict:

@@ -15,6 +15,7 @@ import pytest
 
 from analysis.errors import ProbeUnavailable, TargetGone, TracepointMissing
 from analysis.window import TcpFlow, TcpReading
+from probes.btf import NetnsOffsets
 from probes.sockets import Endpoint, ProcSockets, owns, parse_proc_net_tcp
 from probes.tcpretrans import (
     TcpRetransConfig,
@@ -37,6 +38,60 @@ def test_render_defines_follow_config():
     bare = render(TcpRetransConfig(err_field=False, count_synack=False))
     assert "#define HAVE_ERR_FIELD" not in bare and "#define COUNT_SYNACK" not in bare
     assert bare.startswith("#define MAX_FLOWS 4096\n")
+
+
+def test_render_reads_the_namespace_only_with_offsets():
+    config = TcpRetransConfig(err_field=True)
+    assert "#define NETNS_SK_NET" not in render(config)
+    text = render(config, NetnsOffsets(sk_net=48, net_inum=176))
+    assert "#define NETNS_SK_NET 48\n" in text and "#define NETNS_NET_INUM 176\n" in text
+    assert text.count("key.netns = netns_of(args->skaddr);") == 2  # both tracepoints
+
+
+class _Sockets:
+    """ProcSockets' two calls the attribution makes, from fixed tables: pid -> endpoints, pid -> netns inode."""
+
+    sock_diag_off = None
+
+    def __init__(self, endpoints: dict[int, set[Endpoint]], netns: dict[int, int | None]) -> None:
+        self._endpoints, self._netns = endpoints, netns
+
+    def endpoints(self, pid: int) -> set[Endpoint]:
+        return self._endpoints[pid]
+
+    def netns(self, pid: int) -> int | None:
+        return self._netns[pid]
+
+
+def _flow(retransmits: int, sport: int = 8000) -> TcpFlow:
+    return TcpFlow(saddr="10.0.0.1", sport=sport, daddr="10.0.0.2", dport=40000, state="TCP_ESTABLISHED",
+                   retransmits=retransmits)
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_attribution_keeps_to_the_targets_namespace_when_keyed(keyed):
+    """Two targets on 0.0.0.0:8000 in namespaces 111 and 222, flows of both and of a third namespace with the same
+    4-tuple. Keyed: each target gets its own namespace's flow, and a flow whose namespace read failed (0) goes to
+    both, as it did before; not keyed (no BTF): every flow goes to both (address and port alone)."""
+    listener = {Endpoint("0.0.0.0", 8000, listening=True)}
+    probe = TcpRetransProbe(sockets=_Sockets({1: listener, 2: listener, 3: listener}, {1: 111, 2: 222, 3: None}))
+    probe._netns = NetnsOffsets(sk_net=48, net_inum=176) if keyed else None
+    probe._targets = {1, 2, 3}
+    flows = [(111, _flow(5)), (222, _flow(7)), (333, _flow(11)), (0, _flow(2)), (111, _flow(13, sport=9000))]
+    got = {pid: r.retransmits for pid, r in probe._attribute(flows).items()}
+    if keyed:
+        # pid 3's namespace is not shown by /proc: matched on address and port alone, as before.
+        assert got == {1: 5 + 2, 2: 7 + 2, 3: 5 + 7 + 11 + 2}
+        assert probe.health().detail["netns_unread"] == 1
+    else:
+        assert got == {1: 25, 2: 25, 3: 25}
+        assert "netns_unread" not in probe.health().detail
+
+
+def test_host_flows_sum_a_flow_over_namespaces():
+    from probes.tcpretrans import _merged  # noqa: PLC0415 - the one private helper this tests
+    merged = _merged([(111, _flow(5)), (222, _flow(7)), (111, _flow(1, sport=9000))])
+    assert [(f.sport, f.retransmits) for f in merged] == [(8000, 12), (9000, 1)]
 
 
 def test_config_rejects_bad_max_flows():
@@ -472,3 +527,69 @@ def test_health_and_idempotent_stop(require_bpf):
         p.stop()
     assert p.health().state == "stopped"
 
+
+
+SAME_PORT = 18433
+SYNACK = "tcp flags & (syn | ack) == syn | ack"
+
+
+@pytest.mark.flaky(reruns=1, reason="real TCP under random loss on a shared VM: a retransmit this kernel counts without firing the tracepoint (docs/tcpretrans.md)")
+@pytest.mark.bpf
+@pytest.mark.netns
+@pytest.mark.timeout(240)
+def test_a_server_on_the_same_port_in_another_namespace_is_not_the_targets(require_bpf):
+    """Two servers on 0.0.0.0 and the same port, each in its own network namespace with its own clients, at the same
+    time. Ours: 6 clean connections. The other's: 10 connections, every other SYN-ACK and a fifth of the server's
+    other segments dropped on the way to its clients. Ground truth is each server namespace's own RetransSegs (all of
+    its sockets are its server's). The probe keyed by namespace gives each server its own namespace's count (ours:
+    whatever its clean run resent, normally 0); the same probe with the namespace not read (TcpRetransConfig(netns=
+    False): the code before this test, matching on local address and port alone) credits the other's retransmits to
+    ours, which this test also asserts, so it shows the fault it guards against in the same run."""
+    with netns_pair_context(tag="isrt", rto_min_ms=10) as ours, netns_pair_context(tag="isrt", rto_min_ms=10) as other:
+        servers = [subprocess.Popen(p.exec_argv(p.a, [sys.executable, "-m", "tests.probes.delivery_peers", "server",
+                                                      str(SAME_PORT)]), stdout=subprocess.PIPE, text=True)
+                   for p in (ours, other)]
+        keyed, alone = TcpRetransProbe(), TcpRetransProbe(TcpRetransConfig(netns=False))
+        try:
+            assert all(s.stdout.readline().strip() == "ready" for s in servers)
+            other.add_input_rules(other.b, [f"tcp sport {SAME_PORT} {SYNACK} numgen inc mod 2 == 0 drop",
+                                            f"tcp sport {SAME_PORT} numgen random mod 10 < 2 drop"])
+            keyed.start([s.pid for s in servers])
+            alone.start([servers[0].pid])
+            assert keyed.health().detail["netns"] == "keyed"
+            assert alone.health().detail["netns"].startswith("off (config)")
+            keyed.read(), alone.read()
+            before = {"ours": ours.retrans_segs(ours.a), "other": other.retrans_segs(other.a)}
+            base = [sys.executable, "-m", "tests.probes.delivery_peers", "client"]
+            theirs = subprocess.Popen(other.exec_argv(other.b, [*base, other.addr_a, str(SAME_PORT), "10", "4",
+                                                               "20000", "0.05"]),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            client = subprocess.run(ours.exec_argv(ours.b, [*base, ours.addr_a, str(SAME_PORT), "6", "3", "300",
+                                                            "0.05"]), capture_output=True, text=True, timeout=200)
+            assert client.returncode == 0, client.stderr
+            _, err = theirs.communicate(timeout=200)
+            assert theirs.returncode == 0, err
+            time.sleep(0.5)
+            got, got_alone = keyed.read(), alone.read()
+            truth = {"ours": ours.retrans_segs(ours.a) - before["ours"],
+                     "other": other.retrans_segs(other.a) - before["other"]}
+            lost, lost_alone = keyed.health().lost_events, alone.health().lost_events
+            unread = keyed.health().detail.get("netns_unread", 0)
+        finally:
+            keyed.stop()
+            alone.stop()
+            for s in servers:
+                s.kill()
+                s.wait()
+    mine, its = got[servers[0].pid], got[servers[1].pid]
+    print(f"same port, two namespaces: truth {truth}; keyed ours {mine.retransmits} other {its.retransmits}; "
+          f"unkeyed ours {got_alone[servers[0].pid].retransmits}; lost {lost}/{lost_alone}")
+    # The other namespace did what the test needs of it: its server resent SYN-ACKs and replies on the same port.
+    assert truth["other"] >= 20, truth
+    assert unread == 0
+    assert truth["ours"] - lost <= mine.retransmits <= truth["ours"], (mine, truth)
+    assert truth["other"] - lost <= its.retransmits <= truth["other"], (its, truth)
+    assert all(f.sport == SAME_PORT for f in mine.flows + its.flows)
+    assert "TCP_SYN_RECV" in {f.state for f in its.flows}
+    # Matched on address and port alone, ours is credited with the other's retransmits too (the bug).
+    assert got_alone[servers[0].pid].retransmits >= truth["ours"] + truth["other"] - lost_alone, (got_alone, truth)
