@@ -1,6 +1,6 @@
 """RSS growth of the agent's sink alone: a recording's windows through the store and the detector, as the daemon does.
 
-    .venv/bin/python -m benchmarks.sink_rss tests/scenarios/recorded-neighbours/steady.jsonl.gz --windows 720 \\
+    .venv/bin/python -m tests.agent.bench_sink_rss tests/scenarios/recorded-neighbours/steady.jsonl.gz --windows 720 \\
         [--sqlite-cache-kib 64]
 
 No probe, py-spy or page runs: what grows here is the store's and the detector's (docs/BENCHMARKS.md "Where the steady
@@ -15,6 +15,7 @@ import gc
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import agent.store.db as db
@@ -36,8 +37,9 @@ def rss_mib() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def _small_cache(kib: int) -> None:
-    """Every connection the store opens holds its SQLite page cache at `kib` KiB (the default is 2 MiB each)."""
+def _small_cache(kib: int) -> Callable[[], None]:
+    """Every connection the store opens holds its SQLite page cache at `kib` KiB (the default is 2 MiB each);
+    returns what puts the store's own connect functions back."""
     plain, read_only = db.connect, db.connect_read_only
 
     def connect(path: Path):
@@ -52,6 +54,11 @@ def _small_cache(kib: int) -> None:
 
     db.connect, db.connect_read_only = connect, connect_ro
 
+    def restore() -> None:
+        db.connect, db.connect_read_only = plain, read_only
+
+    return restore
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -60,8 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-window", type=int, default=150, help="growth is measured from this window on")
     ap.add_argument("--sqlite-cache-kib", type=int, default=None)
     args = ap.parse_args(argv)
-    if args.sqlite_cache_kib is not None:
-        _small_cache(args.sqlite_cache_kib)
+    restore = _small_cache(args.sqlite_cache_kib) if args.sqlite_cache_kib is not None else None
+    try:
+        return _run(args)
+    finally:
+        if restore is not None:
+            restore()
+
+
+def _run(args: argparse.Namespace) -> int:
     items = [i for i in read_recording(args.recording).windows if i.label == "normal"]
     if not items:
         print(f"{args.recording}: no normal window", file=sys.stderr)
