@@ -70,9 +70,15 @@ def test_live_flamegraph_stops_on_sigterm_and_leaves_no_py_spy(require_root, tmp
     proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "flamegraph", "--pid", str(sleeper.pid),
                              "--duration", "60", "-o", str(out)], stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
+        def cmdline(p: psutil.Process) -> str:
+            try:
+                return " ".join(p.cmdline())
+            except psutil.Error:  # a wrapper that exited (a zombie until reaped) or is gone: not py-spy
+                return ""
+
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not any(
-                "py-spy" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)):
+                "py-spy" in cmdline(c) for c in psutil.Process(proc.pid).children(recursive=True)):
             time.sleep(0.1)
         os.kill(proc.pid, signal.SIGTERM)
         rc = proc.wait(timeout=15)
