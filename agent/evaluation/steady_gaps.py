@@ -28,6 +28,9 @@ from analysis.scoring import Outcome, RunScore, score_run
 from analysis.verdict import Verdict
 from analysis.window import StackReading
 
+# A window whose stacks ran above this multiple of the lowest (steady) rate seen is a burst's.
+BURST_FACTOR = 1.5
+
 
 def _add(into: StackReading, r: StackReading) -> None:
     for part, folded in ((into.active, r.active), (into.idle, r.idle)):
@@ -59,7 +62,7 @@ class SteadySpans:
         _add(self.pending, s)
         self.held += 1
         # A burst window (above the steady rate) cuts the running recording short, as the burst trigger does.
-        if cut or self.held >= self.span or s.rate_hz > self.steady_rate * 1.5:
+        if cut or self.held >= self.span or s.rate_hz > self.steady_rate * BURST_FACTOR:
             stacks, self.pending, self.held = self.pending, None, 0
             stacks.rate_hz = s.rate_hz
             return dataclasses.replace(item, window=dataclasses.replace(item.window, stacks=stacks))

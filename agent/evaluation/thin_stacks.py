@@ -33,12 +33,11 @@ import numpy as np
 
 from agent.evaluation.bursts import replay_bursts
 from agent.evaluation.recording import LabelledWindow, read_recording
-from agent.evaluation.steady_gaps import SteadySpans, replay_spans
+from agent.evaluation.steady_gaps import BURST_FACTOR, SteadySpans, replay_spans
 from analysis.scoring import score_run, summarize
 from analysis.window import StackReading
 
 BASELINE_HZ = 3.0
-BURST_FACTOR = 1.5  # a window above this multiple of the steady rate is a burst's (as SteadySpans reads it)
 
 
 def _thread(stack: str) -> str:
