@@ -5,10 +5,14 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 
 class Episode(Protocol):
+    @property
+    def id(self) -> str: ...
+
     @property
     def top_cause(self) -> str: ...
 
@@ -37,6 +41,21 @@ DEFAULT_MIN_HISTORY = 12
 # the same code running slower, and adds 49 Hz of py-spy to a host already short of CPU (a soak on a shared host
 # opened such an episode and burst at ~12 % of a core for minutes).
 OUTSIDE_CAUSES = frozenset({"cpu_contention"})
+# How long one burst asks for the full rate: the regression's flame graph needs ~1,000-1,600 active samples, what
+# 30 s at 49 Hz gave the regression-stacks test (docs/BENCHMARKS.md "Samples per regression"); after that the
+# steady rate goes on adding samples. An episode that stays open for minutes (a live soak's false alarms did, on
+# a host whose CPUs slowed under the VM) no longer pays 49 Hz for all of them. The sampler holds
+# `burst_hold_segments` segments more (15 s at the defaults), and a new episode, or the next rise after a calm
+# window, starts a burst of its own.
+DEFAULT_MAX_SECONDS = 30.0
+
+
+@dataclass
+class _Run:
+    """The burst a target is in: since when the policy has asked for it (a window's end), and for which episode."""
+
+    started: float
+    episode: str | None
 
 
 class BurstPolicy:
@@ -49,11 +68,15 @@ class BurstPolicy:
     `min_score`, with `min_history` scored windows before them to compare with. The level is what
     keeps healthy traffic's occasional new highs (a noisy window on a quiet baseline) from paying
     for a full-rate burst.
+
+    One burst asks for at most `max_seconds` of windows (`math.inf`: no bound): a rise that leads into an
+    episode shares that episode's budget, a new episode (another id: the cause moved) gets its own, and a
+    burst ends for good only when the policy stops asking (the episode closed, the score stopped rising).
     """
 
     def __init__(self, snapshot: Callable[[], Snapshot], rising_windows: int = 1, history: int = 60,
                  min_score: float = DEFAULT_MIN_SCORE, min_history: int = DEFAULT_MIN_HISTORY,
-                 outside_causes: frozenset[str] = OUTSIDE_CAUSES) -> None:
+                 outside_causes: frozenset[str] = OUTSIDE_CAUSES, max_seconds: float = DEFAULT_MAX_SECONDS) -> None:
         if rising_windows < 1:
             raise ValueError(f"rising_windows must be >= 1, got {rising_windows!r}")
         if history < 1:
@@ -62,24 +85,44 @@ class BurstPolicy:
             raise ValueError(f"min_history must be within 1..history ({history}), got {min_history!r}")
         if min_score != min_score:
             raise ValueError(f"min_score must be a number, got {min_score!r}")
+        if not max_seconds > 0:  # also refuses NaN
+            raise ValueError(f"max_seconds must be > 0 (math.inf: no bound), got {max_seconds!r}")
         self.rising_windows = rising_windows
         self.history = history
         self.min_score = min_score
         self.min_history = min_history
         self.outside_causes = outside_causes
+        self.max_seconds = max_seconds
         self._snapshot = snapshot
         self._scores: dict[str, deque[tuple[float, float]]] = {}
+        self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
 
     def forget(self, target: str) -> None:
         """The target is no longer watched: its score history goes (a regex target gets a name per process)."""
         with self._lock:
             self._scores.pop(target, None)
+            self._runs.pop(target, None)
 
     def wants_burst(self, target: str) -> bool:
         finding = self._snapshot().findings.get(target)
         if finding is None:
             return False
+        wanted = self._wanted(target, finding)
+        episode = finding.regression.id if finding.state == "regression" and finding.regression is not None else None
+        with self._lock:
+            run = self._runs.get(target)
+            if not wanted:
+                self._runs.pop(target, None)
+                return False
+            if run is None or (episode is not None and run.episode not in (None, episode)):
+                run = self._runs[target] = _Run(finding.window_end, episode)
+            elif run.episode is None:
+                run.episode = episode  # the rise led into this episode: its onset was sampled on the same budget
+        return finding.window_end - run.started < self.max_seconds
+
+    def _wanted(self, target: str, finding: Finding) -> bool:
+        """Whether the target's finding calls for a burst, before the bound on its length."""
         if finding.state == "regression":
             return finding.regression is None or finding.regression.top_cause not in self.outside_causes
         if finding.score is None or finding.state == "warmup":

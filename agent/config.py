@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from agent.alerts.config import SENSITIVE, AlertsConfig, AlertsFieldError, ReceiverConfig, check_receivers
+from agent.burst import DEFAULT_MAX_SECONDS as DEFAULT_BURST_MAX_SECONDS
 from agent.errors import ConfigError
 from agent.otlp.config import OtlpConfig, OtlpFieldError
 from agent.presets import LATENCY_KINDS, PRESETS, LatencyKind
@@ -92,6 +93,9 @@ class StacksConfig:
     rate_hz: int = DEFAULT_RATE_HZ
     burst_rate_hz: int = DEFAULT_BURST_RATE_HZ
     burst_hold_segments: int = DEFAULT_BURST_HOLD_SEGMENTS
+    # One burst asks for the full rate this long at most (agent.burst): a flame graph's worth of samples, not an
+    # episode's minutes.
+    burst_max_seconds: float = DEFAULT_BURST_MAX_SECONDS
     segment_seconds: int = DEFAULT_SEGMENT_SECONDS
     # Steady recordings span several windows: one attach per 15 s instead of per 5 s (docs/BENCHMARKS.md).
     steady_segment_seconds: int = DEFAULT_STEADY_SEGMENT_SECONDS
@@ -101,6 +105,7 @@ class StacksConfig:
         _require_range("rate_hz", self.rate_hz, 1, 1000)
         _require_range("burst_rate_hz", self.burst_rate_hz, 1, 1000)
         _require_range("burst_hold_segments", self.burst_hold_segments, 0, 1000)
+        _require_range("burst_max_seconds", self.burst_max_seconds, 5, 86_400)
         _require_range("segment_seconds", self.segment_seconds, 1, 60)
         _require_range("steady_segment_seconds", self.steady_segment_seconds, 1, 60)
 

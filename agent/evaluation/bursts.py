@@ -22,6 +22,7 @@ _TARGET = "replayed"
 
 @dataclass(frozen=True)
 class _Episode:
+    id: str
     top_cause: str
 
 
@@ -80,7 +81,8 @@ def replay_bursts(outcomes: Sequence[Outcome], interval: float, make_policy: Pol
     opened = False
     openings = early = unsampled = 0
     for i, o in enumerate(outcomes):
-        episode = _Episode(o.top_cause) if o.state == "regression" and o.top_cause is not None else None
+        episode = (_Episode(o.regression or _TARGET, o.top_cause) if o.state == "regression" and o.top_cause is not None
+                   else None)
         current[_TARGET] = _Finding(o.state, o.score, o.end, episode)
         wanted = policy.wants_burst(_TARGET)
         burst = wanted or hold > 0

@@ -24,6 +24,7 @@ class F:
 @dataclass
 class Episode:
     top_cause: str
+    id: str = "r1"
 
 
 @dataclass
@@ -76,7 +77,8 @@ def test_same_window_polled_twice_counts_once() -> None:
 
 
 @pytest.mark.parametrize("kw", [{"rising_windows": 0}, {"history": 0}, {"min_history": 0},
-                                {"history": 5, "min_history": 6}, {"min_score": float("nan")}])
+                                {"history": 5, "min_history": 6}, {"min_score": float("nan")},
+                                {"max_seconds": 0}, {"max_seconds": float("nan")}])
 def test_bad_parameters_quote_the_value(kw) -> None:
     with pytest.raises(ValueError, match="0|6|nan"):
         BurstPolicy(lambda: S(), **kw)
@@ -122,3 +124,49 @@ def test_no_burst_while_the_open_regressions_top_cause_is_outside_the_target() -
     snap.findings["w"] = F("regression", 9.0, 2.0, Episode("compute"))
     assert policy.wants_burst("w") is True
     assert BurstPolicy(lambda: snap, outside_causes=frozenset({"compute"})).wants_burst("w") is False
+
+
+def regression_windows(policy: BurstPolicy, snap: S, ends: list[float], episode: Episode) -> list[bool]:
+    out = []
+    for end in ends:
+        snap.findings["w"] = F("regression", 9.0, end, episode)
+        out.append(policy.wants_burst("w"))
+    return out
+
+
+def test_a_long_episode_bursts_for_max_seconds_then_samples_at_the_steady_rate() -> None:
+    snap = S()
+    policy = BurstPolicy(lambda: snap, max_seconds=30.0)
+    # Windows end every 5 s: six of them ask for the full rate (0-25 s), the rest of the episode does not.
+    got = regression_windows(policy, snap, [5.0 * i for i in range(12)], Episode("compute"))
+    assert got == [True] * 6 + [False] * 6
+    # Polled again within the same window after the bound: still no.
+    assert policy.wants_burst("w") is False
+
+
+def test_a_new_episode_gets_a_burst_of_its_own_and_a_closed_one_starts_over() -> None:
+    snap = S()
+    policy = BurstPolicy(lambda: snap, max_seconds=10.0)
+    assert regression_windows(policy, snap, [0.0, 5.0, 10.0, 15.0], Episode("lock", "r1")) == [True, True, False, False]
+    # The cause moved: the detector closed r1 and opened r2 on the same window, a new flame graph to fill.
+    assert regression_windows(policy, snap, [20.0, 25.0, 30.0], Episode("compute", "r2")) == [True, True, False]
+    # Calm, then the same id again (a store that re-opens nothing would not, but a bound must not outlive a calm).
+    snap.findings["w"] = F("healthy", 0.0, 35.0)
+    assert policy.wants_burst("w") is False
+    assert regression_windows(policy, snap, [40.0], Episode("compute", "r2")) == [True]
+
+
+def test_a_rise_that_leads_into_its_episode_shares_the_episodes_budget() -> None:
+    snap = S()
+    policy = BurstPolicy(lambda: snap, rising_windows=1, history=10, min_score=3.0, min_history=3, max_seconds=15.0)
+    assert feed(policy, snap, [0.0, 0.1, 0.2, 3.5]) == [False, False, False, True]  # window 3 (t=3) starts it
+    # The regression opens on the next windows (t=8, 13, 18): 15 s after the rise began, the burst has had its time.
+    assert regression_windows(policy, snap, [8.0, 13.0, 18.0, 23.0], Episode("gc")) == [True, True, False, False]
+
+
+def test_forget_drops_a_targets_burst_too() -> None:
+    snap = S()
+    policy = BurstPolicy(lambda: snap, max_seconds=10.0)
+    assert regression_windows(policy, snap, [0.0, 5.0, 10.0], Episode("gc")) == [True, True, False]
+    policy.forget("w")
+    assert regression_windows(policy, snap, [15.0], Episode("gc")) == [True]

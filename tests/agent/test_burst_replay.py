@@ -37,3 +37,13 @@ def test_a_climb_that_opens_a_regression_is_led_and_not_false() -> None:
     assert [(b.first, b.last, b.opened) for b in got.bursts] == [(4, 10, True)]
     assert got.false_bursts == 0 and got.openings == 1 and got.early == 1
     assert "total" in burst_table([("a", got)])
+
+
+def test_a_long_episode_is_sampled_at_the_full_rate_for_the_policys_bound_and_its_hold() -> None:
+    # Open for 20 windows (100 s): the policy asks for 30 s (windows 5-10), the sampler holds 3 segments more.
+    scores = [None, 0.0, 0.5, 0.2, 0.1] + [6.0] * 20 + [0.0] * 6
+    got = replay_bursts(outcomes(scores, opened_at=5, open_for=20), 5.0, policy, hold_segments=3)
+    assert [(b.first, b.last, b.opened) for b in got.bursts] == [(5, 13, True)]
+    unbounded = replay_bursts(outcomes(scores, opened_at=5, open_for=20), 5.0,
+                              lambda snap: BurstPolicy(snap, min_history=3, max_seconds=float("inf")), hold_segments=3)
+    assert [(b.first, b.last) for b in unbounded.bursts] == [(5, 27)]
