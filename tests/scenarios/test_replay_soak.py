@@ -40,7 +40,7 @@ def test_a_long_episode_bursts_for_the_bound_and_its_hold_not_for_its_minutes(re
     # Live windows end a few ms early or late: one more window may fall inside the bound.
     longest = math.ceil(DEFAULT_MAX_SECONDS / rec.interval_seconds) + 1 + DEFAULT_BURST_HOLD_SEGMENTS
     assert all(b.last - b.first + 1 <= longest for b in bounded.bursts), bounded.bursts
-    # An episode here stays open for minutes: unbounded, its burst lasted all of them.
+    # An episode here stays open for two minutes: unbounded, its burst lasted all of them.
     assert max(b.last - b.first + 1 for b in unbounded.bursts) > 2 * longest
     assert bounded.burst_windows < unbounded.burst_windows
     # Every opening still gets its burst from its first window (or before).
