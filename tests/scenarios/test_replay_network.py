@@ -61,6 +61,12 @@ DELAYS: dict[str, int | None] = {
     # Two would pass after a baseline of ~200 such windows (chance ~0.375 / windows^2; docs/detector.md "Stall events,
     # counted").
     "burst_shallow": None,
+    # 2 s of 50 % loss on the replies, recorded live 2026-12-05 03:12-03:18 UTC under the exclusive lock (load average
+    # 1.25 -> 0.45), with the counted SYN-ACK waits: its one window (w48) had 6 of 23 connections waiting a resent
+    # SYN-ACK (11 SYN-ACKs resent; chance 5e-11 against the baseline's 0 of 911) and a reply's delivery p99 x73:
+    # found at onset live and in replay, named network, no false alarm. The x16 ratio bar finds it too
+    # (connect_wait x29, delivery_p99 x73).
+    "burst_short": 0,
     # 10 % loss both ways (recorded 2026-12-04 11:34-11:41 UTC): found after 1 window with the detector of before the
     # network's part and the 2-of-3 rule; its first window scored 69 (RTO stalls, p99 delivery, retransmitted replies
     # x44-47 each): at onset.
@@ -100,6 +106,8 @@ CLIENTS: dict[str, tuple[int, int]] = {
     # Normal windows 64 of 72; the burst's window 0.55 (1.27 s estimated, 2.31 s measured: a client waited ~2.3 s
     # where the estimate adds the slow connections' mean wait, 1 s).
     "burst_shallow": (73, 64),
+    # Normal windows 68 of 71; the burst's window 1.21 (1.75 s estimated, 1.45 s measured).
+    "burst_short": (72, 68),
     # Fault windows 7 of 16 within 20 % (estimate/measured 0.15-1.55): lost requests and SYNs are the clients' own
     # retransmits, which the server's kernel does not see.
     "both_loss": (82, 73),
