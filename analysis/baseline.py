@@ -14,6 +14,7 @@ from analysis.features import Features
 from analysis.latency_model import Row
 from analysis.profile import jensen_shannon, jensen_shannon_of_share, merge
 from analysis.robust import finite, mad_sigma, median, quantile
+from analysis.stall_events import read_counts
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,9 @@ class Baseline:
     def row(self, start: float, end: float, features: Features, leaves: dict[str, float] | None,
             span: int = 1) -> BaselineRow:
         """The row a window would add (its profile shift measured against the profile as it is now)."""
-        return BaselineRow(start=start, end=end, latency=latency_row(features), signals=read_all(features),
-                           jsd=self.jsd(leaves, span))
+        # The stall events' counts ride with the signals (analysis/stall_events.py): the test sums them over rows.
+        return BaselineRow(start=start, end=end, latency=latency_row(features),
+                           signals={**read_all(features), **read_counts(features)}, jsd=self.jsd(leaves, span))
 
     def add(self, start: float, end: float, features: Features, leaves: dict[str, float] | None,
             span: int = 1) -> None:

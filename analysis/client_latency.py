@@ -52,7 +52,11 @@ def bucket_quantiles(buckets: dict[str, float], qs: np.ndarray, sparse: float = 
 
     A bucket holding fewer than `sparse` observations (lower bound above 0) puts its ranks at the point of least
     worst-case relative error, 2·lo·hi / (lo + hi): one or two requests in it say nothing of where they lie, and
-    linear interpolation places the slowest of a window's ~20 requests (its nearest-rank p99) near the upper bound."""
+    linear interpolation places the slowest of a window's ~20 requests (its nearest-rank p99) near the upper bound.
+    With `sparse` set, a bucket above 0 of k >= `sparse` observations puts its j-th at j/(k+1) of its width (the expected
+    place of the j-th of k uniform draws, Weibull's plotting position), not at j/k: a linear read puts the slowest of
+    the bucket at its upper bound, where the largest of k draws seldom lies (at ~20 requests that one is the
+    window's nearest-rank p99; docs/BENCHMARKS.md "Network scenarios, recorded live")."""
     keys = sorted(buckets, key=_bound)
     bounds = [_bound(k) for k in keys]
     counts = np.array([max(0.0, buckets[k]) for k in keys], dtype=float)
@@ -78,7 +82,8 @@ def bucket_quantiles(buckets: dict[str, float], qs: np.ndarray, sparse: float = 
         if 0 < inside < sparse and lo > 0:
             out[i] = 2 * lo * bounds[b] / (lo + bounds[b])
             continue
-        out[i] = lo + (bounds[b] - lo) * ((rank - below) / inside if inside > 0 else 1.0)
+        spread = inside + 1 if sparse and lo > 0 else inside  # Weibull's j/(k+1) for the estimate; else PromQL's j/k
+        out[i] = lo + (bounds[b] - lo) * ((rank - below) / spread if inside > 0 else 1.0)
     return out
 
 

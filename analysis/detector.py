@@ -6,7 +6,7 @@ import dataclasses
 import math
 from collections import deque
 
-from analysis import culprits, disk_writers, memory_growers
+from analysis import culprits, disk_writers, memory_growers, stall_events
 from analysis.attribution import Attributor, Moved, evidence
 from analysis.baseline import Baseline, BaselineRow, cpu_wait
 from analysis.cause_signals import BY_NAME, SIGNALS, read_all
@@ -42,7 +42,8 @@ class LatencyDetector:
                  sustained_min_windows: int = 5, sustained_shift: float = 0.75, sustained_change_fraction: float = 0.1,
                  sustained_min_z: float = 6.0, high_quantile: float = 0.9, cause_change_windows: int = 2,
                  sustained_close_shift: float = 0.375, contention_stall_ratio: float = 2.0,
-                 contention_lead: float = 2.0, contention_onset_windows: int = 12) -> None:
+                 contention_lead: float = 2.0, contention_onset_windows: int = 12,
+                 stall_event_alpha: float = 1e-5) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
         self.open_score = open_score
@@ -86,6 +87,7 @@ class LatencyDetector:
         self.contention_stall_ratio = contention_stall_ratio
         self.contention_lead = contention_lead
         self.contention_onset_windows = contention_onset_windows
+        self.stall_event_alpha = stall_event_alpha
         self._check_params()
         self.reset()
 
@@ -115,6 +117,8 @@ class LatencyDetector:
         if self.contention_stall_ratio < 1 or self.contention_lead < 1:
             raise ValueError("contention_stall_ratio and contention_lead must be >= 1, got "
                              f"{self.contention_stall_ratio!r}, {self.contention_lead!r}")
+        if not 0 < self.stall_event_alpha < 1:
+            raise ValueError(f"stall_event_alpha must be in (0, 1), got {self.stall_event_alpha!r}")
         if self.baseline_windows < self.warmup_windows:
             raise ValueError(f"baseline_windows must be >= warmup_windows, got {self.baseline_windows!r}")
 
@@ -259,7 +263,7 @@ class LatencyDetector:
         model = self.model_
         expected_all = model.expected(f.request_rate, f.tokens_per_request)
         expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
-        values = {**own, "jsd": self.baseline_.jsd(leaves, span)}
+        values = {**own, **stall_events.read_counts(f), "jsd": self.baseline_.jsd(leaves, span)}
         # The lock signal net of the threads the kernel saw in non-lock waits over the windows its recording spanned
         # (analysis.steady_stacks.lock_waits): a recording taken while threads stalled on page faults is no lock.
         usual = self.baseline_.stats().get("blocked")
@@ -467,15 +471,30 @@ class LatencyDetector:
 
     def _decisive(self, values: dict[str, float | None], expected_mean: float, stalled: bool) -> bool:
         """One anomalous window opens a regression when the kernel measured the clients' extra wait itself: a delivery
-        signal (a per-reply or per-connection figure whose healthy spread is milliseconds, not a latency estimate
-        from a window's ~20 requests) moved by x2^strong_cause_score, and the network's part per request lies
-        critical_score of its spreads above its baseline, or the server answered no scrape (a stall). A loss burst
-        shorter than a window leaves one such window, and the k-of-m rule would need k (docs/detector.md)."""
+        signal (a per-reply figure whose healthy spread is milliseconds, not a latency estimate from a window's ~20
+        requests) moved by x2^strong_cause_score, or a count of stall events (connections that waited for a resent
+        SYN-ACK) that the baseline's rate of them makes less likely than stall_event_alpha; and the network's part
+        per request lies critical_score of its spreads above its baseline, or the server answered no scrape (a
+        stall). A loss burst shorter than a window leaves one such window, and the k-of-m rule would need k
+        (docs/detector.md)."""
         stats = self.baseline_.stats()
-        if direct_strength(values, stats, self._attributor()) < self.strong_cause_score:
+        if (direct_strength(values, stats, self._attributor()) < self.strong_cause_score
+                and self.stall_event_chance(values) > self.stall_event_alpha):
             return False
         given = network_z(values, stats, expected_mean, self.min_log_scale)
         return stalled or (given is not None and given >= self.critical_score)
+
+    def stall_event_chance(self, values: dict[str, float | None]) -> float:
+        """The chance that a healthy window shows this window's count of stall events or more, given the baseline's
+        events and trials (analysis/stall_events.py); the least over the kinds of event, 1 where none was counted."""
+        best = 1.0
+        for events, trials in stall_events.EVENTS:
+            k, n = values.get(events), values.get(trials)
+            if k is None or n is None or k < 1:
+                continue
+            base_k, base_n = stall_events.baseline_counts((r.signals for r in self.baseline_.rows), events, trials)
+            best = min(best, stall_events.tail(int(k), n, base_k, base_n))
+        return best
 
     def _stalled(self, f: Features) -> bool:
         """Far fewer requests finished than the baseline's usual count, or the server did not answer the scrape that

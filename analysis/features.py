@@ -80,6 +80,11 @@ class Features:
     # Seconds per request the clients waited for SYN-ACK retransmits while connecting (DeliveryReading's
     # connect_wait_seconds over the window's requests); None without delivery or requests.
     connect_wait_per_request: float | None = None
+    # Handshakes completed on the target's ports, and those of them that waited for a resent SYN-ACK (DeliveryReading's
+    # connects and slow_connects): counts, for the test of stall events against the baseline's rate
+    # (analysis/stall_events.py); None without delivery.
+    connects: float | None = None
+    slow_connects: float | None = None
     # Seconds per request that fresh connections' first requests arrived late after the handshake, 0.2-3.5 s: a lost
     # request the client resent (DeliveryReading's request_wait_seconds over the window's requests), in a window in
     # which the server's sockets resent something too (client_latency.late_requests); None where not measured.
@@ -159,6 +164,7 @@ def extract(window: Window) -> Features:
         f["retransmits_per_second"] = window.tcp.retransmits / dur
     if window.delivery is not None:
         f.update(_delivery(window.delivery, dur))
+        f.update(connects=float(window.delivery.connects), slow_connects=float(window.delivery.slow_connects))
         if la is not None and la.requests > 0 and la.buckets and window.delivery.replies > 0:
             slow = connect_wait(window.delivery, la.requests, late=False)
             f["client_buckets"] = _buckets(client_buckets(la.buckets, window.delivery.buckets, slow))

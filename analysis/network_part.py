@@ -27,7 +27,12 @@ PARTS = ("delivery_mean", "connect_wait", "request_wait")
 # moment ahead of use reads like a resent request, so it adds to the network's part (two anomalous windows of three
 # still needed) but never opens a regression from one window (docs/detector.md "The first request's wait").
 INDIRECT = ("request_wait",)
-DIRECT = tuple(s for s in SIGNALS if s.source == "delivery" and s.name not in INDIRECT)
+# Judged as a count of discrete events against the baseline's rate of them (analysis/stall_events.py), not as a ratio
+# of means: a connection that waited for a resent SYN-ACK waited 1 s or more, and healthy windows have none, so how
+# many did among how many is the question (a ratio of per-request means over a 10 ms floor reads one such connection
+# in five requests as x20, and three in twenty-one as x14).
+COUNTED = ("connect_wait",)
+DIRECT = tuple(s for s in SIGNALS if s.source == "delivery" and s.name not in INDIRECT + COUNTED)
 
 
 def reference(name: str, base: SignalStats) -> float:

@@ -32,14 +32,18 @@ def test_faster_than_usual_is_negative_and_unmeasured_is_none_not_zero():
     assert network_z({"delivery_mean": 0.002, "connect_wait": 0.0}, STATS, 0.0, 0.05) is None
 
 
-def test_direct_strength_is_the_largest_move_of_the_delivery_probes_own_signals_only():
+def test_direct_strength_is_the_largest_move_of_the_delivery_probes_per_reply_signals_only():
     from analysis.attribution import Attributor
-    from analysis.network_part import direct_strength
+    from analysis.network_part import COUNTED, DIRECT, direct_strength
 
     stats = {**STATS, "delivery_p99": SignalStats(median=0.01, sigma=0.002, count=30),
              "retransmits": SignalStats(median=0.0, sigma=0.0, count=30)}
-    # 0.6 s of SYN-ACK waits per request against the 10 ms floor: x60; the retransmit count is not the clients' wait.
-    got = direct_strength({"connect_wait": 0.6, "delivery_p99": 0.01, "retransmits": 50.0}, stats, Attributor())
+    # p99 delivery 0.6 s against a 10 ms median: x60; the retransmit count is not the clients' wait.
+    got = direct_strength({"delivery_p99": 0.6, "retransmits": 50.0}, stats, Attributor())
     assert got == pytest.approx(math.log2(60))
-    assert direct_strength({"connect_wait": 0.0, "delivery_p99": 0.01, "retransmits": 50.0}, stats, Attributor()) == 0
+    assert direct_strength({"delivery_p99": 0.01, "retransmits": 50.0}, stats, Attributor()) == 0
     assert direct_strength({}, stats, Attributor()) == 0
+    # The SYN-ACK waits are events, counted against the baseline's rate (analysis/stall_events.py), not a ratio of
+    # means: x60 of them is no direct strength here.
+    assert "connect_wait" in COUNTED and "connect_wait" not in {s.name for s in DIRECT}
+    assert direct_strength({"connect_wait": 0.6, "delivery_p99": 0.01}, stats, Attributor()) == 0
