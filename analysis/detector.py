@@ -8,7 +8,7 @@ from collections import deque
 
 from analysis import culprits, disk_writers, memory_growers
 from analysis.attribution import Attributor, Moved, evidence
-from analysis.baseline import Baseline, BaselineRow, cpu_wait
+from analysis.baseline import Baseline, BaselineRow, cpu_wait, jsd_size
 from analysis.cause_signals import BY_NAME, SIGNALS, read_all
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
@@ -17,7 +17,6 @@ from analysis.network_part import INDIRECT, PARTS, direct_strength, network_z
 from analysis.profile import leaf_counts, merge, top_shifts
 from analysis.regression import Cause, FunctionShift, Regression
 from analysis.robust import median, robust_z
-from analysis.baseline import jsd_size
 from analysis.sampling import EVENTS, FROM, RECORDINGS, TICKS, pooled
 from analysis.steady_stacks import SteadyStacks, lock_waits, ticks_of
 from analysis.verdict import Verdict
