@@ -4,8 +4,8 @@ so few, not as if it were exact.
 py-spy reads every thread at each tick, and the lock signal (`app_wait`) is the count of thread-ticks spent waiting
 inside the server's own code over the recording's ticks. A steady recording holds rate x seconds ticks (45 at 3 Hz
 over 15 s, 15 at 1 Hz): healthy traffic then counts 0-4 such waits, and a share of 3 waits in 15 ticks (0.2
-threads) passes the signal's gates (0.2 threads above a median of 0) as 9 waits in 45 would, though it is 30 times
-likelier by chance. The baseline's MAD cannot see that: with most windows counting 0 its median and MAD are 0, and
+threads) passes the signal's gates (0.2 threads above a median of 0) as 9 waits in 45 would, though at a healthy
+0.024 waits per tick it happens by chance 0.6 % of the time against 0.0002 %. The baseline's MAD cannot see that: with most windows counting 0 its median and MAD are 0, and
 more so at fewer ticks (a share of n ticks is 0 with probability exp(-rate x n)).
 
 So a count-based signal must also be improbable under the baseline's own rate at the ticks it was read from: with
