@@ -43,7 +43,8 @@ class LatencyDetector:
                  sustained_min_windows: int = 5, sustained_shift: float = 0.75, sustained_change_fraction: float = 0.1,
                  sustained_min_z: float = 6.0, high_quantile: float = 0.9, cause_change_windows: int = 2,
                  sustained_close_shift: float = 0.375, contention_stall_ratio: float = 2.0,
-                 contention_lead: float = 2.0, contention_onset_windows: int = 12) -> None:
+                 contention_lead: float = 2.0, contention_onset_windows: int = 12,
+                 sampling_noise: bool = False) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
         self.open_score = open_score
@@ -87,6 +88,10 @@ class LatencyDetector:
         self.contention_stall_ratio = contention_stall_ratio
         self.contention_lead = contention_lead
         self.contention_onset_windows = contention_onset_windows
+        # Judge the stack signals against the sampling noise of the ticks they were read from (analysis.sampling). Off
+        # by default: replayed as recorded (5 s windows of 15 ticks at 3 Hz) it delays or loses three variant phases
+        # whose lock evidence is that noise (docs/BENCHMARKS.md "Stack signals against their sampling noise").
+        self.sampling_noise = sampling_noise
         self._check_params()
         self.reset()
 
@@ -262,9 +267,9 @@ class LatencyDetector:
         expected_all = model.expected(f.request_rate, f.tokens_per_request)
         expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
         values = {**own, "jsd": self.baseline_.jsd(leaves, span)}
-        if leaves:
+        if leaves and self.sampling_noise:
             values["jsd_size"] = jsd_size(leaves, span)
-        if ticks is not None and f.app_wait_threads is not None:
+        if ticks is not None and f.app_wait_threads is not None and self.sampling_noise:
             values.update({TICKS.format("app_wait"): ticks, FROM: window.end})
         # The lock signal net of the threads the kernel saw in non-lock waits over the windows its recording spanned
         # (analysis.steady_stacks.lock_waits): a recording taken while threads stalled on page faults is no lock.
@@ -275,9 +280,9 @@ class LatencyDetector:
             # Signals only: the baseline learns each recording once, from the window it came with.
             values.update(read_all(dataclasses.replace(f, app_wait_threads=carried.app_wait_threads)),
                           jsd=self.baseline_.jsd(carried.leaves, carried.span), stacks_carried_from=carried.at)
-            if carried.leaves:
+            if carried.leaves and self.sampling_noise:
                 values["jsd_size"] = jsd_size(carried.leaves, carried.span)
-            if carried.ticks is not None and carried.app_wait_threads is not None:
+            if carried.ticks is not None and carried.app_wait_threads is not None and self.sampling_noise:
                 values.update({TICKS.format("app_wait"): carried.ticks, FROM: carried.at})
             values["app_wait"] = lock_waits(values["app_wait"], carried.blocked, usual_blocked)
         if window.members:

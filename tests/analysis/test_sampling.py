@@ -127,3 +127,14 @@ def _row():
 
     return BaselineRow(start=0.0, end=5.0, latency=Row(n=10.0, rate=2.0, tpr=None, mean=0.1, p50=0.1, p99=0.2,
                                                         buckets=(), cpu_wait=None))
+
+
+def test_the_detector_judges_sampling_noise_only_when_asked() -> None:
+    from analysis.detector import LatencyDetector
+    from tests.analysis import synth
+
+    for noise in (False, True):
+        det = LatencyDetector(sampling_noise=noise)
+        for w in synth.windows(0, 40, seed=1):
+            det.update(w)
+        assert ("app_wait_ticks" in det.recent_[-1]) is noise and ("stacks_from" in det.recent_[-1]) is noise

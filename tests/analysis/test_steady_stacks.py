@@ -50,7 +50,7 @@ def test_the_detector_reads_the_carried_lock_signal_and_marks_it(monkeypatch) ->
     from tests.analysis import synth
     from tests.analysis.synth import Load
 
-    det = LatencyDetector()
+    det = LatencyDetector(sampling_noise=True)
     seen: list[dict] = []
     real = det._corroboration
     monkeypatch.setattr(det, "_corroboration", lambda values: (seen.append(values), real(values))[1])
