@@ -10,17 +10,20 @@ from analysis.cause_signals import SIGNALS, Signal, tail_center, tail_sigma
 from analysis.network_evidence import delivery_words
 from analysis.regression import Cause
 from analysis.robust import median, robust_z
+from analysis.sampling import beyond_noise, counts, noise_sigma, pooled
 
 
 @dataclass(frozen=True)
 class SignalStats:
-    """A signal's baseline: median, MAD-sigma, how many baseline windows measured it, and its high quantile (the
-    value few healthy windows exceed; None when not computed)."""
+    """A signal's baseline: median, MAD-sigma, how many baseline windows measured it, its high quantile (the
+    value few healthy windows exceed; None when not computed) and its mean (a per-tick signal's rate, which the
+    median of sparse counts is not: analysis.sampling; None when not computed)."""
 
     median: float
     sigma: float
     count: int
     high: float | None = None
+    mean: float | None = None
 
 
 @dataclass(frozen=True)
@@ -61,42 +64,69 @@ class Attributor:
         self.profile_min_jsd = profile_min_jsd
         self.max_causes = max_causes
 
-    def moved(self, sig: Signal, value: float | None, stats: SignalStats | None) -> Moved | None:
-        """The signal's move when it passes every gate (absolute change, z, ratio), else None."""
+    def moved(self, sig: Signal, value: float | None, stats: SignalStats | None,
+              ticks: tuple[float, float, int] | None = None) -> Moved | None:
+        """The signal's move when it passes every gate (absolute change, z, ratio; and for a per-tick signal read
+        from `ticks` = (events, ticks, recordings), its sampling noise: analysis.sampling), else None."""
         if value is None or stats is None or not math.isfinite(value):
             return None
         center = tail_center(sig, stats.median, stats.high)
         base = max(center, sig.floor)
         ratio = value / base
         # The sigma floor is a quarter of min_change so a flat baseline cannot make noise look significant.
-        z = robust_z(value, center, tail_sigma(sig, stats.median, stats.sigma, stats.high), sig.min_change / 4)
+        sigma = max(tail_sigma(sig, stats.median, stats.sigma, stats.high), self._noise_sigma(sig, stats, ticks))
+        z = robust_z(value, center, sigma, sig.min_change / 4)
         if value - center < sig.min_change or z < self.min_z or ratio < self.min_ratio:
+            return None
+        if not self._beyond_noise(sig, stats, ticks):
             return None
         return Moved(sig, value, center, ratio, z)
 
+    def _beyond_noise(self, sig: Signal, stats: SignalStats, ticks: tuple[float, float, int] | None) -> bool:
+        """A per-tick signal's count lies beyond the chance of the baseline's rate at its ticks (analysis.sampling);
+        True for other signals and where the ticks or the rate are unknown."""
+        if not sig.per_tick or ticks is None or stats.mean is None:
+            return True
+        return beyond_noise(ticks[0], ticks[1], stats.mean, self.min_z)
+
+    @staticmethod
+    def _noise_sigma(sig: Signal, stats: SignalStats, ticks: tuple[float, float, int] | None) -> float:
+        """A per-tick signal's spread per recording at the baseline's rate and the recordings' ticks (a floor under
+        its MAD-sigma, which sparse counts collapse to 0: analysis.sampling); 0 for other signals or unknown ticks."""
+        if not sig.per_tick or ticks is None or stats.mean is None:
+            return 0.0
+        return noise_sigma(stats.mean, ticks[1] / max(ticks[2], 1))
+
     def rank(self, values: Mapping[str, float | None], stats: Mapping[str, SignalStats | None],
              jsd: float | None = None, jsd_stats: SignalStats | None = None,
-             not_measured: Mapping[str, str] | None = None) -> list[Cause]:
-        """Ranked causes, best first; a single `unknown` when nothing moved (its evidence names what was not measured)."""
+             not_measured: Mapping[str, str] | None = None,
+             jsd_noise: Callable[[], float | None] | None = None) -> list[Cause]:
+        """Ranked causes, best first; a single `unknown` when nothing moved (its evidence names what was not measured).
+        A per-tick signal is judged at the ticks `values` holds for it (analysis.sampling.counts); `jsd_noise`, when
+        given, says what an unchanged profile reads at the shift's sample size (analysis.sampling.jsd_noise)."""
         best: dict[str, tuple[float, Moved]] = {}
         for sig in SIGNALS:
-            self._keep(best, self.moved(sig, values.get(sig.name), stats.get(sig.name)))
+            self._keep(best, self.moved(sig, values.get(sig.name), stats.get(sig.name),
+                                        counts(sig.name, values) if sig.per_tick else None))
         causes = self._causes(best, lambda m: evidence(m))
-        self._add_profile(causes, jsd, jsd_stats)
+        self._add_profile(causes, jsd, jsd_stats, jsd_noise)
         if "network" in causes and (words := delivery_words(values, stats)) is not None:
             c = causes["network"]
             causes["network"] = Cause("network", c.score, f"{words}; {c.evidence}", c.value, c.baseline)
         return self._ranked(causes, not_measured)
 
     def persistent(self, sig: Signal, samples: Sequence[float | None], stats: SignalStats | None,
-                   min_windows: int, change_fraction: float, min_z: float) -> tuple[Moved, int] | None:
+                   min_windows: int, change_fraction: float, min_z: float,
+                   ticks: tuple[float, float, int] | None = None) -> tuple[Moved, int] | None:
         """The signal's move when it stayed above the baseline's high quantile (and change_fraction of its
         min_change above the median) in at least min_windows of the samples, and their median passes the ratio
         gate and lies min_z baseline sigmas above the baseline's median; with the count of windows above.
 
         A per-window move too small for `moved` shows here by persisting: healthy windows exceed the high quantile
         one time in ten, several in a row hardly ever. The z gate keeps it to baselines quiet enough to tell a small
-        shift from drift: on a host where other tenants make the signal wander, only the per-window gates speak."""
+        shift from drift: on a host where other tenants make the signal wander, only the per-window gates speak.
+        A per-tick signal's windows often carry one recording's reading (three windows, one measurement): its count
+        pooled over the distinct recordings (`ticks`) must also lie beyond sampling noise (analysis.sampling)."""
         if stats is None or stats.high is None:
             return None
         xs = [x for x in samples if x is not None and math.isfinite(x)]
@@ -107,8 +137,9 @@ class Attributor:
         ratio = value / max(stats.median, sig.floor)
         if above < min_windows or ratio < self.min_ratio:
             return None
-        z = robust_z(value, stats.median, stats.sigma, sig.min_change * change_fraction / 4)
-        if z < min_z:
+        sigma = max(stats.sigma, self._noise_sigma(sig, stats, ticks))
+        z = robust_z(value, stats.median, sigma, sig.min_change * change_fraction / 4)
+        if z < min_z or not self._beyond_noise(sig, stats, ticks):
             return None
         return Moved(sig, value, stats.median, ratio, z), above
 
@@ -121,7 +152,7 @@ class Attributor:
         counts: dict[str, int] = {}
         for sig in SIGNALS:
             hit = self.persistent(sig, [s.get(sig.name) for s in samples], stats.get(sig.name), min_windows,
-                                  change_fraction, min_z)
+                                  change_fraction, min_z, pooled(sig.name, samples) if sig.per_tick else None)
             if hit is not None:
                 counts[sig.name] = hit[1]
                 self._keep(best, hit[0])
@@ -166,12 +197,16 @@ class Attributor:
         text = "latency regressed and no measured signal moved beyond its baseline"
         return [Cause("unknown", 0.0, text + (f" (not measured: {missing})" if missing else ""))]
 
-    def _add_profile(self, causes: dict[str, Cause], jsd: float | None, jsd_stats: SignalStats | None) -> None:
+    def _add_profile(self, causes: dict[str, Cause], jsd: float | None, jsd_stats: SignalStats | None,
+                     jsd_noise: Callable[[], float | None] | None = None) -> None:
         if jsd is None or jsd_stats is None or jsd < self.profile_min_jsd:
             return
         base = max(jsd_stats.median, 0.01)
         z = robust_z(jsd, jsd_stats.median, jsd_stats.sigma, 0.02)
         if z < self.min_z or jsd / base < self.min_ratio:
+            return
+        # What a draw of as many samples from the baseline's own profile reads: a shift within it is sampling noise.
+        if jsd_noise is not None and (noise := jsd_noise()) is not None and jsd <= noise:
             return
         score = round(math.log2(jsd / base) * self.compute_weight, 4)
         text = f"Python profile shift (Jensen-Shannon) {jsd:.2f} vs {jsd_stats.median:.2f} baseline (z {z:.1f})"

@@ -14,7 +14,14 @@ from analysis.features import Features
 from analysis.latency_model import Row
 from analysis.profile import jensen_shannon, jensen_shannon_of_share, merge
 from analysis.robust import finite, mad_sigma, median, quantile
+from analysis.sampling import jsd_noise
 from analysis.stall_events import read_counts
+
+
+def jsd_size(leaves: dict[str, float], span: int = 1) -> int:
+    """How many samples a profile shift of `leaves` from a recording of `span` windows is read at: one window's
+    share of them (Baseline.jsd), at least one."""
+    return max(1, round(sum(leaves.values()) / max(span, 1)))
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,9 @@ def cpu_wait(f: Features) -> float | None:
 def stats_of(xs: list[float], high_quantile: float) -> SignalStats | None:
     """A signal's baseline over the values that measured it: median, MAD-sigma, count, high quantile; None for
     fewer than 3."""
-    return SignalStats(median(xs), mad_sigma(xs), len(xs), quantile(xs, high_quantile)) if len(xs) >= 3 else None
+    if len(xs) < 3:
+        return None
+    return SignalStats(median(xs), mad_sigma(xs), len(xs), quantile(xs, high_quantile), sum(xs) / len(xs))
 
 
 class Baseline:
@@ -78,6 +87,12 @@ class Baseline:
         self.profile_decay = profile_decay
         self.high_quantile = high_quantile
         self._stats: dict[str, SignalStats | None] | None = None
+        self.version = 0  # counts the profile's changes (jsd_noise's cache)
+        # Healthy samples on functions the profile did not hold yet, and all healthy samples, decayed as the profile.
+        self.new_samples = 0.0
+        self.all_samples = 0.0
+        self._noise_key: tuple | None = None
+        self._noise: float | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -89,8 +104,21 @@ class Baseline:
         if not leaves or not self.profile:
             return None
         if span > 1:
-            return jensen_shannon_of_share(self.profile, leaves, round(sum(leaves.values()) / span))
+            return jensen_shannon_of_share(self.profile, leaves, jsd_size(leaves, span))
         return jensen_shannon(self.profile, leaves)
+
+    def jsd_noise(self, size: int, min_z: float) -> float | None:
+        """What `size` samples drawn from the profile itself read against it (analysis.sampling.jsd_noise), cached
+        until the profile changes."""
+        key = (self.version, size, min_z)
+        if self._noise_key != key:
+            self._noise_key, self._noise = key, jsd_noise(self.profile, size, min_z, self.unseen)
+        return self._noise
+
+    @property
+    def unseen(self) -> float:
+        """The share of healthy samples that fell on functions the profile did not hold yet (0 before any)."""
+        return self.new_samples / self.all_samples if self.all_samples > 0 else 0.0
 
     def row(self, start: float, end: float, features: Features, leaves: dict[str, float] | None,
             span: int = 1) -> BaselineRow:
@@ -106,7 +134,12 @@ class Baseline:
     def add_row(self, row: BaselineRow, leaves: dict[str, float] | None) -> None:
         self.rows.append(row)
         if leaves:
+            if self.profile:  # the first window's functions are all new: no profile to be new to
+                self.new_samples = self.new_samples * self.profile_decay + sum(
+                    v for k, v in leaves.items() if k not in self.profile)
+                self.all_samples = self.all_samples * self.profile_decay + sum(leaves.values())
             merge(self.profile, leaves, self.profile_decay)
+            self.version += 1
         self._stats = None
 
     @property
@@ -133,15 +166,20 @@ class Baseline:
         return self._stats
 
     def to_dict(self) -> dict:
-        return {"rows": [r.to_dict() for r in self.rows], "profile": dict(self.profile)}
+        return {"rows": [r.to_dict() for r in self.rows], "profile": dict(self.profile),
+                "samples": [self.new_samples, self.all_samples]}
 
     def load(self, d: dict) -> None:
         self.rows.clear()
         self.rows.extend(BaselineRow.from_dict(r) for r in d.get("rows", []))
         self.profile = {str(k): float(v) for k, v in d.get("profile", {}).items()}
+        self.new_samples, self.all_samples = (float(x) for x in d.get("samples", (0.0, 0.0)))
+        self.version += 1
         self._stats = None
 
     def clear(self) -> None:
         self.rows.clear()
         self.profile = {}
+        self.new_samples = self.all_samples = 0.0
+        self.version += 1
         self._stats = None

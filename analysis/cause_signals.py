@@ -29,6 +29,9 @@ class Signal:
     # Heavy-tailed in healthy windows (0 in many, large in some): judged from its baseline's high quantile, with the
     # distance to it as its spread, not from the median and MAD-sigma (see tail_center, tail_sigma).
     tail: bool = False
+    # A count of events per sampling tick (py-spy's idle waits per tick): read from a recording of a few ticks, its
+    # sampling noise is judged too, against the baseline's rate at the ticks it was read from (analysis.sampling).
+    per_tick: bool = False
 
 
 def tail_center(sig: Signal, median: float, high: float | None) -> float:
@@ -75,7 +78,7 @@ def _pressure(key: str) -> Callable[[Features], float | None]:
 SIGNALS: tuple[Signal, ...] = (
     Signal("gc_pause", "gc", "GC pause", lambda f: f.gc_pause_per_second, 0.001, 0.005, "ms/s", 1000, "gc"),
     Signal("app_wait", "lock", "threads waiting inside their own code", lambda f: f.app_wait_threads,
-           0.05, 0.2, "threads", 1, "stacks"),
+           0.05, 0.2, "threads", 1, "stacks", per_tick=True),
     Signal("futex", "lock", "futex off-CPU", _futex, 0.05, 0.3, "s/s", 1, "offcpu"),
     Signal("blocked", "blocked", "off-CPU in sleep, disk I/O, stopped or other waits", _blocked, 0.01, 0.1, "s/s", 1,
            "offcpu"),

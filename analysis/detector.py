@@ -8,7 +8,7 @@ from collections import deque
 
 from analysis import culprits, disk_writers, memory_growers, stall_events
 from analysis.attribution import Attributor, Moved, evidence
-from analysis.baseline import Baseline, BaselineRow, cpu_wait
+from analysis.baseline import Baseline, BaselineRow, cpu_wait, jsd_size
 from analysis.cause_signals import BY_NAME, SIGNALS, read_all
 from analysis.features import Features, extract
 from analysis.latency_model import ExpectedLatency
@@ -17,7 +17,8 @@ from analysis.network_part import INDIRECT, PARTS, direct_strength, network_z
 from analysis.profile import leaf_counts, merge, top_shifts
 from analysis.regression import Cause, FunctionShift, Regression
 from analysis.robust import median, robust_z
-from analysis.steady_stacks import SteadyStacks, lock_waits
+from analysis.sampling import EVENTS, FROM, RECORDINGS, TICKS, pooled
+from analysis.steady_stacks import SteadyStacks, lock_waits, ticks_of
 from analysis.verdict import Verdict
 from analysis.window import Window
 
@@ -43,7 +44,7 @@ class LatencyDetector:
                  sustained_min_z: float = 6.0, high_quantile: float = 0.9, cause_change_windows: int = 2,
                  sustained_close_shift: float = 0.375, contention_stall_ratio: float = 2.0,
                  contention_lead: float = 2.0, contention_onset_windows: int = 12,
-                 stall_event_alpha: float = 1e-5) -> None:
+                 stall_event_alpha: float = 1e-5, sampling_noise: bool = False) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
         self.open_score = open_score
@@ -88,6 +89,10 @@ class LatencyDetector:
         self.contention_lead = contention_lead
         self.contention_onset_windows = contention_onset_windows
         self.stall_event_alpha = stall_event_alpha
+        # Judge the stack signals against the sampling noise of the ticks they were read from (analysis.sampling). Off
+        # by default: replayed as recorded (5 s windows of 15 ticks at 3 Hz) it delays or loses three variant phases
+        # whose lock evidence is that noise (docs/BENCHMARKS.md "Stack signals against their sampling noise").
+        self.sampling_noise = sampling_noise
         self._check_params()
         self.reset()
 
@@ -247,7 +252,8 @@ class LatencyDetector:
         f = extract(window)
         leaves = leaf_counts(window.stacks.active) if window.stacks is not None and window.stacks.active else None
         own = read_all(f)
-        carried = self.steady_stacks_.read(window, f.app_wait_threads, leaves, own["blocked"])
+        ticks = ticks_of(window)
+        carried = self.steady_stacks_.read(window, f.app_wait_threads, leaves, own["blocked"], ticks)
         span = self.steady_stacks_.span  # windows this window's recording spanned (analysis.steady_stacks)
         usable = (f.requests is not None and f.requests >= self.min_requests and f.mean_seconds is not None
                   and f.mean_seconds > 0)
@@ -264,6 +270,10 @@ class LatencyDetector:
         expected_all = model.expected(f.request_rate, f.tokens_per_request)
         expected = {q: v for q, v in expected_all.items() if q in ("p50", "p99")}
         values = {**own, **stall_events.read_counts(f), "jsd": self.baseline_.jsd(leaves, span)}
+        if leaves and self.sampling_noise:
+            values["jsd_size"] = jsd_size(leaves, span)
+        if ticks is not None and f.app_wait_threads is not None and self.sampling_noise:
+            values.update({TICKS.format("app_wait"): ticks, FROM: window.end})
         # The lock signal net of the threads the kernel saw in non-lock waits over the windows its recording spanned
         # (analysis.steady_stacks.lock_waits): a recording taken while threads stalled on page faults is no lock.
         usual = self.baseline_.stats().get("blocked")
@@ -273,6 +283,10 @@ class LatencyDetector:
             # Signals only: the baseline learns each recording once, from the window it came with.
             values.update(read_all(dataclasses.replace(f, app_wait_threads=carried.app_wait_threads)),
                           jsd=self.baseline_.jsd(carried.leaves, carried.span), stacks_carried_from=carried.at)
+            if carried.leaves and self.sampling_noise:
+                values["jsd_size"] = jsd_size(carried.leaves, carried.span)
+            if carried.ticks is not None and carried.app_wait_threads is not None and self.sampling_noise:
+                values.update({TICKS.format("app_wait"): carried.ticks, FROM: carried.at})
             values["app_wait"] = lock_waits(values["app_wait"], carried.blocked, usual_blocked)
         if window.members:
             values["members"] = member_measures(window, f)  # where a family's causes live (analysis.members)
@@ -517,8 +531,15 @@ class LatencyDetector:
         none passed the gates: corroboration that lets a smaller latency rise count."""
         stats = self.baseline_.stats()
         causes = self._attributor().rank({k: v for k, v in values.items() if k != "jsd"}, stats, values.get("jsd"),
-                                         stats.get("jsd"))
+                                         stats.get("jsd"), jsd_noise=self._jsd_noise(values.get("jsd_size")))
         return 0.0 if causes[0].label == "unknown" else max(causes[0].score, 1e-9)
+
+    def _jsd_noise(self, size: float | None):
+        """What a profile of `size` samples drawn from the baseline's own reads (analysis.sampling.jsd_noise), as a
+        call made only when a shift passed the other gates; None without a size."""
+        if size is None or not math.isfinite(size):
+            return None
+        return lambda: self.baseline_.jsd_noise(max(1, round(size)), self.min_cause_z)
 
     def _refit(self) -> None:
         rows = self.baseline_.latency_rows()
@@ -583,9 +604,14 @@ class LatencyDetector:
 
     def _ranked_causes(self, samples: list[dict], window: Window) -> list[Cause]:
         agg: dict[str, float | None] = {}
-        for name in [s.name for s in SIGNALS] + ["jsd"]:
+        for name in [s.name for s in SIGNALS] + ["jsd", "jsd_size"]:
             xs = [v[name] for v in samples if v.get(name) is not None and math.isfinite(v[name])]
             agg[name] = median(xs) if xs else None
+        for sig in SIGNALS:
+            # A per-tick signal's median is judged at the ticks of the windows' recordings, each counted once.
+            if sig.per_tick and agg.get(sig.name) is not None and (c := pooled(sig.name, samples)) is not None:
+                agg.update({TICKS.format(sig.name): c[1], EVENTS.format(sig.name): agg[sig.name] * c[1],
+                            RECORDINGS.format(sig.name): c[2]})
         stats = self.baseline_.stats()
         not_measured: dict[str, str] = {}
         for label in {s.label for s in SIGNALS}:
@@ -594,7 +620,7 @@ class LatencyDetector:
                 not_measured[label] = "; ".join(sorted({f"{s.source}: {window.errors.get(s.source, 'no reading')}"
                                                         for s in sigs}))
         causes = self._attributor().rank({k: v for k, v in agg.items() if k != "jsd"}, stats, agg.get("jsd"),
-                                         stats.get("jsd"), not_measured)
+                                         stats.get("jsd"), not_measured, self._jsd_noise(agg.get("jsd_size")))
         if causes[0].label != "unknown" or not samples:
             return causes
         # No signal's median moved past the per-window gates: a small shift may still persist in every window

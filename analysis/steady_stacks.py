@@ -32,6 +32,8 @@ class Carried:
     at: float
     span: int = 1
     blocked: float | None = None
+    # The recording's sampling ticks (the lock signal's denominator: analysis.sampling); None where unknown.
+    ticks: float | None = None
 
 
 class SteadyStacks:
@@ -52,7 +54,7 @@ class SteadyStacks:
         self.blocked_.clear()
 
     def read(self, window: Window, app_wait_threads: float | None, leaves: dict[str, float] | None,
-             blocked: float | None = None) -> Carried | None:
+             blocked: float | None = None, ticks: float | None = None) -> Carried | None:
         """The latest recording's reading when `window` waits on a running steady recording, else None (and
         `window`'s own reading, when it has one, becomes the latest). `blocked`: the window's off-CPU seconds per
         second in non-lock waits (analysis.cause_signals._blocked), kept so that a recording is judged against the
@@ -62,7 +64,8 @@ class SteadyStacks:
             self.span = min(self.gap + 1, _windows_held(window))
             spanned = [b for b in list(self.blocked_)[-self.span:] if b is not None]
             self.span_blocked = sum(spanned) / len(spanned) if spanned else None
-            self.latest, self.gap = Carried(app_wait_threads, leaves, window.end, self.span, self.span_blocked), 0
+            self.latest, self.gap = Carried(app_wait_threads, leaves, window.end, self.span, self.span_blocked,
+                                            ticks), 0
             return None
         if STEADY_RECORDING_RUNNING not in window.errors.get("stacks", ""):
             # No recording runs (or a family's members carry their own, of this window): the window is its own span.
@@ -86,6 +89,16 @@ def lock_waits(app_wait_threads: float | None, blocked: float | None, usual_bloc
     if app_wait_threads is None or blocked is None or usual_blocked is None:
         return app_wait_threads
     return max(0.0, app_wait_threads - max(0.0, blocked - usual_blocked))
+
+
+def ticks_of(window: Window) -> float | None:
+    """The sampling ticks a window's stacks hold (as analysis.features reads the lock signal over them); None without
+    stacks or for a family's window (its members' signals are summed, their ticks not)."""
+    s = window.stacks
+    if s is None or window.members:
+        return None
+    ticks = s.samples or s.rate_hz * window.duration
+    return float(ticks) if ticks > 0 else None
 
 
 def _windows_held(window: Window) -> int:

@@ -79,10 +79,11 @@ def short_while_alert(verdict: Verdict | None) -> bool:
 
 
 def replay_spans(windows: Sequence[LabelledWindow], spans: SteadySpans,
-                 short: Callable[[Verdict | None], bool] | None = None) -> tuple[list[LabelledWindow], list[Outcome]]:
+                 short: Callable[[Verdict | None], bool] | None = None,
+                 factory: Callable[[], Any] | None = None) -> tuple[list[LabelledWindow], list[Outcome]]:
     """The windows as `spans` leaves them and the detector's outcomes on them; with `short`, each window's
     recording is cut when `short` holds for the verdict on the window before (what the sampler's trigger reads)."""
-    tracker = Tracker(default_detector_factory())
+    tracker = Tracker(factory or default_detector_factory())
     out, outcomes = [], []
     for item in windows:
         spread_item = spans.next(item, cut=short is not None and short(tracker.last))

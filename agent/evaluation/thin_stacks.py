@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import zlib
@@ -104,19 +105,24 @@ def _phases(score: Any) -> list[dict[str, Any]]:
             for p in score.fault_phases]
 
 
-def replay_one(path: Path, rate_hz: float, seed: int, span: int) -> dict[str, Any]:
+def replay_one(path: Path, rate_hz: float, seed: int, span: int, sampling_noise: bool = False) -> dict[str, Any]:
     rec = read_recording(path)
     windows = thin_windows(rec.windows, rate_hz, seed, name=str(path))
-    _, outcomes = replay_spans(windows, SteadySpans(span))
+    factory = None
+    if sampling_noise:
+        from analysis.detector import LatencyDetector
+
+        factory = functools.partial(LatencyDetector, sampling_noise=True)
+    _, outcomes = replay_spans(windows, SteadySpans(span), factory=factory)
     score = score_run(rec.scenario.name, outcomes)
     bursts = replay_bursts(outcomes, rec.interval_seconds)
     return {"score": score, "phases": _phases(score), "false_alarms": sum(e.phase is None for e in score.episodes),
             "false_bursts": bursts.false_bursts, "hours": bursts.seconds / 3600.0}
 
 
-def _job(args: tuple[str, list[tuple[float, int]], int]) -> tuple[str, dict[str, dict[str, Any]]]:
-    path, arms, span = args
-    return path, {f"{r}@{s}": replay_one(Path(path), r, s, span) for r, s in arms}
+def _job(args: tuple[str, list[tuple[float, int]], int, bool]) -> tuple[str, dict[str, dict[str, Any]]]:
+    path, arms, span, noise = args
+    return path, {f"{r}@{s}": replay_one(Path(path), r, s, span, noise) for r, s in arms}
 
 
 def _figures(runs: dict[str, dict[str, Any]], arm: str) -> dict[str, Any]:
@@ -140,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=3, help="windows one steady recording spans (default 3: 15 s)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write every run's rows (JSON lines) here")
+    parser.add_argument("--sampling-noise", action="store_true",
+                        help="the detector judges stack signals against their sampling noise (analysis.sampling)")
     args = parser.parse_args(argv)
     base = f"{BASELINE_HZ}@0"
     arms = [(BASELINE_HZ, 0)] + [(r, s) for r in args.rates for s in args.seeds]
-    jobs = [(str(p), arms, args.windows) for p in args.recordings]
+    jobs = [(str(p), arms, args.windows, args.sampling_noise) for p in args.recordings]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         runs = dict(pool.map(_job, jobs))
     rows = []

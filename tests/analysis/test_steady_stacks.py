@@ -50,7 +50,7 @@ def test_the_detector_reads_the_carried_lock_signal_and_marks_it(monkeypatch) ->
     from tests.analysis import synth
     from tests.analysis.synth import Load
 
-    det = LatencyDetector()
+    det = LatencyDetector(sampling_noise=True)
     seen: list[dict] = []
     real = det._corroboration
     monkeypatch.setattr(det, "_corroboration", lambda values: (seen.append(values), real(values))[1])
@@ -62,6 +62,10 @@ def test_the_detector_reads_the_carried_lock_signal_and_marks_it(monkeypatch) ->
     det.update(between)
     assert seen[-1]["app_wait"] == seen[-2]["app_wait"] > 0
     assert seen[-1]["stacks_carried_from"] == waiting.end
+    # Judged at the carried recording's ticks, one recording for every window that carries it (analysis.sampling).
+    ticks = waiting.stacks.samples or waiting.stacks.rate_hz * (waiting.end - waiting.start)
+    assert seen[-1]["app_wait_ticks"] == seen[-2]["app_wait_ticks"] == ticks > 0
+    assert seen[-1]["stacks_from"] == seen[-2]["stacks_from"] == waiting.end
     # What the detector learns is the window's own reading: none.
     assert det.steady_stacks_.latest is not None and det.steady_stacks_.latest.at == waiting.end
 
