@@ -47,13 +47,10 @@ def poisson_sf(k: float, mu: float) -> float:
         return 0.0
     if k <= mu:
         return 1.0
-    term = math.exp(-mu + k * math.log(mu) - math.lgamma(k + 1))
-    total, i = 0.0, k
-    while term > 1e-17 * max(total, 1e-300) and i < k + 10_000:
-        total += term
-        i += 1
-        term *= mu / i
-    return min(total, 1.0)
+    # Imported here: scipy.stats loads with scikit-learn at the detector's first fit, never at the agent's start-up.
+    from scipy.stats import poisson
+
+    return float(min(poisson.sf(k - 1, mu), 1.0))
 
 
 def tail_p(z: float) -> float:

@@ -50,21 +50,7 @@ def tail(k: int, n: float, base_events: float, base_trials: float) -> float:
         return 1.0
     if base_trials <= 0:
         return 1.0
-    r = base_events + 0.5
-    log_p = math.log(base_trials / (base_trials + n))
-    log_q = math.log(n / (base_trials + n))
-    # pmf(x) = Gamma(x + r) / (Gamma(r) x!) p^r q^x, summed upwards from k; each term is the last times
-    # q (x + r) / (x + 1), which falls below 1 for x > (r q - 1) / (1 - q) and then geometrically.
-    log_term = math.lgamma(k + r) - math.lgamma(r) - math.lgamma(k + 1) + r * log_p + k * log_q
-    term = math.exp(log_term)
-    total = 0.0
-    x = k
-    q = math.exp(log_q)
-    for _ in range(1_000_000):
-        total += term
-        nxt = term * q * (x + r) / (x + 1)
-        x += 1
-        if nxt <= total * 1e-15 and q * (x + r) / (x + 1) < 0.5:
-            break
-        term = nxt
-    return min(1.0, total)
+    # Imported here: scipy.stats loads with scikit-learn at the detector's first fit, never at the agent's start-up.
+    from scipy.stats import nbinom
+
+    return float(min(nbinom.sf(k - 1, base_events + 0.5, base_trials / (base_trials + n)), 1.0))
