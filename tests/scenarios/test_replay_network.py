@@ -4,14 +4,17 @@ included, with the reason: a change in either direction shows."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from agent.evaluation import command
 from agent.evaluation.clients import compare
+from agent.evaluation.detection import detect
 from agent.evaluation.recording import read_recording
 from analysis.detector import LatencyDetector
+from analysis.scoring import score_run
 
 HERE = Path(__file__).resolve().parent
 RECORDED = HERE / "recorded-network"
@@ -180,3 +183,30 @@ def test_request_loss_shows_late_first_requests_only_while_the_fault_lasts() -> 
     assert all(0.2 <= d.request_wait_seconds / d.late_requests <= 0.65 for d in during if d.late_requests)
     # Beside a resend of the server's own (the detector counts the wait only there): 10 of those 11 windows.
     assert sum(d.retransmits > 0 for d in during if d.late_requests) == 10
+
+
+def _after_a_longer_baseline(name: str, copies: int) -> list:
+    """The recording with `copies` replays of its own healthy windows before it, each shifted back in time by the
+    recording's span: the baseline an agent holds after running that much longer on the same healthy traffic."""
+    windows = read_recording(_path(name)).windows
+    healthy = [w for w in windows[2:] if w.phase == 0]
+    span = windows[-1].window.end - windows[0].window.start
+    earlier = [dataclasses.replace(w, window=dataclasses.replace(w.window, start=w.window.start - k * span,
+                                                                  end=w.window.end - k * span))
+               for k in range(copies, 0, -1) for w in healthy]
+    return earlier + windows
+
+
+@pytest.mark.parametrize(("copies", "found"), [(2, False), (4, True)])
+def test_the_shallow_burst_is_found_once_the_baseline_is_long_enough(copies: int, found: bool) -> None:
+    """The floor of the missed shallow burst is the baseline's length, not the signal: two of 21 connections waiting
+    a resent SYN-ACK are too likely for a healthy window against 42 windows with none (1.9e-4), not against ~230
+    (19 minutes of the same healthy traffic; the baseline keeps up to 720 windows). With 134 windows it still
+    misses; with 226 it is found at onset, named network, and the longer healthy run raises no false alarm."""
+    outcomes = detect(LatencyDetector, _after_a_longer_baseline("burst_shallow", copies))
+    score = score_run("burst_shallow", outcomes)
+    [phase] = score.fault_phases
+    assert [e.phase for e in score.episodes] == ([1] if found else [])
+    assert phase.detected is found
+    if found:
+        assert phase.top_cause == "network" and phase.delay_windows == 0
