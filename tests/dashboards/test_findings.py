@@ -76,3 +76,27 @@ def test_api_lists_stored_regressions_with_bounds(state, store):
     for bad in ("0", "501", "x", "²", "-1"):
         r = client.get(f"/api/regressions?limit={bad}")
         assert r.status_code == 400 and "limit must be an integer in 1..500" in r.get_json()["error"]
+
+
+def test_a_cpu_contention_regression_names_its_neighbour_on_the_page_and_in_its_json(state, store):
+    """The culprit as the detector's own path names it (analysis.culprits.named over an episode's windows) reaches the
+    page's banner, the regression's JSON (structured, for tools) and survives the store, its hostile text escaped."""
+    from analysis import culprits
+
+    samples = [{"culprits": {"wait": 1.0, "duration": 5.0, "top": [
+        {"pid": 9911, "comm": "python3", "cmdline": f"python3 hog.py {HOSTILE}", "user": "bob", "seconds": 0.71},
+        {"pid": 812, "comm": "rsyslogd", "cmdline": "/usr/sbin/rsyslogd", "user": "root", "seconds": 0.05}]}}] * 3
+    cause = culprits.named(Cause("cpu_contention", 6.0, "run-queue wait per CPU second 2.1 vs 0.3"), samples)
+    reg = Regression(id="server-2000", target="server", pid=4242, opened_at=2000.0, closed_at=None,
+                     severity="critical", score=8.5, baseline_start=100.0, baseline_end=1900.0, causes=[cause])
+    store.save_regression(reg)
+    snap = DetectionSnapshot(findings={"server": TargetFinding("server", "regression", 8.5, {"p99": 0.2}, reg, 2005.0)})
+    client = make_client(state, store, lambda: snap)
+    text = client.get("/").get_data(as_text=True)
+    assert "pid 9911" in text and "python3 hog.py" in text and "bob" in text
+    assert "<script>alert(1)" not in text
+    data = client.get("/api/regressions/server-2000").get_json()
+    top = data["causes"][0]
+    assert top["label"] == "cpu_contention" and "pid 9911" in top["evidence"]
+    assert [(n["pid"], n["user"]) for n in top["neighbours"]] == [(9911, "bob"), (812, "root")]
+    assert top["neighbours"][0]["share"] == pytest.approx(0.71)
