@@ -631,7 +631,7 @@ class LatencyDetector:
             return causes
         persistent = self._attributor().rank_persistent(samples, stats, max(2, len(samples) - allowed_misses),
                                                         self.sustained_change_fraction, self.sustained_min_z,
-                                                        not_measured)
+                                                        not_measured, noise_floor=False)
         if persistent[0].label != "unknown":
             return persistent
         # Nor by persisting: the direct evidence of an outside CPU hog, the stall and the neighbour behind it.
