@@ -148,6 +148,8 @@ class LatencyDetector:
         self.calm_ = 0
         # Windows between two steady py-spy recordings read the latest one's stack signals (analysis.steady_stacks).
         self.steady_stacks_ = SteadyStacks()
+        # The last window's instant readings (Signal.instant), which explain the next window's latency too.
+        self.instant_: dict[str, float] = {}
         # The open episode's first named cause, and the consecutive windows since whose causes name another cause
         # and no longer that one (see _cause_moved).
         self.named_for_ = "unknown"
@@ -186,6 +188,7 @@ class LatencyDetector:
             "members_rows": self.members_base_.rows_to_dict(),
             "recent": list(self.recent_),
             "stalled_for": self.stalled_for_,
+            "instant": dict(self.instant_),
             "pending": [{"row": row.to_dict(), "leaves": leaves} for row, leaves in self.pending_],
         }
 
@@ -226,6 +229,7 @@ class LatencyDetector:
         self.members_base_.load(state.get("members_base", {}), state.get("members_rows", {}))
         self.recent_.extend(state.get("recent", []))
         self.stalled_for_ = int(state.get("stalled_for", 0))
+        self.instant_ = {str(k): float(v) for k, v in state.get("instant", {}).items()}
         self.pending_.extend((BaselineRow.from_dict(p["row"]), p.get("leaves")) for p in state.get("pending", []))
 
     def interrupt(self, at: float) -> Regression | None:
@@ -243,6 +247,7 @@ class LatencyDetector:
         self.episode_leaves_ = {}
         self.calm_ = 0
         self.steady_stacks_.clear()
+        self.instant_ = {}
         self._forget_move()
         return closed
 
@@ -298,7 +303,13 @@ class LatencyDetector:
             values["writers"] = wrote  # who wrote to the disks while its I/O stalled (analysis.disk_writers)
         score = self._score(f, expected_all, values) if usable else None
         strength = self._corroboration(values)
-        explained = strength > 0
+        # A window's latency rise is explained by its own cause signals, or by a wait the previous window caught under
+        # way at its end (an instant reading: Signal.instant): the requests that wait held up finish in this window,
+        # and a fault that comes and goes (stops every few seconds) is caught at a window's end only now and then.
+        # Only to explain a rise past open_score: a strong cause opens on any latency in its own window alone.
+        explained = strength > 0 or (score is not None and score >= self.open_score and bool(self.instant_)
+                                     and self._corroboration(self.instant_) > 0)
+        self.instant_ = {s.name: values[s.name] for s in SIGNALS if s.instant and values.get(s.name) is not None}
         # Silence is the weakest latency evidence (clients may have left), so it needs the strongest mechanism.
         stalled = not usable and self._stalled(f) and strength >= self.strong_cause_score
         anomalous = stalled or (score is not None and (
