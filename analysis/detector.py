@@ -44,7 +44,7 @@ class LatencyDetector:
                  sustained_min_z: float = 6.0, high_quantile: float = 0.9, cause_change_windows: int = 2,
                  sustained_close_shift: float = 0.375, contention_stall_ratio: float = 2.0,
                  contention_lead: float = 2.0, contention_onset_windows: int = 12,
-                 stall_event_alpha: float = 1e-5, sampling_noise: bool = False) -> None:
+                 stall_event_alpha: float = 1e-5, sampling_noise: bool = True) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
         self.open_score = open_score
@@ -89,9 +89,9 @@ class LatencyDetector:
         self.contention_lead = contention_lead
         self.contention_onset_windows = contention_onset_windows
         self.stall_event_alpha = stall_event_alpha
-        # Judge the stack signals against the sampling noise of the ticks they were read from (analysis.sampling). Off
-        # by default: replayed as recorded (5 s windows of 15 ticks at 3 Hz) it delays or loses three variant phases
-        # whose lock evidence is that noise (docs/BENCHMARKS.md "Stack signals against their sampling noise").
+        # Judge the stack signals against the sampling noise of the ticks they were read from (analysis.sampling);
+        # False replays the detector without those gates (docs/BENCHMARKS.md "Stack signals against their sampling
+        # noise").
         self.sampling_noise = sampling_noise
         self._check_params()
         self.reset()
