@@ -117,7 +117,8 @@ class Attributor:
 
     def persistent(self, sig: Signal, samples: Sequence[float | None], stats: SignalStats | None,
                    min_windows: int, change_fraction: float, min_z: float,
-                   ticks: tuple[float, float, int] | None = None) -> tuple[Moved, int] | None:
+                   ticks: tuple[float, float, int] | None = None,
+                   noise_floor: bool = True) -> tuple[Moved, int] | None:
         """The signal's move when it stayed above the baseline's high quantile (and change_fraction of its
         min_change above the median) in at least min_windows of the samples, and their median passes the ratio
         gate and lies min_z baseline sigmas above the baseline's median; with the count of windows above.
@@ -126,7 +127,15 @@ class Attributor:
         one time in ten, several in a row hardly ever. The z gate keeps it to baselines quiet enough to tell a small
         shift from drift: on a host where other tenants make the signal wander, only the per-window gates speak.
         A per-tick signal's windows often carry one recording's reading (three windows, one measurement): its count
-        pooled over the distinct recordings (`ticks`) must also lie beyond sampling noise (analysis.sampling)."""
+        pooled over the distinct recordings (`ticks`) must also lie beyond sampling noise (analysis.sampling).
+
+        To open a regression on persistence (noise_floor), the z gate's spread is also at least one recording's
+        sampling noise: min_z of it asks far more than the Poisson tail does, as a latency shift that only a sparse
+        count explains should. To name an episode that its latency has opened already (noise_floor False), the
+        question is which cause, and the pooled count's Poisson tail at the attribution's z is the sampling noise's
+        whole test: one recording's spread at min_z would ask ~1e-9 of a median that several recordings back, which
+        a lock's few waits per recording can never give (a lock after a gc fault in tests/scenarios/variants waited
+        for 5 windows of it)."""
         if stats is None or stats.high is None:
             return None
         xs = [x for x in samples if x is not None and math.isfinite(x)]
@@ -137,7 +146,7 @@ class Attributor:
         ratio = value / max(stats.median, sig.floor)
         if above < min_windows or ratio < self.min_ratio:
             return None
-        sigma = max(stats.sigma, self._noise_sigma(sig, stats, ticks))
+        sigma = max(stats.sigma, self._noise_sigma(sig, stats, ticks)) if noise_floor else stats.sigma
         z = robust_z(value, stats.median, sigma, sig.min_change * change_fraction / 4)
         if z < min_z or not self._beyond_noise(sig, stats, ticks):
             return None
@@ -145,14 +154,15 @@ class Attributor:
 
     def rank_persistent(self, samples: Sequence[Mapping[str, float | None]], stats: Mapping[str, SignalStats | None],
                         min_windows: int, change_fraction: float, min_z: float,
-                        not_measured: Mapping[str, str] | None = None) -> list[Cause]:
-        """As rank, for a run of windows: the signals that moved by persisting (see `persistent`), ranked by their
-        log ratio; a single `unknown` when none did."""
+                        not_measured: Mapping[str, str] | None = None, noise_floor: bool = True) -> list[Cause]:
+        """As rank, for a run of windows: the signals that moved by persisting (see `persistent`, and there for
+        noise_floor), ranked by their log ratio; a single `unknown` when none did."""
         best: dict[str, tuple[float, Moved]] = {}
         counts: dict[str, int] = {}
         for sig in SIGNALS:
             hit = self.persistent(sig, [s.get(sig.name) for s in samples], stats.get(sig.name), min_windows,
-                                  change_fraction, min_z, pooled(sig.name, samples) if sig.per_tick else None)
+                                  change_fraction, min_z, pooled(sig.name, samples) if sig.per_tick else None,
+                                  noise_floor)
             if hit is not None:
                 counts[sig.name] = hit[1]
                 self._keep(best, hit[0])

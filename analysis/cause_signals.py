@@ -32,6 +32,9 @@ class Signal:
     # A count of events per sampling tick (py-spy's idle waits per tick): read from a recording of a few ticks, its
     # sampling noise is judged too, against the baseline's rate at the ticks it was read from (analysis.sampling).
     per_tick: bool = False
+    # Read at one instant, the window's end (threads stopped or in disk sleep): a wait caught there is still under way
+    # as the next window begins, and the requests it holds up finish, and count their latency, in that next window.
+    instant: bool = False
 
 
 def tail_center(sig: Signal, median: float, high: float | None) -> float:
@@ -86,7 +89,7 @@ SIGNALS: tuple[Signal, ...] = (
     # server stopped for 30 s was missed altogether without it (tests/scenarios/variants). Floor half a thread: one
     # thread caught in a disk wait is x2, all 35 stopped x70.
     Signal("stuck", "blocked", "threads stopped or in disk sleep at the window's end", lambda f: f.stuck_threads,
-           0.5, 1.0, "threads", 1, "process"),
+           0.5, 1.0, "threads", 1, "process", instant=True),
     Signal("syscalls", "syscalls", "syscalls per request", lambda f: f.syscalls_per_request, 10.0, 200.0, "/req", 1,
            "syscalls"),
     Signal("retransmits", "network", "TCP retransmits", lambda f: f.retransmits_per_second, 0.2, 1.0, "/s", 1, "tcp"),

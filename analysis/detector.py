@@ -44,7 +44,7 @@ class LatencyDetector:
                  sustained_min_z: float = 6.0, high_quantile: float = 0.9, cause_change_windows: int = 2,
                  sustained_close_shift: float = 0.375, contention_stall_ratio: float = 2.0,
                  contention_lead: float = 2.0, contention_onset_windows: int = 12,
-                 stall_event_alpha: float = 1e-5, sampling_noise: bool = False) -> None:
+                 stall_event_alpha: float = 1e-5, sampling_noise: bool = True) -> None:
         self.warmup_windows = warmup_windows
         self.min_requests = min_requests
         self.open_score = open_score
@@ -89,9 +89,9 @@ class LatencyDetector:
         self.contention_lead = contention_lead
         self.contention_onset_windows = contention_onset_windows
         self.stall_event_alpha = stall_event_alpha
-        # Judge the stack signals against the sampling noise of the ticks they were read from (analysis.sampling). Off
-        # by default: replayed as recorded (5 s windows of 15 ticks at 3 Hz) it delays or loses three variant phases
-        # whose lock evidence is that noise (docs/BENCHMARKS.md "Stack signals against their sampling noise").
+        # Judge the stack signals against the sampling noise of the ticks they were read from (analysis.sampling);
+        # False replays the detector without those gates (docs/BENCHMARKS.md "Stack signals against their sampling
+        # noise").
         self.sampling_noise = sampling_noise
         self._check_params()
         self.reset()
@@ -148,6 +148,8 @@ class LatencyDetector:
         self.calm_ = 0
         # Windows between two steady py-spy recordings read the latest one's stack signals (analysis.steady_stacks).
         self.steady_stacks_ = SteadyStacks()
+        # The last window's instant readings (Signal.instant), which explain the next window's latency too.
+        self.instant_: dict[str, float] = {}
         # The open episode's first named cause, and the consecutive windows since whose causes name another cause
         # and no longer that one (see _cause_moved).
         self.named_for_ = "unknown"
@@ -186,6 +188,7 @@ class LatencyDetector:
             "members_rows": self.members_base_.rows_to_dict(),
             "recent": list(self.recent_),
             "stalled_for": self.stalled_for_,
+            "instant": dict(self.instant_),
             "pending": [{"row": row.to_dict(), "leaves": leaves} for row, leaves in self.pending_],
         }
 
@@ -226,6 +229,7 @@ class LatencyDetector:
         self.members_base_.load(state.get("members_base", {}), state.get("members_rows", {}))
         self.recent_.extend(state.get("recent", []))
         self.stalled_for_ = int(state.get("stalled_for", 0))
+        self.instant_ = {str(k): float(v) for k, v in state.get("instant", {}).items()}
         self.pending_.extend((BaselineRow.from_dict(p["row"]), p.get("leaves")) for p in state.get("pending", []))
 
     def interrupt(self, at: float) -> Regression | None:
@@ -243,6 +247,7 @@ class LatencyDetector:
         self.episode_leaves_ = {}
         self.calm_ = 0
         self.steady_stacks_.clear()
+        self.instant_ = {}
         self._forget_move()
         return closed
 
@@ -298,7 +303,13 @@ class LatencyDetector:
             values["writers"] = wrote  # who wrote to the disks while its I/O stalled (analysis.disk_writers)
         score = self._score(f, expected_all, values) if usable else None
         strength = self._corroboration(values)
-        explained = strength > 0
+        # A window's latency rise is explained by its own cause signals, or by a wait the previous window caught under
+        # way at its end (an instant reading: Signal.instant): the requests that wait held up finish in this window,
+        # and a fault that comes and goes (stops every few seconds) is caught at a window's end only now and then.
+        # Only to explain a rise past open_score: a strong cause opens on any latency in its own window alone.
+        explained = strength > 0 or (score is not None and score >= self.open_score and bool(self.instant_)
+                                     and self._corroboration(self.instant_) > 0)
+        self.instant_ = {s.name: values[s.name] for s in SIGNALS if s.instant and values.get(s.name) is not None}
         # Silence is the weakest latency evidence (clients may have left), so it needs the strongest mechanism.
         stalled = not usable and self._stalled(f) and strength >= self.strong_cause_score
         anomalous = stalled or (score is not None and (
@@ -631,7 +642,7 @@ class LatencyDetector:
             return causes
         persistent = self._attributor().rank_persistent(samples, stats, max(2, len(samples) - allowed_misses),
                                                         self.sustained_change_fraction, self.sustained_min_z,
-                                                        not_measured)
+                                                        not_measured, noise_floor=False)
         if persistent[0].label != "unknown":
             return persistent
         # Nor by persisting: the direct evidence of an outside CPU hog, the stall and the neighbour behind it.

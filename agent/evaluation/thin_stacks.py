@@ -105,14 +105,12 @@ def _phases(score: Any) -> list[dict[str, Any]]:
             for p in score.fault_phases]
 
 
-def replay_one(path: Path, rate_hz: float, seed: int, span: int, sampling_noise: bool = False) -> dict[str, Any]:
+def replay_one(path: Path, rate_hz: float, seed: int, span: int, sampling_noise: bool = True) -> dict[str, Any]:
     rec = read_recording(path)
     windows = thin_windows(rec.windows, rate_hz, seed, name=str(path))
-    factory = None
-    if sampling_noise:
-        from analysis.detector import LatencyDetector
+    from analysis.detector import LatencyDetector
 
-        factory = functools.partial(LatencyDetector, sampling_noise=True)
+    factory = functools.partial(LatencyDetector, sampling_noise=sampling_noise)
     _, outcomes = replay_spans(windows, SteadySpans(span), factory=factory)
     score = score_run(rec.scenario.name, outcomes)
     bursts = replay_bursts(outcomes, rec.interval_seconds)
@@ -146,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=3, help="windows one steady recording spans (default 3: 15 s)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write every run's rows (JSON lines) here")
-    parser.add_argument("--sampling-noise", action="store_true",
-                        help="the detector judges stack signals against their sampling noise (analysis.sampling)")
+    parser.add_argument("--sampling-noise", action=argparse.BooleanOptionalAction, default=True,
+                        help="the detector judges stack signals against their sampling noise (analysis.sampling; the "
+                             "default): --no-sampling-noise replays the detector without those gates")
     args = parser.parse_args(argv)
     base = f"{BASELINE_HZ}@0"
     arms = [(BASELINE_HZ, 0)] + [(r, s) for r in args.rates for s in args.seeds]

@@ -253,6 +253,25 @@ def test_a_few_threads_caught_stopped_with_latency_as_usual_is_no_regression():
     assert opened(feed(det, synth.windows(60, 12, Load(stuck_threads=1)))) == []
 
 
+def test_a_stop_caught_at_a_windows_end_explains_the_next_windows_latency():
+    # Stops that come and go (1 s every 4 s), where the off-CPU probe cannot run: the threads' state is read at each
+    # window's end and catches a stop now and then; the requests a stop held up finish, and count their latency, in
+    # the next window, whose own reading caught nothing. Latency x1.8 alone (score 5-6) is no regression unexplained.
+    caught = [synth.strip(w, "offcpu") for w in synth.windows(60, 1, Load(slowdown=1.2, stuck_threads=35))]
+    after = [synth.strip(w, "offcpu") for w in synth.windows(61, 1, Load(slowdown=1.8))]
+    vs = feed(armed(), caught + after)
+    assert opened(vs) == [1] and vs[1].opened.top_cause == "blocked"
+    assert 4.0 <= vs[1].score < 8.0
+    # The same latency after a window that caught nothing stays healthy: it is the stop that explains it.
+    missed = [synth.strip(w, "offcpu") for w in synth.windows(60, 1, Load(slowdown=1.2))]
+    vs = feed(armed(), missed + after)
+    assert opened(vs) == [] and vs[1].state == "healthy" and vs[1].score >= 4.0
+    # The reading explains one window after it, not the one after that.
+    vs = feed(armed(), caught + [synth.strip(w, "offcpu") for w in synth.windows(61, 2, Load(slowdown=1.0))]
+              + [synth.strip(w, "offcpu") for w in synth.windows(63, 1, Load(slowdown=1.8))])
+    assert opened(vs) == []
+
+
 def test_stall_fraction_edge():
     # Baseline: ~20 requests per window. A window with 3 requests is a stall at fraction 0.2, not at 0.1.
     w = synth.window(60, Load(rate=0.6, retransmits=70))

@@ -68,6 +68,26 @@ def test_persistence_of_two_thin_recordings_is_not_a_sustained_lock() -> None:
     assert got is not None and got[1] == 6
 
 
+def test_naming_an_open_episode_judges_a_persistent_count_by_its_pooled_tail() -> None:
+    # To open on persistence, one recording's sampling spread floors the z gate (above). To name an episode its
+    # latency opened, the count pooled over the distinct recordings is judged by its Poisson tail alone: a lock of a
+    # few waits per recording shows by persisting over recordings, which one recording's spread at z 6 never allows.
+    a = Attributor()
+    thin = [{"app_wait": 3 / 17, "app_wait_ticks": 17.0, "stacks_from": 1.0}] * 3 + \
+        [{"app_wait": 4 / 15, "app_wait_ticks": 15.0, "stacks_from": 2.0}] * 3
+    xs = [s["app_wait"] for s in thin]
+    assert a.persistent(APP_WAIT, xs, SPARSE, 5, 0.1, 6.0, pooled("app_wait", thin)) is None
+    got = a.persistent(APP_WAIT, xs, SPARSE, 5, 0.1, 6.0, pooled("app_wait", thin), noise_floor=False)
+    assert got is not None and got[1] == 6
+    # Within the pooled count's noise it names nothing either way: 2 waits in each of two 14-tick recordings.
+    few = [{"app_wait": 2 / 14, "app_wait_ticks": 14.0, "stacks_from": float(i // 3)} for i in range(6)]
+    assert a.persistent(APP_WAIT, [s["app_wait"] for s in few], SPARSE, 5, 0.1, 6.0, pooled("app_wait", few),
+                        noise_floor=False) is None
+    assert a.rank_persistent(few, {"app_wait": SPARSE}, 5, 0.1, 6.0, noise_floor=False)[0].label == "unknown"
+    assert a.rank_persistent(thin, {"app_wait": SPARSE}, 5, 0.1, 6.0, noise_floor=False)[0].label == "lock"
+    assert a.rank_persistent(thin, {"app_wait": SPARSE}, 5, 0.1, 6.0)[0].label == "unknown"
+
+
 def test_a_profile_shift_of_a_few_samples_is_within_noise() -> None:
     rng = np.random.default_rng(0)
     profile = {f"f{i}": float(w) for i, w in enumerate(rng.pareto(1.0, 40) + 1)}
