@@ -24,13 +24,14 @@ EXPECTED: dict[str, tuple[str, int, str]] = {
     # labelled `blocked` by that stall, and names the writer the agent read from /proc/PID/io while the I/O stalled
     # (docs/detector.md "Who wrote"): the diskhog's pid, the one the scenario recorded, ahead of the server's own.
     "disk": ("blocked", 4, "named"),
-    # A neighbour in the server's memory-limited family holding it at 50-200 major faults/s (recorded 2026-12-04
-    # 13:53-14:01 UTC, load average 1.6 before, 0.2 after). The squeeze bites in bursts: the server's pages go, it
-    # stalls for seconds reading them back (memory stall of its cgroup 0.13-0.41 s/s, 230-350 major faults/s, p99 9.9
-    # s and 19.6 s, three windows with no answer at all), then runs normally again for a few windows. The first
-    # burst left one anomalous window (2-of-3 needs two); the second opened it, 9 windows after onset, labelled
-    # `memory` and naming the allocating neighbour by the pid the scenario recorded (it grew by 125-195 MiB).
-    "memory": ("memory", 9, "named"),
+    # A neighbour in the server's memory-limited family holding it at 50-200 major faults/s (recorded live
+    # 2026-12-05 05:42:47-05:49:55 UTC, alone on the lock, load average 1.80 before, 0.64 after, code of 9a1cc57).
+    # The squeeze bit hard this time: 20 s into the phase the server stalled outright (no answer in 11 windows, one
+    # request of 59.8 s when it came back), 147-223 major faults/s. The regression opened 4 windows after onset,
+    # labelled `memory`, naming the allocating neighbour by the pid the scenario recorded (it grew 133 MiB in 75 s);
+    # it stays `memory` to the phase's end (after it, while the server recovers, it is re-ranked `lock`). The
+    # 2026-12-04 13:53 take (before the writers, the 15 s stack recordings) opened after 9 windows.
+    "memory": ("memory", 4, "named"),
 }
 
 
