@@ -18,11 +18,12 @@ RECORDED = HERE / "recorded-shared"
 # names the pid the scenario recorded as the culprit; "not named": it names no process (or another).
 EXPECTED: dict[str, tuple[str, int, str]] = {
     # A neighbour writing and fsyncing 128 MiB/s on the disk the server syncs its small writes to (recorded live
-    # 2026-12-04 23:14:28-23:21:36 UTC, alone on the lock, load average 0.62 before, 0.44 after): the server's p99
-    # moved little (0.1-0.3 s in both), but the I/O stall of its cgroup (the root: the host's) went x4.5 over its
-    # baseline (0.046 s/s against 0.010) in every window of the phase; the regression opened after 4 windows,
+    # 2026-12-05 05:52:31-05:59:39 UTC, alone on the lock, load average 1.50 before, 0.57 after, code of 6d0f34f):
+    # the server's p99 moved little (0.2-0.5 s against 0.1-0.3 s before), but the I/O stall of its cgroup (the root:
+    # the host's) went x4.3 over its baseline (0.059 s/s against 0.014); the regression opened after 4 windows,
     # labelled `blocked` by that stall, and names the writer the agent read from /proc/PID/io while the I/O stalled
-    # (docs/detector.md "Who wrote"): the diskhog's pid, the one the scenario recorded, ahead of the server's own.
+    # (docs/detector.md "Who wrote"): the diskhog's pid, the one the scenario recorded, ahead of the server's own,
+    # at its own rate ("wrote 3180 MiB in 25 s, 127.3 MiB/s": the writer's own seconds, checked live here).
     "disk": ("blocked", 4, "named"),
     # A neighbour in the server's memory-limited family holding it at 50-200 major faults/s (recorded live
     # 2026-12-05 05:42:47-05:49:55 UTC, alone on the lock, load average 1.80 before, 0.64 after, code of 9a1cc57).
