@@ -102,3 +102,31 @@ def test_the_disk_writer_is_named_from_what_the_agent_read_live_and_not_without_
         item.window.pressure.writers = None
     (blind,) = score_run(rec.scenario.name, detect(LatencyDetector, rec.windows)).fault_phases
     assert blind.detected and blind.top_cause == "blocked" and blind.named is None, blind
+
+
+# Every neighbour phase of the shared-host recordings whose scenario recorded its culprit's pid (the run command's,
+# or the cpuhog fault's spinners), and whether the regression named it first at the phase's end. Pinned as recorded.
+NEIGHBOUR_PHASES: dict[str, bool] = {
+    "recorded-neighbours/outside": True,
+    # Re-recorded 2026-12-05 06:02:43-06:09:56 UTC beside two neighbours.py loops (load average 2.4 at the start,
+    # 3.9-8.0 in the hog phase). Found 3 windows after onset, labelled cpu_contention, but a tenant's test process
+    # (pid 770, a burst of 2.1 s in one window) is named first: the cause names its neighbours from the last
+    # `attribution_windows` windows, per pid, and in those the four spinners held 0.4-0.7 s each. Summed over the
+    # phase's 18 windows a spinner leads every other process (7.3 s; the next tenant 5.1 s): a detector gap, kept as
+    # found (docs/BENCHMARKS.md "cpuhog's spinners recorded as its culprit").
+    "recorded-neighbours/cpuhog": False,
+    "recorded-shared/disk": True,
+    "recorded-shared/memory": True,
+}
+
+
+def test_the_neighbour_named_in_each_phase_with_a_recorded_culprit_is_as_recorded() -> None:
+    sets = ("recorded-neighbours", "recorded-shared")
+    found: dict[str, bool] = {}
+    for path in sorted(p for s in sets for p in (HERE / s).glob("*.jsonl.gz")):
+        (run,) = command.replay([path], LatencyDetector)
+        for phase in run.score.fault_phases:
+            if phase.culprit is not None:
+                assert phase.detected, (path.name, phase)
+                found[f"{path.parent.name}/{path.name.removesuffix('.jsonl.gz')}"] = phase.culprit_named
+    assert found == NEIGHBOUR_PHASES
