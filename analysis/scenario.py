@@ -13,6 +13,9 @@ from analysis.regression import CAUSE_LABELS
 
 # The bundled workload's fault switches (workload.faults.FAULT_NAMES; analysis does not import workload).
 FAULTS = ("gc", "lock", "syscall", "netloss", "cpuhog", "nocache", "io")
+# The faults that start processes of their own beside the server (the cpuhog's spinners: its neighbours, not its
+# children, workload/cpuhog.py): a phase may name them its culprits without a `run` command.
+PROCESS_FAULTS = ("cpuhog",)
 LABELS = ("normal", *CAUSE_LABELS)
 PLACEHOLDERS = ("pid", "port", "seconds", "scenario_dir")
 
@@ -50,7 +53,8 @@ class Phase:
     run: tuple[str, ...] | None = None
     restart: Restart | None = None
     # The phase's `run` command is the fault's culprit (a neighbour that allocates, writes, spins): its pid is
-    # recorded beside each window of the phase, so scoring can check the cause names that process.
+    # recorded beside each window of the phase, so scoring can check the cause names that process. Without a `run`,
+    # the processes a PROCESS_FAULTS fault started (the cpuhog's spinners): their pids, any of them named counts.
     culprit: bool = False
 
     def argv(self, pid: int, port: int, scenario_dir: str) -> list[str]:
@@ -208,8 +212,12 @@ def _phase(i: int, raw: Any) -> Phase:
     culprit = raw.get("culprit", False)
     if not isinstance(culprit, bool):
         raise ScenarioError(f"{where}.culprit: must be true or false, got {culprit!r}")
-    if culprit and run is None:
-        raise ScenarioError(f"{where}.culprit: names the phase's `run` command as the culprit, but the phase runs none")
+    if culprit and run is None and fault not in PROCESS_FAULTS:
+        raise ScenarioError(f"{where}.culprit: names the phase's `run` command (or the processes of a fault that "
+                            f"starts some: {', '.join(PROCESS_FAULTS)}) as the culprit, but the phase has neither")
+    if culprit and run is not None and fault in PROCESS_FAULTS:
+        raise ScenarioError(f"{where}.culprit: the phase both runs a command and starts the {fault} fault's "
+                            f"processes; which is the culprit is ambiguous (split them into two phases)")
     return Phase(seconds=seconds, label=label, fault=fault, rate=rate, run=run, restart=restart, culprit=culprit)
 
 

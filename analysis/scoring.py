@@ -33,9 +33,10 @@ class Outcome:
     expected_p99: float | None = None
     # The server's latency endpoint did not answer in this window (Window.unanswered).
     unanswered: bool = False
-    # The culprit pid the scenario recorded for this window's phase, and the neighbour pid the regression's top
-    # cause named first (analysis.culprits); None where there is none.
-    culprit: int | None = None
+    # The culprit pid the scenario recorded for this window's phase (a tuple of pids where its fault started
+    # several processes of one job), and the neighbour pid the regression's top cause named first
+    # (analysis.culprits); None where there is none.
+    culprit: int | tuple[int, ...] | None = None
     top_neighbour: int | None = None
 
 
@@ -50,8 +51,15 @@ class PhaseResult:
     delay_windows: int | None = None
     delay_seconds: float | None = None
     top_cause: str | None = None
-    culprit: int | None = None  # recorded by the scenario for this phase
+    culprit: int | tuple[int, ...] | None = None  # recorded by the scenario for this phase
     named: int | None = None  # the neighbour the detector named first at the phase's end
+
+    @property
+    def culprit_named(self) -> bool:
+        """The neighbour named first is the recorded culprit (one of them, where the fault started several)."""
+        if self.named is None or self.culprit is None:
+            return False
+        return self.named in self.culprit if isinstance(self.culprit, tuple) else self.named == self.culprit
 
     @property
     def is_fault(self) -> bool:
@@ -189,7 +197,7 @@ def summarize(runs: list[RunScore]) -> dict[str, Any]:
         "attribution_top1": _ratio(sum(p.attributed for p in detected), len(detected)),
         # Over detected phases whose scenario recorded a culprit pid: the neighbour named first is that process.
         # None (not measured) where no phase records one (every recording before issue 34).
-        "culprit_top1": _ratio(sum(p.named == p.culprit for p in detected if p.culprit is not None),
+        "culprit_top1": _ratio(sum(p.culprit_named for p in detected if p.culprit is not None),
                                sum(p.culprit is not None for p in detected)),
         "median_delay_windows": _median([float(p.delay_windows) for p in detected if p.delay_windows is not None]),
         "median_delay_seconds": _median([p.delay_seconds for p in detected if p.delay_seconds is not None]),

@@ -35,8 +35,9 @@ class LiveRun:
     outcomes: list[Outcome] = field(default_factory=list)
     recorded: Path | None = None
     complete: bool = False
-    # Phase index -> pid of the command a `culprit = true` phase ran: recorded beside each window of that phase.
-    culprits: dict[int, int] = field(default_factory=dict)
+    # Phase index -> pid of the command a `culprit = true` phase ran, or the pids of the processes its fault started
+    # (analysis.scenario.PROCESS_FAULTS): recorded beside each window of that phase.
+    culprits: dict[int, int | tuple[int, ...]] = field(default_factory=dict)
 
 
 class _Stop(KeyboardInterrupt):
@@ -176,8 +177,9 @@ def _schedule(run: LiveRun, scenario: Scenario, interval: float, t0: float, curr
                 break
             command = _begin_phase(scenario.phases[index], index, scenario, current_server, children, work, progress)
             command_ended = False
-            if command is not None and scenario.phases[index].culprit:
-                run.culprits[index] = command.pid
+            if scenario.phases[index].culprit:
+                run.culprits[index] = (command.pid if command is not None
+                                       else processes.fault_pids(current_server.server, scenario.phases[index].fault))
         wake = min(next_tick, t0 + bounds[index][1])
         time.sleep(max(0.0, wake - time.time()))
         if (restarted := current_server.poll()) is not None:

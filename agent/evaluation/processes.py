@@ -205,6 +205,24 @@ def set_fault(server: Server, name: str, on: bool, timeout: float = 30.0) -> Non
         raise EvalProcessError(f"fault {name} {'on' if on else 'off'}: {getattr(exc, 'reason', exc)}") from None
 
 
+def fault_pids(server: Server, name: str | None, timeout: float = 30.0) -> tuple[int, ...]:
+    """The pids of the processes a fault started beside the server (`cpuhog_pids` of /admin/debug: the cpuhog's
+    spinners, wherever the fault is placed, the API process or the engine's), read once the fault is on. None
+    started is an error: the phase would be scored against a culprit that never ran."""
+    if name != "cpuhog":
+        raise EvalProcessError(f"fault {name}: starts no processes of its own to record as the culprit")
+    req = urllib.request.Request(f"{server.url}/admin/debug", headers={"Authorization": f"Bearer {server.token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            state = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise EvalProcessError(f"fault {name}: cannot read its processes: {getattr(exc, 'reason', exc)}") from None
+    pids = list(state.get("cpuhog_pids") or []) + list((state.get("engine") or {}).get("cpuhog_pids") or [])
+    if not pids:
+        raise EvalProcessError(f"fault {name}: on, but the server lists none of its processes")
+    return tuple(sorted(pids))
+
+
 def resume(pid: int) -> None:
     """SIGCONT the server: a phase that stops it must never leave it stopped."""
     try:

@@ -30,8 +30,9 @@ class LabelledWindow:
     label: str
     phase: int | None
     # The pid of the process the scenario ran as the fault's culprit (a neighbour hog), beside the window like the
-    # label, never in it; None where the phase has none or the recording predates it.
-    culprit: int | None = None
+    # label, never in it; None where the phase has none or the recording predates it. A tuple of pids where the
+    # fault started several processes of one job (the cpuhog's spinners): naming any of them names the culprit.
+    culprit: int | tuple[int, ...] | None = None
     # The change this window revealed in what the server runs (a restart with other arguments), as the agent stores
     # it (agent.store.changes.StoredChange.to_dict(): id, at, seen_at, diff, both identities); beside the window, as
     # the daemon keeps changes beside windows.
@@ -112,9 +113,7 @@ def read_recording(path: Path) -> Recording:
     for n, line in enumerate(lines, start=2):
         try:
             row = json.loads(line)
-            culprit = row.get("culprit")
-            if culprit is not None and (not isinstance(culprit, int) or isinstance(culprit, bool)):
-                raise ValueError(f"culprit must be a pid, got {culprit!r}")
+            culprit = _culprit(row.get("culprit"))
             change = row.get("change")
             if change is not None and not (isinstance(change, dict) and isinstance(change.get("id"), str)
                                            and isinstance(change.get("diff"), list)):
@@ -138,3 +137,16 @@ def _lines(path: Path) -> Iterator[str]:
         raise RecordingError(f"{path}: no such file") from None
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise RecordingError(f"{path}: not a readable gzip file ({exc})") from None
+
+
+def _pid(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _culprit(value: Any) -> int | tuple[int, ...] | None:
+    """A recording line's `culprit`: absent, one pid, or a non-empty list of pids (read as a tuple)."""
+    if value is None or _pid(value):
+        return value
+    if isinstance(value, list) and value and all(_pid(v) for v in value):
+        return tuple(value)
+    raise ValueError(f"culprit must be a pid or a list of pids, got {value!r}")

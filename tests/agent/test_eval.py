@@ -179,6 +179,29 @@ def test_a_recorded_culprit_pid_survives_the_recording_and_reaches_the_outcome(t
     assert {o.culprit for o in run_.outcomes if o.label != "normal"} == {4242}
 
 
+def test_several_culprit_pids_survive_the_recording_as_a_tuple(tmp_path: Path) -> None:
+    writer = RecordingWriter(tmp_path / "c.jsonl.gz", SCENARIO, 5.0, 1000.0)
+    for i in range(20):
+        phase = SCENARIO.phase_at(5 * i + 2.5)
+        label = SCENARIO.phases[phase].label
+        writer.add(LabelledWindow(window(i, False), label, phase, culprit=(41, 42) if label != "normal" else None))
+    rec = read_recording(writer.close(complete=True))
+    assert {w.culprit for w in rec.windows if w.label != "normal"} == {(41, 42)}
+    assert {w.culprit for w in rec.windows if w.label == "normal"} == {None}
+
+
+@pytest.mark.parametrize("culprit", ["pid 9911", [], [42, "43"], [42, True], -1, True])
+def test_a_culprit_that_is_not_a_pid_or_a_list_of_them_is_a_bad_recording(tmp_path: Path, culprit) -> None:
+    good = write(tmp_path / "g.jsonl.gz", set())
+    lines = gzip.decompress(good.read_bytes()).decode().splitlines()
+    row = json.loads(lines[1])
+    row["culprit"] = culprit
+    bad = tmp_path / "b.jsonl.gz"
+    bad.write_bytes(gzip.compress(("\n".join([lines[0], json.dumps(row), *lines[2:]]) + "\n").encode()))
+    with pytest.raises(RecordingError, match="culprit must be a pid"):
+        read_recording(bad)
+
+
 def test_a_culprit_that_is_not_a_pid_is_a_bad_recording(tmp_path: Path) -> None:
     good = write(tmp_path / "g.jsonl.gz", set())
     lines = gzip.decompress(good.read_bytes()).decode().splitlines()

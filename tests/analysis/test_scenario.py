@@ -79,6 +79,11 @@ def test_placeholders_fill_pid_and_port() -> None:
     ('name="x"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="memory"\nculprit=true', "phase[0].culprit"),
     ('name="x"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="memory"\nrun=["x"]\nculprit="yes"',
      "phase[0].culprit"),
+    # A fault that starts no process of its own has no culprit to record; one that does, beside a command, is
+    # ambiguous.
+    ('name="x"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="gc"\nfault="gc"\nculprit=true', "phase[0].culprit"),
+    ('name="x"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="cpu_contention"\nfault="cpuhog"\nrun=["x"]\n'
+     'culprit=true', "phase[0].culprit: the phase both runs a command and starts the cpuhog"),
 ])
 def test_every_mistake_names_its_key(text: str, key: str) -> None:
     with pytest.raises(ScenarioError) as err:
@@ -99,6 +104,20 @@ def test_a_culprit_phase_names_its_command_and_survives_a_round_trip() -> None:
                        'label="memory"\nrun=["python3", "a.py"]\nculprit=true')
     assert [p.culprit for p in s.phases] == [False, True]
     assert type(s).from_dict(s.to_dict()) == s
+
+
+def test_a_cpuhog_phase_may_name_the_fault_s_own_processes_its_culprit() -> None:
+    s = parse_scenario('name="x"\n[load]\nrate=1\n[[phase]]\nseconds=1\nlabel="normal"\n[[phase]]\nseconds=1\n'
+                       'label="cpu_contention"\nfault="cpuhog"\nculprit=true')
+    assert [(p.fault, p.run, p.culprit) for p in s.phases] == [(None, None, False), ("cpuhog", None, True)]
+    assert type(s).from_dict(s.to_dict()) == s
+
+
+def test_the_suite_s_cpuhog_scenario_records_its_spinners_as_the_culprit() -> None:
+    from analysis.scenario import load_scenario
+
+    s = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "cpuhog.toml")
+    assert [(p.fault, p.culprit) for p in s.phases if p.label != "normal"] == [("cpuhog", True)]
 
 
 def test_a_missing_file_is_one_clear_error(tmp_path: Path) -> None:

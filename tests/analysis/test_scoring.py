@@ -139,6 +139,19 @@ def test_culprit_top1_counts_phases_whose_named_neighbour_is_the_recorded_culpri
     assert s["culprit_top1"] == 0.5 and s["attribution_top1"] == 1.0
 
 
+def test_culprit_top1_counts_a_phase_named_by_any_of_the_processes_its_fault_started() -> None:
+    from dataclasses import replace
+
+    out = timeline([("normal", 10), ("cpu_contention", 4), ("normal", 4), ("cpu_contention", 4), ("normal", 4)],
+                   [Ep(11, 15, {11: "cpu_contention"}), Ep(19, 23, {19: "cpu_contention"})], warmup=4)
+    # Both phases' hogs were four spinners of one job; phase 1 names its third, phase 3 a tenant (pid 77).
+    out = [replace(o, culprit=(900, 901, 902, 903) if o.phase == 1 else (910, 911) if o.phase == 3 else None,
+                   top_neighbour=902 if 10 <= i <= 15 else (77 if 19 <= i <= 23 else None)) for i, o in enumerate(out)]
+    run = score_run("s", out)
+    assert [p.culprit_named for p in run.fault_phases] == [True, False]
+    assert summarize([run])["culprit_top1"] == 0.5
+
+
 def test_culprit_top1_is_not_measured_where_no_phase_recorded_a_culprit() -> None:
     run = score_run("s", timeline([("normal", 10), ("gc", 4), ("normal", 6)], [Ep(11, 15, {11: "gc"})], warmup=4))
     assert summarize([run])["culprit_top1"] is None

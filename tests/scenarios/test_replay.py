@@ -32,7 +32,8 @@ RECORDED_ALLTHREADS = sorted((HERE / "recorded-allthreads").glob("*.jsonl.gz"))
 # A fifth, `recorded-neighbours`: the current code's live run on a shared host (2026-12-02 06:33-08:04 UTC), the
 # other tenants two loops of `neighbours.py` running test suites with random pauses; never tuned on. Its `outside`,
 # `steady` and `load_steps` re-recorded beside the same loops on 2026-12-04 with run-queue culprits and PSI, and
-# `cpuhog`, `gc`, `io` and `lock` on 2026-12-05 (`netloss`, `nocache`, `syscall` are still the 12-02 takes).
+# `cpuhog`, `gc`, `io` and `lock` on 2026-12-05, then `cpuhog` again (its spinners' pids recorded as the culprit),
+# `netloss`, `nocache` and `syscall` later that day: no 12-02 take is left.
 RECORDED_NEIGHBOURS = sorted((HERE / "recorded-neighbours").glob("*.jsonl.gz"))
 # A sixth, `recorded-full`: the live run of the code of 2026-12-03 (0ce1f12, 06:55-08:26 UTC, the host kept quiet),
 # the first whose windows carry everything the agent now collects (threads' state from /proc, unanswered and
