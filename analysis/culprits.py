@@ -65,6 +65,38 @@ def sample(window: Window) -> dict[str, Any] | None:
                     for c in neighbours(rq)]}
 
 
+# Neighbours an episode's pooled culprits keep (see `pooled`): far more than TOP, so that a process that led the
+# wait in the episode's early windows keeps its seconds while others burst later, and still bounded for an episode
+# of hours (it travels in the detector's saved state).
+POOLED = 32
+
+
+def pooled(samples: Iterable[dict[str, Any]], into: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The culprits of `samples` (per-window values, as `sample` keeps them) summed into one sample: waits and
+    durations added, each neighbour's seconds added by pid, the POOLED largest kept. Added to `into` when given (an
+    episode's culprits so far); None when no window measured them. The detector names an episode's neighbours from
+    the whole episode this way, not from its last few windows: a neighbour that held the CPU through the episode
+    leads it even when another process bursts in its latest windows."""
+    acc = None if into is None else {"wait": into["wait"], "duration": into["duration"],
+                                     "top": [dict(row) for row in into["top"]]}
+    for s in samples:
+        kept = s.get("culprits")
+        if not isinstance(kept, dict):
+            continue
+        if acc is None:
+            acc = {"wait": 0.0, "duration": 0.0, "top": []}
+        acc["wait"] += kept["wait"]
+        acc["duration"] += kept["duration"]
+        rows = {row["pid"]: row for row in acc["top"]}
+        for c in kept["top"]:
+            if c["pid"] in rows:
+                rows[c["pid"]]["seconds"] += c["seconds"]
+            else:
+                rows[c["pid"]] = dict(c)
+        acc["top"] = sorted(rows.values(), key=lambda r: -r["seconds"])[:POOLED]
+    return acc
+
+
 def named(cause: Cause, samples: Sequence[dict[str, Any]]) -> Cause:
     """A cpu_contention cause with the neighbours that held the CPU over the episode's windows, in its evidence
     and its `neighbours`; any other cause, or one with no culprit measured, as it is."""

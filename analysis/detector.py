@@ -144,6 +144,8 @@ class LatencyDetector:
         self.run_: deque[dict] = deque(maxlen=self.m)  # signals of the anomalous windows in the k-of-m run
         self.episode_: Regression | None = None
         self.episode_values_: deque[dict] = deque(maxlen=self.attribution_windows)
+        # The open episode's run-queue culprits summed over all its windows (analysis.culprits.pooled): who is named.
+        self.episode_culprits_: dict | None = None
         self.episode_leaves_: dict[str, float] = {}
         self.calm_ = 0
         # Windows between two steady py-spy recordings read the latest one's stack signals (analysis.steady_stacks).
@@ -176,6 +178,7 @@ class LatencyDetector:
             "run": list(self.run_),
             "episode": dataclasses.asdict(self.episode_) if self.episode_ is not None else None,
             "episode_values": list(self.episode_values_),
+            "episode_culprits": self.episode_culprits_,
             "episode_leaves": dict(self.episode_leaves_),
             "calm": self.calm_,
             "named_for": self.named_for_,
@@ -217,6 +220,7 @@ class LatencyDetector:
             ep["functions"] = [FunctionShift(**f) for f in ep.get("functions", [])]
             self.episode_ = Regression(**ep)
         self.episode_values_.extend(state.get("episode_values", []))
+        self.episode_culprits_ = state.get("episode_culprits")
         self.episode_leaves_ = {str(k): float(v) for k, v in state.get("episode_leaves", {}).items()}
         self.calm_ = int(state.get("calm", 0))
         self.named_for_ = str(state.get("named_for", self.episode_.top_cause if self.episode_ else "unknown"))
@@ -244,6 +248,7 @@ class LatencyDetector:
         self.recent_.clear()
         self.pending_.clear()
         self.episode_values_.clear()
+        self.episode_culprits_ = None
         self.episode_leaves_ = {}
         self.calm_ = 0
         self.steady_stacks_.clear()
@@ -351,6 +356,7 @@ class LatencyDetector:
                                               or self._sustained(self.sustained_close_shift))):
             self.calm_ = 0
             self.episode_values_.append(values)
+            self.episode_culprits_ = culprits.pooled([values], self.episode_culprits_)
             if leaves:
                 merge(self.episode_leaves_, leaves)
             self.episode_ = self._rerank(self.episode_, window, f, score, expected_all)
@@ -368,6 +374,7 @@ class LatencyDetector:
             if self.calm_ >= self.close_windows:
                 closed = dataclasses.replace(self.episode_, closed_at=window.end)
                 self.episode_ = None
+                self.episode_culprits_ = None
                 self.history_.clear()
                 self.run_.clear()
                 self.recent_.clear()
@@ -589,7 +596,9 @@ class LatencyDetector:
         # Neighbours are named last: a member's own cpu_contention may replace the family's, and it needs them too.
         usual = self.baseline_.stats().get("io_pressure")
         usual_io = None if usual is None else usual.median
-        return [disk_writers.named(memory_growers.named(culprits.named(c, samples), samples), samples, usual_io)
+        # Neighbours are named from the whole open episode's culprits, the other causes from the windows ranked.
+        who = [{"culprits": self.episode_culprits_}] if self.episode_culprits_ is not None else samples
+        return [disk_writers.named(memory_growers.named(culprits.named(c, who), samples), samples, usual_io)
                 for c in self._with_members(family, samples)]
 
     def _with_members(self, family: list[Cause], samples: list[dict]) -> list[Cause]:
@@ -662,6 +671,7 @@ class LatencyDetector:
             self.episode_values_.extend(samples)
         else:
             self.episode_values_.extend({k: v for k, v in run.items() if k != "leaves"} for run in self.run_)
+        self.episode_culprits_ = culprits.pooled(samples or list(self.episode_values_))
         self.episode_leaves_ = {}
         for window_leaves in ([run.get("leaves", {}) for run in self.run_] if leaves is None else leaves):
             merge(self.episode_leaves_, window_leaves)

@@ -6,6 +6,7 @@ import pytest
 
 from analysis import culprits
 from analysis.features import extract
+from analysis.regression import Cause
 from analysis.window import Culprit, RunQueueReading
 from tests.analysis import synth
 
@@ -83,3 +84,37 @@ def test_causes_other_than_cpu_contention_and_windows_without_culprits_are_left_
     assert culprits.named(gc, [{"culprits": {"wait": 1.0, "duration": 5.0, "top": []}}]) is gc
     cpu = Cause("cpu_contention", 1.0, "run-queue wait")
     assert culprits.named(cpu, [{"runqueue": 1.0}]) is cpu  # an older recording: not measured, nothing named
+
+
+def _kept(wait: float, top: list[tuple[int, float]]) -> dict:
+    return {"culprits": {"wait": wait, "duration": 5.0, "top": [
+        {"pid": pid, "comm": f"p{pid}", "cmdline": f"p{pid}", "user": "u", "seconds": s} for pid, s in top]}}
+
+
+def test_an_episodes_culprits_are_pooled_over_all_its_windows_and_name_who_held_the_cpu_throughout():
+    # Four spinners hold 0.6 s each in every window; a tenant bursts 2.1 s in the last one. From the last window the
+    # tenant leads; pooled over the episode, each spinner does.
+    spinners = [(101, 0.6), (102, 0.6), (103, 0.6), (104, 0.6)]
+    windows = [_kept(2.4, spinners) for _ in range(5)] + [_kept(4.5, [*spinners, (770, 2.1)])]
+    acc = None
+    for w in windows:
+        acc = culprits.pooled([w], acc)
+    assert acc == culprits.pooled(windows)
+    assert acc["wait"] == pytest.approx(16.5) and acc["duration"] == pytest.approx(30.0)
+    cause = Cause("cpu_contention", 5.0, "run-queue wait x4")
+    assert culprits.named(cause, windows[-1:]).neighbours[0].pid == 770
+    pooled = culprits.named(cause, [{"culprits": acc}])
+    assert pooled.neighbours[0].pid in {101, 102, 103, 104}
+    assert pooled.neighbours[0].seconds == pytest.approx(3.6) and pooled.neighbours[-1].pid == 770
+    assert json.loads(json.dumps(acc)) == acc  # it travels in the detector's saved state
+
+
+def test_pooled_culprits_are_bounded_and_absent_when_nothing_was_measured():
+    assert culprits.pooled([{}, {"culprits": None}]) is None
+    assert culprits.pooled([], None) is None
+    many = [_kept(1.0, [(pid, 0.01 * (pid + 1))]) for pid in range(200)]
+    acc = culprits.pooled(many)
+    assert len(acc["top"]) == culprits.POOLED and acc["top"][0]["pid"] == 199
+    before = culprits.pooled(many[:1])
+    culprits.pooled(many[1:], before)
+    assert len(before["top"]) == 1  # what it is added to is left as it was

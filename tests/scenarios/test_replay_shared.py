@@ -110,11 +110,12 @@ NEIGHBOUR_PHASES: dict[str, bool] = {
     "recorded-neighbours/outside": True,
     # Re-recorded 2026-12-05 06:02:43-06:09:56 UTC beside two neighbours.py loops (load average 2.4 at the start,
     # 3.9-8.0 in the hog phase). Found 3 windows after onset, labelled cpu_contention, but a tenant's test process
-    # (pid 770, a burst of 2.1 s in one window) is named first: the cause names its neighbours from the last
-    # `attribution_windows` windows, per pid, and in those the four spinners held 0.4-0.7 s each. Summed over the
-    # phase's 18 windows a spinner leads every other process (7.3 s; the next tenant 5.1 s): a detector gap, kept as
-    # found (docs/BENCHMARKS.md "cpuhog's spinners recorded as its culprit").
-    "recorded-neighbours/cpuhog": False,
+    # (pid 770, a burst of 2.1 s in one window) led the last `attribution_windows` windows, in which the four
+    # spinners held 0.4-0.7 s each; summed over the phase's 18 windows a spinner leads every other process (7.3 s; the
+    # next tenant 5.1 s). Named from the last windows the tenant came first; since session 22 the cause names its
+    # neighbours from the whole open episode's culprits (analysis.culprits.pooled): a spinner first
+    # (docs/BENCHMARKS.md "cpuhog's spinners recorded as its culprit").
+    "recorded-neighbours/cpuhog": True,
     "recorded-shared/disk": True,
     "recorded-shared/memory": True,
 }
