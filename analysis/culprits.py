@@ -77,40 +77,33 @@ def pooled(samples: Iterable[dict[str, Any]], into: dict[str, Any] | None = None
     episode's culprits so far); None when no window measured them. The detector names an episode's neighbours from
     the whole episode this way, not from its last few windows: a neighbour that held the CPU through the episode
     leads it even when another process bursts in its latest windows."""
-    acc = None if into is None else {"wait": into["wait"], "duration": into["duration"],
-                                     "top": [dict(row) for row in into["top"]]}
+    acc = None if into is None else {"wait": into["wait"], "duration": into["duration"]}
+    rows: dict[int, dict[str, Any]] = {} if into is None else {row["pid"]: dict(row) for row in into["top"]}
     for s in samples:
         kept = s.get("culprits")
         if not isinstance(kept, dict):
             continue
         if acc is None:
-            acc = {"wait": 0.0, "duration": 0.0, "top": []}
+            acc = {"wait": 0.0, "duration": 0.0}
         acc["wait"] += kept["wait"]
         acc["duration"] += kept["duration"]
-        rows = {row["pid"]: row for row in acc["top"]}
         for c in kept["top"]:
-            if c["pid"] in rows:
-                rows[c["pid"]]["seconds"] += c["seconds"]
-            else:
-                rows[c["pid"]] = dict(c)
-        acc["top"] = sorted(rows.values(), key=lambda r: -r["seconds"])[:POOLED]
+            row = rows.setdefault(c["pid"], {**c, "seconds": 0.0})
+            row["seconds"] += c["seconds"]
+    if acc is None:
+        return None
+    acc["top"] = sorted(rows.values(), key=lambda r: -r["seconds"])[:POOLED]
     return acc
 
 
 def named(cause: Cause, samples: Sequence[dict[str, Any]]) -> Cause:
     """A cpu_contention cause with the neighbours that held the CPU over the episode's windows, in its evidence
     and its `neighbours`; any other cause, or one with no culprit measured, as it is."""
-    kept = [s["culprits"] for s in samples if isinstance(s.get("culprits"), dict)]
-    if cause.label != "cpu_contention" or not kept:
+    summed = pooled(samples) if cause.label == "cpu_contention" else None
+    if summed is None:
         return cause
-    wait = sum(k["wait"] for k in kept)
-    duration = sum(k["duration"] for k in kept)
-    rows: dict[int, dict[str, Any]] = {}
-    for k in kept:
-        for c in k["top"]:
-            row = rows.setdefault(c["pid"], {**c, "seconds": 0.0})
-            row["seconds"] += c["seconds"]
-    ranked = sorted(rows.values(), key=lambda r: -r["seconds"])[:TOP]
+    wait, duration = summed["wait"], summed["duration"]
+    ranked = summed["top"][:TOP]
     if not ranked or wait <= 0:
         return cause
     found = tuple(Neighbour(pid=r["pid"], comm=r["comm"], seconds=round(r["seconds"], 4),
