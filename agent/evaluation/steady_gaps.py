@@ -78,6 +78,15 @@ def short_while_alert(verdict: Verdict | None) -> bool:
                                     or (verdict.score is not None and verdict.score >= DEFAULT_MIN_SCORE))
 
 
+def spanned_as_recorded(windows: Sequence[LabelledWindow]) -> bool:
+    """Whether a recording was made with steady recordings longer than a window already: as many of its windows
+    wait on a running recording (the sampler's marker) as bring stacks. Spanning those again would merge several
+    real recordings into one of several times their ticks (thin_stacks did so before session 23)."""
+    running = sum(1 for w in windows if STEADY_RECORDING_RUNNING in (w.window.errors.get("stacks") or ""))
+    bringing = sum(1 for w in windows if w.window.stacks is not None and not w.window.members)
+    return running > 0 and running >= bringing
+
+
 def replay_spans(windows: Sequence[LabelledWindow], spans: SteadySpans,
                  short: Callable[[Verdict | None], bool] | None = None,
                  factory: Callable[[], Any] | None = None) -> tuple[list[LabelledWindow], list[Outcome]]:

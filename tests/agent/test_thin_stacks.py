@@ -4,6 +4,7 @@ bursts and family windows left as recorded."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,3 +83,22 @@ def test_a_family_window_is_left_as_recorded() -> None:
     item = _window(_reading())
     item = dataclasses.replace(item, window=dataclasses.replace(item.window, members=[member]))
     assert thin_windows([item, _window(_reading(), 5.0)], 1.0, seed=0)[0] == item
+
+
+def test_a_recording_made_with_long_steady_recordings_is_replayed_as_recorded() -> None:
+    # recorded-neighbours was recorded with the default 15 s steady recordings: spanning it again merged three real
+    # recordings (44 ticks each) into one of ~132, which thin_stacks did before session 23.
+    from agent.evaluation.recording import read_recording
+    from agent.evaluation.steady_gaps import SteadySpans, spanned_as_recorded
+
+    scenarios = Path(__file__).resolve().parents[1] / "scenarios"
+    spanned = read_recording(scenarios / "recorded-neighbours" / "gc.jsonl.gz")
+    per_window = read_recording(scenarios / "recorded" / "steady.jsonl.gz")
+    assert spanned_as_recorded(spanned.windows) and not spanned_as_recorded(per_window.windows)
+
+    def ticks(span: int) -> list[int]:
+        spans = SteadySpans(span)
+        return [s.samples for w in spanned.windows if (s := spans.next(w).window.stacks) is not None]
+
+    recorded = [w.window.stacks.samples for w in spanned.windows if w.window.stacks is not None]
+    assert ticks(1) == recorded and max(ticks(3)) > 2 * max(recorded)
