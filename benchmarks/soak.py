@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import psutil
+
 from benchmarks import plot
 from benchmarks.harness import AgentProcess, BenchError, agent_config, free_port
 from benchmarks.openloop import OpenLoop
@@ -293,12 +295,50 @@ def run(minutes: float, every: float, rate: float, restart_every: float | None =
     return readings, cut
 
 
-def slice_table(cut: list[Slice]) -> str:
-    lines = ["| slice from min | minutes | agent CPU % of one core (with children) | agent process | py-spy "
-             "| of which bursts | bursts | regressions opened |", "|---|---|---|---|---|---|---|---|"]
+def psutil_tree_cpu(pid: int) -> tuple[float, float]:
+    """(the agent with its reaped and live children, the agent alone) in CPU seconds, read by psutil: a second
+    reader of /proc, independent of benchmarks.procstat, for the soak to check its slices against."""
+    agent = psutil.Process(pid)
+    t = agent.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in agent.children(recursive=True):
+        try:
+            c = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue  # reaped between listing and reading: its CPU is in the agent's children_* from now on
+        total += c.user + c.system
+    return total, t.user + t.system
+
+
+def psutil_slices(cut: list[Slice], seen: dict[float, tuple[float, float]]) -> list[float | None]:
+    """Each slice's CPU (% of one core, the agent with its children) as psutil read it at the readings nearest the
+    slice's ends; None where psutil read nothing."""
+    out: list[float | None] = []
     for s in cut:
+        if not seen:
+            out.append(None)
+            continue
+        t0 = s.start_min * 60
+        start = min(seen, key=lambda t: abs(t - t0))
+        end = min(seen, key=lambda t: abs(t - (t0 + s.seconds)))
+        out.append(round(100 * (seen[end][0] - seen[start][0]) / (end - start), 3) if end > start else None)
+    return out
+
+
+def slice_table(cut: list[Slice], second: list[float | None] | None = None) -> str:
+    """The slices as a Markdown table; with `second` (psutil_slices), the second reader's figure beside each."""
+    extra = second is not None
+    lines = ["| slice from min | minutes | agent CPU % of one core (with children) | "
+             + ("psutil on /proc | " if extra else "") + "agent process | py-spy "
+             "| of which bursts | bursts | regressions opened |", "|---|---|---|---|---|---|---|---|"
+             + ("---|" if extra else "")]
+    for i, s in enumerate(cut):
         burst = "n/a" if s.burst_percent is None else f"{s.burst_percent:.2f}"
-        lines.append(f"| {s.start_min:.1f} | {s.seconds / 60:.1f} | {s.cpu_percent:.2f} | {s.own_percent:.2f} | "
+        other = ""
+        if second is not None:
+            p = second[i] if i < len(second) else None
+            other = ("n/a" if p is None else f"{p:.2f}") + " | "
+        lines.append(f"| {s.start_min:.1f} | {s.seconds / 60:.1f} | {s.cpu_percent:.2f} | {other}{s.own_percent:.2f} | "
                      f"{s.children_percent:.2f} | {burst} | {s.bursts} | "
                      f"{'n/a' if s.regressions is None else s.regressions} |")
     return "\n".join(lines)
@@ -311,17 +351,27 @@ def main(minutes: float, every: float, rate: float, plot_path: str | None, as_js
     if os.geteuid() != 0:
         print("infersight: bench soak must run as root: the agent loads BPF programs and runs py-spy", file=sys.stderr)
         return 1
+    seen: dict[float, tuple[float, float]] = {}
+
+    def observe(r: Reading, pid: int) -> None:
+        try:
+            seen[r.t] = psutil_tree_cpu(pid)
+        except (psutil.Error, OSError):
+            pass  # the second reader is a check: the soak's own reading stands without it (its slice reads n/a)
+
     try:
-        readings, cut = run(minutes, every, rate, restart_every)
+        readings, cut = run(minutes, every, rate, restart_every, observe=observe)
     except (BenchError, OSError) as exc:
         print(f"infersight: bench soak failed: {exc}", file=sys.stderr)
         return 1
     result = verdict(readings, retention_bytes)
     if readings:
         result["steady"] = steady_verdict(cut, max(r.peak_rss_bytes for r in readings))
-    result["steady_slices"] = [asdict(c) for c in cut]
+    # The same slices read a second way (psutil on /proc, at the same moments): the two must agree.
+    second = psutil_slices(cut, seen)
+    result["steady_slices"] = [{**asdict(c), "psutil_cpu_percent": p} for c, p in zip(cut, second)]
     print(table(readings))
-    print(slice_table(cut))
+    print(slice_table(cut, second))
     print(json.dumps(result, indent=1))
     if plot_path:
         panels = {"RSS MiB": [(r.t, r.rss_bytes / 2**20) for r in readings],

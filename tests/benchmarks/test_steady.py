@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.recorders import RecorderLedger
-from benchmarks.soak import Reading, slices, steady_verdict
+from benchmarks.soak import Reading, psutil_slices, psutil_tree_cpu, slices, steady_verdict
 
 TICK = 100  # SC_CLK_TCK on Linux
 
@@ -97,3 +97,32 @@ def test_ledger_books_recorders_cpu_by_rate(tmp_path: Path) -> None:
     assert used.bursts_per_hour == pytest.approx(144.0)
     # A window holding steady recorders only.
     assert ledger.use(0.0, 10.0).bursts == 0 and ledger.use(0.0, 10.0).burst_share == 0.0
+
+
+def test_the_second_reader_gives_each_slice_from_its_nearest_readings() -> None:
+    rs = [reading(t, 0.01 * t, 0.005 * t, armed=t >= 120) for t in range(0, 1321, 30)]
+    cut = slices(rs, lambda a, b: (None, 0), seconds=600.0)
+    # psutil read 1.1 % of a core throughout, at moments 2 s after the soak's own readings.
+    seen = {t + 2.0: (0.011 * (t + 2.0), 0.0) for t in range(0, 1321, 30)}
+    assert psutil_slices(cut, seen) == [pytest.approx(1.1)] * len(cut)
+    assert psutil_slices(cut, {}) == [None] * len(cut)
+    assert psutil_slices(cut, {5.0: (1.0, 0.0)}) == [None] * len(cut)  # one reading: no span
+
+
+def test_the_second_reader_reads_this_process_and_its_children() -> None:
+    import os
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\nimport sys; sys.stdout.write('x'); "
+                              "sys.stdout.flush(); time.sleep(30)"], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.read(1) == b"x"
+        total, own = psutil_tree_cpu(os.getpid())
+        t = os.times()
+        assert own == pytest.approx(t.user + t.system, abs=0.05)
+        assert total >= own + 0.25  # the live child's 0.3 s of CPU is in the tree
+    finally:
+        child.kill()
+        child.wait()

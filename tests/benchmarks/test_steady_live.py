@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 
-import psutil
 import pytest
 
 from benchmarks import soak
@@ -12,24 +11,10 @@ from benchmarks import soak
 pytestmark = [pytest.mark.slow, pytest.mark.workload, pytest.mark.root, pytest.mark.bpf]
 
 
-def tree_cpu(pid: int) -> tuple[float, float]:
-    """(the agent with its reaped and live children, the agent alone) in CPU seconds, read by psutil."""
-    agent = psutil.Process(pid)
-    t = agent.cpu_times()
-    total = t.user + t.system + t.children_user + t.children_system
-    for child in agent.children(recursive=True):
-        try:
-            c = child.cpu_times()
-        except psutil.NoSuchProcess:
-            continue  # reaped between listing and reading: its CPU is in the agent's children_* from now on
-        total += c.user + c.system
-    return total, t.user + t.system
-
-
 def test_soak_slices_agree_with_proc_read_before_and_after(require_bpf) -> None:
     mine: dict[float, tuple[float, float]] = {}
     readings, cut = soak.run(minutes=4.0, every=10.0, rate=4.0, progress=io.StringIO(), slice_seconds=60.0,
-                             observe=lambda r, pid: mine.__setitem__(r.t, tree_cpu(pid)))
+                             observe=lambda r, pid: mine.__setitem__(r.t, soak.psutil_tree_cpu(pid)))
     # The detector armed after its 24-window warm-up, and at least one slice followed it.
     assert cut, [(r.t, r.armed) for r in readings]
     for s in cut:
@@ -44,6 +29,9 @@ def test_soak_slices_agree_with_proc_read_before_and_after(require_bpf) -> None:
         assert s.own_percent == pytest.approx(own, abs=0.1 + 0.05 * own), (s, own)
         assert s.burst_percent is None or 0 <= s.burst_percent <= s.children_percent + 1e-9
         assert s.children_percent > 0, s  # py-spy ran and is counted
+    # What `bench soak` prints as its second reader (psutil_slices) says the same of each slice.
+    for s, p in zip(cut, soak.psutil_slices(cut, mine), strict=True):
+        assert p == pytest.approx(s.cpu_percent, abs=0.1 + 0.05 * s.cpu_percent), (s, p)
     first, last = readings[0], readings[-1]
     assert last.cpu_total - first.cpu_total == pytest.approx(mine[last.t][0] - mine[first.t][0], abs=0.15, rel=0.05)
     verdict = soak.steady_verdict(cut, max(r.peak_rss_bytes for r in readings))
