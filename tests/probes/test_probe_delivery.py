@@ -302,8 +302,8 @@ def test_synack_retransmits_and_connect_wait_match_the_kernel_and_the_clients(dr
             lost = probe.health().lost_events
             # What to read when the counts disagree (a miss seen only in full suites, never alone): every server
             # namespace counter that moved, and each client's connect time (1 s per SYN-ACK it waited for).
-            moved = {f"{group}.{k}": v - before[group].get(k, 0) for group in after for k, v in after[group].items()
-                     if v != before[group].get(k, 0)}
+            moved = {f"{group}.{k}": v - before.get(group, {}).get(k, 0) for group in after
+                     for k, v in after[group].items() if v != before.get(group, {}).get(k, 0)}
         finally:
             probe.stop()
             server.kill()
