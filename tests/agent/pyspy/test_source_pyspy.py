@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.sources.pyspy import PySpySampler, find_pyspy
+from agent.sources.pyspy import BurstAsk, PySpySampler, find_pyspy
 from analysis.errors import ReadingError, SourceUnavailable, TargetGone
 from tests.agent.pyspy.support import samples_with, wait_for
 
@@ -203,3 +203,21 @@ def test_failing_burst_trigger_is_counted_and_sampling_goes_on(require_root, tar
 def test_bad_arguments_quote_the_value(kw, bad) -> None:
     with pytest.raises(ValueError, match=bad):
         PySpySampler(os.getpid(), autostart=False, **kw)
+
+
+def test_an_unheld_burst_answer_leaves_no_hold_and_a_held_one_does() -> None:
+    answers: list = []
+    sampler = PySpySampler(1, autostart=False, burst_hold_segments=2, wants_burst=lambda: answers.pop(0))
+    try:
+        # One decision per segment: a rise-only burst (UNHELD) ends the segment its trigger stops asking.
+        answers[:] = [BurstAsk.UNHELD, BurstAsk.UNHELD, BurstAsk.NO, False]
+        assert [sampler._burst_now() for _ in range(4)] == [True, True, False, False]
+        # True (any truthy answer but UNHELD, as before BurstAsk) and HELD keep 2 segments more.
+        for held in (True, BurstAsk.HELD, 2):
+            answers[:] = [held, 0, None, False, False]
+            assert [sampler._burst_now() for _ in range(5)] == [True, True, True, False, False], held
+        # An UNHELD answer does not cut short a hold a HELD one left (an episode's, after it closed).
+        answers[:] = [BurstAsk.HELD, BurstAsk.UNHELD, False, False, False]
+        assert [sampler._burst_now() for _ in range(5)] == [True, True, True, True, False]
+    finally:
+        sampler.close()
