@@ -56,8 +56,8 @@ DEFAULT_MAX_SECONDS = 30.0
 # on only while each window still scores at the level (or has no score: no evidence that the rise ended), and it is
 # answered UNHELD: the sampler adds no `burst_hold_segments` after it. Why: healthy traffic's false highs are short
 # (on the soak-rate recording 4 of 6 fell back below 3.0 on the next window, none stayed at it past the third), and
-# each paid its rise plus the 15 s hold, ~4-5 windows at 49 Hz, while a fault's score stays high until its episode opens, and the episode's
-# burst then keeps the full budget, counted from the rise, and the hold. Replayed over every committed recording
+# each paid its rise plus the 15 s hold, ~4-5 windows at 49 Hz, while a fault's score stays high until its episode
+# opens, and the episode's burst then keeps the full budget, counted from the rise, and the hold. Replayed over every committed recording
 # (docs/BENCHMARKS.md "Rise-only bursts without the hold", session 23): false-burst seconds an hour 240 -> 130 at
 # 4 req/s, 40 -> 20 on steady traffic, with every opening led as before (53 of 121). The window of grace is what
 # keeps two onsets whose score dipped below 3.0 for one window before the opening (1 window lost them); a lower rate
@@ -89,8 +89,8 @@ class BurstPolicy:
 
     A rise that has opened no episode yet (rise-only) is answered `BurstAsk.UNHELD`: the sampler adds no hold after
     it. It bursts for `rise_min_windows` windows at least, the rise's included, then while each window scores at
-    least `keep_score` (None: `min_score`) or has no score; once an episode opens within it, it is that episode's burst (`HELD`: the
-    sampler holds `burst_hold_segments` after it), on the budget counted from the rise.
+    least `keep_score` (None: `min_score`) or has no score; once an episode opens within it, it is that episode's
+    burst (`HELD`: the sampler holds `burst_hold_segments` after it), on the budget counted from the rise.
 
     One burst asks for at most `max_seconds` of windows (`math.inf`: no bound): a rise that leads into an
     episode shares that episode's budget, a new episode (another id: the cause moved) gets its own, and a
