@@ -59,9 +59,9 @@ DEFAULT_MAX_SECONDS = 30.0
 # each paid its rise plus the 15 s hold, ~4-5 windows at 49 Hz, while a fault's score stays high until its episode
 # opens, and the episode's burst then keeps the full budget, counted from the rise, and the hold. Replayed over every
 # committed recording (docs/BENCHMARKS.md "Rise-only bursts without the hold", session 23): false-burst seconds an
-# hour 240 -> 130 at 4 req/s, 40 -> 20 on steady traffic, with every opening led as before (53 of 121). The window of grace is what
-# keeps two onsets whose score dipped below 3.0 for one window before the opening (1 window lost them); a lower rate
-# for the rise (15 Hz, held; simulated) cost about what 1 window does but samples every onset at 15 Hz, not 49.
+# hour 240 -> 130 at 4 req/s, 40 -> 20 on steady traffic, with every opening led as before (53 of 121). The window
+# of grace keeps two onsets whose score dipped below 3.0 for one window before the opening (1 window lost them); a
+# lower rate for the rise (15 Hz, held; simulated) cost about what 1 window does but samples onsets at 15 Hz, not 49.
 DEFAULT_RISE_MIN_WINDOWS = 2
 
 
