@@ -23,6 +23,7 @@ import msgspec
 
 from agent.alerts.config import SENSITIVE, AlertsConfig, AlertsFieldError, ReceiverConfig, check_receivers
 from agent.burst import DEFAULT_MAX_SECONDS as DEFAULT_BURST_MAX_SECONDS
+from agent.burst import DEFAULT_RISE_MIN_WINDOWS as DEFAULT_BURST_RISE_WINDOWS
 from agent.errors import ConfigError
 from agent.otlp.config import OtlpConfig, OtlpFieldError
 from agent.presets import LATENCY_KINDS, PRESETS, LatencyKind
@@ -96,6 +97,9 @@ class StacksConfig:
     # One burst asks for the full rate this long at most (agent.burst): a flame graph's worth of samples, not an
     # episode's minutes.
     burst_max_seconds: float = DEFAULT_BURST_MAX_SECONDS
+    # A rise that has opened no episode yet bursts this many windows at least, then while its score stays at the
+    # trigger's level, and leaves no hold behind (agent.burst): healthy traffic's false highs pay ~2 windows, not ~4.
+    burst_rise_windows: int = DEFAULT_BURST_RISE_WINDOWS
     segment_seconds: int = DEFAULT_SEGMENT_SECONDS
     # Steady recordings span several windows: one attach per 15 s instead of per 5 s (docs/BENCHMARKS.md).
     steady_segment_seconds: int = DEFAULT_STEADY_SEGMENT_SECONDS
@@ -106,6 +110,7 @@ class StacksConfig:
         _require_range("burst_rate_hz", self.burst_rate_hz, 1, 1000)
         _require_range("burst_hold_segments", self.burst_hold_segments, 0, 1000)
         _require_range("burst_max_seconds", self.burst_max_seconds, 5, 86_400)
+        _require_range("burst_rise_windows", self.burst_rise_windows, 1, 1000)
         _require_range("segment_seconds", self.segment_seconds, 1, 60)
         _require_range("steady_segment_seconds", self.steady_segment_seconds, 1, 60)
 

@@ -238,7 +238,8 @@ class Agent:
                 if finding.state == "down" and finding.regression is not None:  # an outage the store held open
                     self.state.set_down(target, finding.regression.causes[0].evidence)
             self.registry.register(DetectionCollector(self.detection.snapshot))
-            self.burst = BurstPolicy(self.detection.snapshot, max_seconds=config.stacks.burst_max_seconds)
+            self.burst = BurstPolicy(self.detection.snapshot, max_seconds=config.stacks.burst_max_seconds,
+                                     rise_min_windows=config.stacks.burst_rise_windows)
         self.rollup = Rollup(self.store)
         # The page reads through connections that cannot write; the agent alone writes the store.
         self.page_store = self.store.read_only()

@@ -2,9 +2,10 @@
 
 A recording holds the windows; a replay gives each the detector's state and score, which is all `BurstPolicy`
 reads. The sampler asks the policy once per segment and holds a burst `burst_hold_segments` segments after the
-policy stops asking; at the default 5 s segment and 5 s window that is one question per window, which is what
-this replay assumes. A burst is *false* when no regression opens on any window it covers (its hold included):
-it paid the full rate for a flame graph nobody gets.
+policy stops asking, unless its last answer was `BurstAsk.UNHELD` (a rise-only burst); at the default 5 s segment
+and 5 s window that is one question per window, which is what this replay assumes. A burst is *false* when no
+regression opens on any window it covers (its hold included): it paid the full rate for a flame graph nobody gets.
+Its cost is its seconds at the burst rate (one rate: every burst window is at `burst_rate_hz`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from agent.burst import BurstPolicy, Snapshot
 from agent.config import DEFAULT_BURST_HOLD_SEGMENTS
+from agent.sources.pyspy import BurstAsk
 from analysis.scoring import Outcome
 
 PolicyFactory = Callable[[Callable[[], Snapshot]], BurstPolicy]
@@ -66,6 +68,15 @@ class BurstReplay:
     def burst_windows(self) -> int:
         return sum(b.last - b.first + 1 for b in self.bursts)
 
+    @property
+    def false_windows(self) -> int:
+        """Windows at the burst rate in false bursts: what healthy traffic's bursts cost."""
+        return sum(b.last - b.first + 1 for b in self.bursts if not b.opened)
+
+    @property
+    def interval(self) -> float:
+        return self.seconds / self.windows if self.windows else 0.0
+
     def per_hour(self, count: int) -> float | None:
         return count * 3600.0 / self.seconds if self.seconds > 0 else None
 
@@ -85,8 +96,12 @@ def replay_bursts(outcomes: Sequence[Outcome], interval: float, make_policy: Pol
                    else None)
         current[_TARGET] = _Finding(o.state, o.score, o.end, episode)
         wanted = policy.wants_burst(_TARGET)
-        burst = wanted or hold > 0
-        hold = hold_segments if wanted else max(0, hold - 1)
+        burst = bool(wanted) or hold > 0
+        # As the sampler does (PySpySampler._burst_now): an UNHELD answer adds no hold and leaves one running.
+        if not wanted:
+            hold = max(0, hold - 1)
+        elif wanted is not BurstAsk.UNHELD:
+            hold = hold_segments
         if burst and first is None:
             first, opened = i, False
         if o.opened is not None:
@@ -104,18 +119,22 @@ def replay_bursts(outcomes: Sequence[Outcome], interval: float, make_policy: Pol
 
 
 def burst_table(rows: Sequence[tuple[str, BurstReplay]]) -> str:
-    """One line per run and a total: bursts, false ones per hour, windows at the burst rate, openings led."""
-    lines = [f"{'scenario':40} {'hours':>6} {'bursts':>6} {'false':>5} {'false/h':>7} {'burst win':>9} "
-             f"{'openings':>8} {'led':>4}"]
+    """One line per run and a total: bursts, false ones per hour, seconds at the burst rate (all of them, and those
+    of false bursts) per hour, openings, openings led (the burst began on an earlier window)."""
+    lines = [f"{'scenario':40} {'hours':>6} {'bursts':>6} {'false':>5} {'false/h':>7} {'burst s/h':>9} "
+             f"{'false s/h':>9} {'openings':>8} {'led':>4}"]
+
+    def per_h(n: float, seconds: float) -> float:
+        return n * 3600 / seconds if seconds else 0.0
+
     total_s = sum(r.seconds for _, r in rows)
-    for name, r in [*rows, ("total", None)]:
-        if r is None:
-            n = sum(x.false_bursts for _, x in rows)
-            lines.append(f"{'total':40} {total_s / 3600:6.2f} {sum(len(x.bursts) for _, x in rows):6d} {n:5d} "
-                         f"{(n * 3600 / total_s if total_s else 0):7.1f} {sum(x.burst_windows for _, x in rows):9d} "
-                         f"{sum(x.openings for _, x in rows):8d} {sum(x.early for _, x in rows):4d}")
-            continue
-        rate = r.per_hour(r.false_bursts)
+    for name, r in rows:
         lines.append(f"{name[:40]:40} {r.seconds / 3600:6.2f} {len(r.bursts):6d} {r.false_bursts:5d} "
-                     f"{(rate if rate is not None else 0):7.1f} {r.burst_windows:9d} {r.openings:8d} {r.early:4d}")
+                     f"{per_h(r.false_bursts, r.seconds):7.1f} {per_h(r.burst_windows * r.interval, r.seconds):9.0f} "
+                     f"{per_h(r.false_windows * r.interval, r.seconds):9.0f} {r.openings:8d} {r.early:4d}")
+    n = sum(x.false_bursts for _, x in rows)
+    lines.append(f"{'total':40} {total_s / 3600:6.2f} {sum(len(x.bursts) for _, x in rows):6d} {n:5d} "
+                 f"{per_h(n, total_s):7.1f} {per_h(sum(x.burst_windows * x.interval for _, x in rows), total_s):9.0f} "
+                 f"{per_h(sum(x.false_windows * x.interval for _, x in rows), total_s):9.0f} "
+                 f"{sum(x.openings for _, x in rows):8d} {sum(x.early for _, x in rows):4d}")
     return "\n".join(lines) + "\n"

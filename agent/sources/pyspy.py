@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import enum
 import logging
 import os
 import select
@@ -38,7 +39,20 @@ from probes.pidfd import ProcessHandle, read_uids
 log = logging.getLogger("infersight.pyspy")
 
 Runner = Callable[..., subprocess.Popen]
-WantsBurst = Callable[[], bool]
+
+
+class BurstAsk(enum.IntEnum):
+    """What a burst trigger answers: falsy for the steady rate; True (HELD) for the burst rate and
+    `burst_hold_segments` segments more after it stops asking; UNHELD for the burst rate with no hold after it,
+    for a trigger that decides every segment itself (agent.burst: a rise that has opened no episode yet, whose
+    burst should end the segment its evidence does)."""
+
+    NO = 0
+    HELD = 1
+    UNHELD = 2
+
+
+WantsBurst = Callable[[], "bool | BurstAsk"]
 
 # Defaults measured in docs/BENCHMARKS.md ("Stack sampling"): py-spy costs ~0.13% of a core per Hz on the
 # 35-thread demo server (~0.4% loaded) plus ~15 ms of CPU per attach.
@@ -216,7 +230,8 @@ class PySpySampler:
         self._terminal: ProbeError | None = None
         self._counter = 0
         self._hold = 0
-        self._triggered = False  # the trigger fired during a steady recording: the next segment bursts
+        # The trigger fired during a steady recording (its answer): the next segment bursts.
+        self._triggered = BurstAsk.NO
         self._last_rate: int | None = None
         # Recent attach times: the next segment starts the slowest of them early, since a
         # gap loses samples for good while an overlap is only counted (both are in health).
@@ -395,8 +410,8 @@ class PySpySampler:
                         settle(block=False)
                     if watch and self._clock() >= ask:
                         ask = self._clock() + TRIGGER_POLL_SECONDS
-                        if self._trigger_fired():
-                            self._cut(current)
+                        if answer := self._trigger_fired():
+                            self._cut(current, answer)
                             break
             # Stopping, or the target is gone: the recordings still running are cut short and dropped.
             for segment in pending:
@@ -419,33 +434,39 @@ class PySpySampler:
         self._kill_live()
         self._set_terminal(TargetGone(f"target pid {self.pid} exited"))
 
-    def _trigger_fired(self) -> bool:
+    def _trigger_fired(self) -> BurstAsk:
+        """The trigger's answer (falsy: no burst); True or BurstAsk.HELD asks for the hold after it, UNHELD not."""
         if self._wants_burst is None:
-            return False
+            return BurstAsk.NO
         try:
-            return bool(self._wants_burst())
+            answer = self._wants_burst()
         except Exception as exc:  # the trigger is the daemon's code: a fault there costs the burst, not sampling
             self._record_error(f"burst trigger failed: {exc!r}", restart=False)
-            return False
+            return BurstAsk.NO
+        if not answer:
+            return BurstAsk.NO
+        return BurstAsk.UNHELD if answer is BurstAsk.UNHELD else BurstAsk.HELD
 
-    def _cut(self, segment: _Segment) -> None:
+    def _cut(self, segment: _Segment, answer: BurstAsk = BurstAsk.HELD) -> None:
         """End a steady recording early for a burst: on SIGINT py-spy stops sampling and writes what it
         recorded, so its samples reach the next read and the burst starts now, not at the segment's end."""
         if segment.proc.poll() is not None:
             return
         segment.cut_at = self._clock()
         segment.proc.send_signal(signal.SIGINT)
-        self._triggered = True
+        self._triggered = answer
         with self._lock:
             self._stats["steady_cut_for_burst"] += 1
             # The next segment is launched at once: the cut one ends here, not at its planned end.
             self._last_end = segment.cut_at
 
     def _burst_now(self) -> bool:
-        """Decided once per segment: the trigger, or the hold left over from its last firing."""
-        wanted, self._triggered = self._triggered or self._trigger_fired(), False
+        """Decided once per segment: the trigger, or the hold left over from its last firing. An UNHELD answer
+        adds no hold (a hold an earlier HELD answer left still runs out after it)."""
+        wanted, self._triggered = self._triggered or self._trigger_fired(), BurstAsk.NO
         if wanted:
-            self._hold = self.burst_hold_segments
+            if wanted is not BurstAsk.UNHELD:
+                self._hold = self.burst_hold_segments
             return True
         if self._hold > 0:
             self._hold -= 1

@@ -22,12 +22,29 @@ def policy(snapshot) -> BurstPolicy:
     return BurstPolicy(snapshot, rising_windows=1, history=60, min_score=3.0, min_history=3)
 
 
-def test_a_lone_high_on_healthy_traffic_is_one_false_burst_with_its_hold() -> None:
-    got = replay_bursts(outcomes([None, 0.0, 0.5, 0.2, 3.5, 0.1, 0.0, 0.3, 0.2, 0.1]), 5.0, policy, hold_segments=3)
-    # Window 4 asks for it; the hold keeps windows 5-7 at the burst rate.
-    assert [(b.first, b.last, b.opened) for b in got.bursts] == [(4, 7, False)]
-    assert got.false_bursts == 1 and got.burst_windows == 4 and got.per_hour(got.false_bursts) == 72.0
+class AlwaysHeld:
+    """The policy as the sampler saw it before BurstAsk: every yes a plain True, held."""
+
+    def __init__(self, snapshot) -> None:
+        self.policy = policy(snapshot)
+
+    def wants_burst(self, target: str) -> bool:
+        return bool(self.policy.wants_burst(target))
+
+
+def test_a_lone_high_on_healthy_traffic_is_one_false_burst_of_two_windows_without_the_hold() -> None:
+    scores = [None, 0.0, 0.5, 0.2, 3.5, 0.1, 0.0, 0.3, 0.2, 0.1]
+    got = replay_bursts(outcomes(scores), 5.0, policy, hold_segments=3)
+    # Window 4 asks for it (UNHELD), window 5 is its window of grace; no hold after a rise-only burst.
+    assert [(b.first, b.last, b.opened) for b in got.bursts] == [(4, 5, False)]
+    assert got.false_bursts == 1 and got.burst_windows == got.false_windows == 2
+    assert got.per_hour(got.false_bursts) == 72.0 and got.interval == 5.0
     assert got.openings == 0 and got.early == 0
+    # Answered as a held burst, the sampler's hold keeps windows 6-8 at the burst rate too.
+    held = replay_bursts(outcomes(scores), 5.0, AlwaysHeld, hold_segments=3)
+    assert [(b.first, b.last, b.opened) for b in held.bursts] == [(4, 8, False)] and held.false_windows == 5
+    table = burst_table([("lone", got)])
+    assert "false s/h" in table and table.splitlines()[1].split()[5:7] == ["720", "720"]  # 10 s in 50 s
 
 
 def test_a_climb_that_opens_a_regression_is_led_and_not_false() -> None:

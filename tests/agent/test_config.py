@@ -56,7 +56,7 @@ def test_no_file_gives_defaults_with_the_bundled_workload_target() -> None:
     assert c == Config()
     assert (c.interval_seconds, c.listen) == (5.0, "127.0.0.1:9464")
     assert c.stacks == StacksConfig(enabled=True, rate_hz=3, burst_rate_hz=49, burst_hold_segments=3,
-                                    burst_max_seconds=30.0, segment_seconds=5, steady_segment_seconds=15, nonblocking=True)
+                                    burst_max_seconds=30.0, burst_rise_windows=2, segment_seconds=5, steady_segment_seconds=15, nonblocking=True)
     assert c.store_dir == Path("/var/lib/infersight")
     assert c.probes.enabled() == ["syscalls", "offcpu", "gc", "tcp", "runqueue", "delivery"]
     (t,) = c.targets
@@ -152,6 +152,8 @@ def test_example_config_in_docs_loads() -> None:
     ("[stacks]\nburst_rate_hz = 1001", "stacks.burst_rate_hz: must be within [1, 1000], got 1001"),
     ("[stacks]\nburst_hold_segments = -1", "stacks.burst_hold_segments: must be within [0, 1000], got -1"),
     ("[stacks]\nburst_max_seconds = 1", "stacks.burst_max_seconds: must be within [5, 86400], got 1.0"),
+    ("[stacks]\nburst_rise_windows = 0", "stacks.burst_rise_windows: must be within [1, 1000], got 0"),
+    ("[stacks]\nburst_rise_windows = 1.5", "stacks.burst_rise_windows: expected an integer, got 1.5 (float)"),
     ("[stacks]\nburst_max_seconds = nan", "stacks.burst_max_seconds: must be within [5, 86400], got nan"),
     ('[stacks]\nburst_max_seconds = "30"', "stacks.burst_max_seconds: expected a number, got '30' (string)"),
     ('[stacks]\nnonblocking = "yes"', "stacks.nonblocking: expected a boolean, got 'yes' (string)"),

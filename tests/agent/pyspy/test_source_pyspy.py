@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent.sources.pyspy import PySpySampler, find_pyspy
+from agent.sources.pyspy import BurstAsk, PySpySampler, find_pyspy
 from analysis.errors import ReadingError, SourceUnavailable, TargetGone
 from tests.agent.pyspy.support import samples_with, wait_for
 
@@ -186,6 +186,23 @@ def test_one_long_lived_recorder_at_the_steady_rate_then_a_burst(require_root, t
     assert sampler.health().error_count == 0, sampler.health()
 
 
+@pytest.mark.slow
+def test_an_unheld_burst_returns_to_the_steady_rate_without_the_hold(require_root, target, sampler_factory) -> None:
+    # A rise-only burst (agent.burst): with a hold of 3 segments, an UNHELD answer still ends the segment it stops.
+    wanted = {"burst": False}
+    sampler = sampler_factory(target.pid, rate_hz=5, burst_rate_hz=47, segment_seconds=2, burst_hold_segments=3,
+                              wants_burst=lambda: BurstAsk.UNHELD if wanted["burst"] else BurstAsk.NO)
+    wait_for(lambda: sampler.health().detail["segments"] >= 1, 30, "a steady segment")
+    wanted["burst"] = True
+    wait_for(lambda: sampler.health().detail["burst_segments"] >= 1, 30, "a burst segment")
+    wanted["burst"] = False
+    asked_off = sampler.health().detail["burst_segments"]
+    wait_for(lambda: sampler.health().detail["rate_hz_now"] == 5, 30, "the steady rate again")
+    # At most the segment running when the trigger stopped asking (launched just before): held, it would be 3 more.
+    assert sampler.health().detail["burst_segments"] <= asked_off + 1, sampler.health().detail
+    assert sampler.health().error_count == 0, sampler.health()
+
+
 def test_failing_burst_trigger_is_counted_and_sampling_goes_on(require_root, target, sampler_factory) -> None:
     def broken() -> bool:
         raise RuntimeError("detector snapshot failed")
@@ -203,3 +220,21 @@ def test_failing_burst_trigger_is_counted_and_sampling_goes_on(require_root, tar
 def test_bad_arguments_quote_the_value(kw, bad) -> None:
     with pytest.raises(ValueError, match=bad):
         PySpySampler(os.getpid(), autostart=False, **kw)
+
+
+def test_an_unheld_burst_answer_leaves_no_hold_and_a_held_one_does() -> None:
+    answers: list = []
+    sampler = PySpySampler(1, autostart=False, burst_hold_segments=2, wants_burst=lambda: answers.pop(0))
+    try:
+        # One decision per segment: a rise-only burst (UNHELD) ends the segment its trigger stops asking.
+        answers[:] = [BurstAsk.UNHELD, BurstAsk.UNHELD, BurstAsk.NO, False]
+        assert [sampler._burst_now() for _ in range(4)] == [True, True, False, False]
+        # True (any truthy answer but UNHELD, as before BurstAsk) and HELD keep 2 segments more.
+        for held in (True, BurstAsk.HELD, 2):
+            answers[:] = [held, 0, None, False, False]
+            assert [sampler._burst_now() for _ in range(5)] == [True, True, True, False, False], held
+        # An UNHELD answer does not cut short a hold a HELD one left (an episode's, after it closed).
+        answers[:] = [BurstAsk.HELD, BurstAsk.UNHELD, False, False, False]
+        assert [sampler._burst_now() for _ in range(5)] == [True, True, True, True, False]
+    finally:
+        sampler.close()
