@@ -91,7 +91,11 @@ def replay_spans(windows: Sequence[LabelledWindow], spans: SteadySpans,
                  short: Callable[[Verdict | None], bool] | None = None,
                  factory: Callable[[], Any] | None = None) -> tuple[list[LabelledWindow], list[Outcome]]:
     """The windows as `spans` leaves them and the detector's outcomes on them; with `short`, each window's
-    recording is cut when `short` holds for the verdict on the window before (what the sampler's trigger reads)."""
+    recording is cut when `short` holds for the verdict on the window before (what the sampler's trigger reads).
+    A recording already made with steady recordings of several windows is replayed as recorded
+    (`spanned_as_recorded`): spanning it again would merge its real recordings."""
+    if spanned_as_recorded(windows):
+        spans = SteadySpans(1, marked=spans.marked)
     tracker = Tracker(factory or default_detector_factory())
     out, outcomes = [], []
     for item in windows:

@@ -12,8 +12,8 @@ one another, so the replay does not keep which threads shared a tick (no signal 
 
 Burst windows (a rate above 1.5 x the recording's steady rate) and a family's windows (members carry their own
 readings) are left as recorded. The thinned windows then go through `SteadySpans` (the default 15 s steady
-recordings, three 5 s windows; a recording already made that way is replayed as recorded: steady_gaps.
-spanned_as_recorded) and the detector, against the same recording at the steady rate of 3 Hz:
+recordings, three 5 s windows; `replay_spans` replays a recording already made that way as recorded) and the
+detector, against the same recording at the steady rate of 3 Hz:
 
     .venv/bin/python -m agent.evaluation.thin_stacks --rates 1 2 --seeds 0 1 2 tests/scenarios/recorded*/*.jsonl.gz
 """
@@ -35,7 +35,7 @@ import numpy as np
 
 from agent.evaluation.bursts import replay_bursts
 from agent.evaluation.recording import LabelledWindow, read_recording
-from agent.evaluation.steady_gaps import BURST_FACTOR, SteadySpans, replay_spans, spanned_as_recorded
+from agent.evaluation.steady_gaps import BURST_FACTOR, SteadySpans, replay_spans
 from analysis.scoring import score_run, summarize
 from analysis.window import StackReading
 
@@ -112,8 +112,7 @@ def replay_one(path: Path, rate_hz: float, seed: int, span: int, sampling_noise:
     from analysis.detector import LatencyDetector
 
     factory = functools.partial(LatencyDetector, sampling_noise=sampling_noise)
-    # A recording made with 15 s steady recordings is replayed as recorded (each thinned), not spanned again.
-    _, outcomes = replay_spans(windows, SteadySpans(1 if spanned_as_recorded(rec.windows) else span), factory=factory)
+    _, outcomes = replay_spans(windows, SteadySpans(span), factory=factory)
     score = score_run(rec.scenario.name, outcomes)
     bursts = replay_bursts(outcomes, rec.interval_seconds)
     return {"score": score, "phases": _phases(score), "false_alarms": sum(e.phase is None for e in score.episodes),

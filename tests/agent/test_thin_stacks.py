@@ -89,7 +89,7 @@ def test_a_recording_made_with_long_steady_recordings_is_replayed_as_recorded() 
     # recorded-neighbours was recorded with the default 15 s steady recordings: spanning it again merged three real
     # recordings (44 ticks each) into one of ~132, which thin_stacks did before session 23.
     from agent.evaluation.recording import read_recording
-    from agent.evaluation.steady_gaps import SteadySpans, spanned_as_recorded
+    from agent.evaluation.steady_gaps import SteadySpans, replay_spans, spanned_as_recorded
 
     scenarios = Path(__file__).resolve().parents[1] / "scenarios"
     spanned = read_recording(scenarios / "recorded-neighbours" / "gc.jsonl.gz")
@@ -102,3 +102,6 @@ def test_a_recording_made_with_long_steady_recordings_is_replayed_as_recorded() 
 
     recorded = [w.window.stacks.samples for w in spanned.windows if w.window.stacks is not None]
     assert ticks(1) == recorded and max(ticks(3)) > 2 * max(recorded)
+    # replay_spans (thin_stacks and steady_gaps replay through it) keeps them as recorded whatever span it is given.
+    replayed, _ = replay_spans(spanned.windows, SteadySpans(3))
+    assert [w.window.stacks.samples for w in replayed if w.window.stacks is not None] == recorded
